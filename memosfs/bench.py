@@ -1,0 +1,204 @@
+"""`memosfs bench ...`: measurements that print one JSON object, always side by
+side with a baseline measured in the same run (these machines are noisy).
+
+    memosfs bench io [--size 256M] [--small 2000] [--repeat 3] [--json]
+
+io: a fresh mount and a tmpfs directory; write one large slot in 1 MiB
+writes (close included: that is the publish), read it back (the first read
+after the write, then a re-read), and a stream of 4 KiB files written and
+read back one open/read/close each.  Each figure is the best of --repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Iterator
+
+from .control import parse_size
+
+MiB = 1 << 20
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("bench", help="benchmarks (JSON, with a baseline in the same run)")
+    bsub = b.add_subparsers(dest="bench_cmd", required=True)
+    io = bsub.add_parser("io", help="large-slot and 4 KiB-file throughput vs tmpfs")
+    io.add_argument("--size", default="256M", help="bytes of the large slot (default 256M)")
+    io.add_argument("--small", type=int, default=2000, help="number of 4 KiB files")
+    io.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
+    io.add_argument("--opts", default="", help="extra mount options for memosfs")
+    io.add_argument("--json", action="store_true", help="print JSON only")
+    io.set_defaults(fn=cmd_bench_io)
+
+
+def _mounted(path: str) -> bool:
+    p = os.path.realpath(path)
+    with open("/proc/mounts") as f:
+        return any(line.split()[1] == p for line in f)
+
+
+@contextlib.contextmanager
+def memos_mount(capacity: int, opts: str = "") -> Iterator[str]:
+    """A fresh memosfs in a temporary directory, unmounted on exit."""
+    tmp = tempfile.mkdtemp(prefix="memosfs-bench-")
+    mnt = os.path.join(tmp, "mnt")
+    os.mkdir(mnt)
+    options = f"capacity={capacity},ssd={tmp}/ssd,log={tmp}/log"
+    if opts:
+        options += "," + opts
+    proc = subprocess.Popen([sys.executable, "-m", "memosfs", "memos", mnt, "-f",
+                             "-o", options], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not _mounted(mnt):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"memosfs did not mount (see {tmp}/log)")
+            time.sleep(0.05)
+        yield mnt
+    finally:
+        if _mounted(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", mnt], stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def tmpfs_dir() -> Iterator[str]:
+    """A directory on tmpfs: /dev/shm when it is tmpfs, else a tmpfs we mount."""
+    with open("/proc/mounts") as f:
+        shm = any(line.split()[1] == "/dev/shm" and line.split()[2] == "tmpfs" for line in f)
+    if shm:
+        d = tempfile.mkdtemp(prefix="memosfs-bench-", dir="/dev/shm")
+        try:
+            yield d
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        return
+    d = tempfile.mkdtemp(prefix="memosfs-bench-tmpfs-")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2g", "tmpfs", d], check=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", d])
+        os.rmdir(d)
+
+
+def _write_file(path: str, block: memoryview, size: int) -> float:
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        left = size
+        while left:
+            left -= os.write(fd, block[:min(left, len(block))])
+    finally:
+        os.close(fd)
+    return time.perf_counter() - t0
+
+
+def _read_file(path: str, buf: bytearray) -> tuple[float, int]:
+    view = memoryview(buf)
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    total = 0
+    try:
+        while n := os.readv(fd, [view]):
+            total += n
+    finally:
+        os.close(fd)
+    return time.perf_counter() - t0, total
+
+
+def _large(d: str, size: int, repeat: int) -> dict[str, float]:
+    block = memoryview(os.urandom(MiB))
+    buf = bytearray(MiB)
+    best_w = best_r = best_rr = float("inf")
+    for i in range(repeat):
+        path = os.path.join(d, f"large{i}")
+        best_w = min(best_w, _write_file(path, block, size))
+        t, n = _read_file(path, buf)
+        if n != size:
+            raise RuntimeError(f"read back {n} of {size} bytes from {path}")
+        best_r = min(best_r, t)
+        best_rr = min(best_rr, _read_file(path, buf)[0])
+        os.unlink(path)
+    mb = size / 1e6
+    return {"write_MBps": mb / best_w, "read_MBps": mb / best_r, "reread_MBps": mb / best_rr}
+
+
+def _small(d: str, count: int, repeat: int) -> dict[str, float]:
+    data = os.urandom(4096)
+    buf = bytearray(8192)
+    best_w = best_r = float("inf")
+    for i in range(repeat):
+        paths = [os.path.join(d, f"small{i}-{j}") for j in range(count)]
+        t0 = time.perf_counter()
+        for p in paths:
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, data)
+            os.close(fd)
+        best_w = min(best_w, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for p in paths:
+            fd = os.open(p, os.O_RDONLY)
+            os.readv(fd, [buf])
+            os.close(fd)
+        best_r = min(best_r, time.perf_counter() - t0)
+        for p in paths:
+            os.unlink(p)
+    return {"small_write_ops": count / best_w, "small_read_ops": count / best_r}
+
+
+def bench_io(size: int, small: int, repeat: int, opts: str = "") -> dict[str, object]:
+    capacity = max(2 * size + 64 * MiB, 256 * MiB)
+    with memos_mount(capacity, opts) as mnt:
+        sess = os.path.join(mnt, "bench", "io")
+        os.makedirs(sess)
+        ours = _large(sess, size, repeat) | _small(sess, small, repeat)
+    with tmpfs_dir() as d:
+        base = _large(d, size, repeat) | _small(d, small, repeat)
+    out: dict[str, object] = {
+        "bench": "io",
+        "size_bytes": size,
+        "small_files": small,
+        "repeat": repeat,
+        "read_MBps": round(ours["read_MBps"], 1),
+        "write_MBps": round(ours["write_MBps"], 1),
+        "reread_MBps": round(ours["reread_MBps"], 1),
+        "tmpfs_read_MBps": round(base["read_MBps"], 1),
+        "tmpfs_write_MBps": round(base["write_MBps"], 1),
+        "tmpfs_reread_MBps": round(base["reread_MBps"], 1),
+        "read_ratio": round(ours["read_MBps"] / base["read_MBps"], 3),
+        "write_ratio": round(ours["write_MBps"] / base["write_MBps"], 3),
+        "reread_ratio": round(ours["reread_MBps"] / base["reread_MBps"], 3),
+        "small_read_ops": round(ours["small_read_ops"]),
+        "small_write_ops": round(ours["small_write_ops"]),
+        "tmpfs_small_read_ops": round(base["small_read_ops"]),
+        "tmpfs_small_write_ops": round(base["small_write_ops"]),
+    }
+    return out
+
+
+def cmd_bench_io(args: argparse.Namespace) -> int:
+    size = parse_size(args.size)
+    if size <= 0 or args.small < 0 or args.repeat < 1:
+        print("memosfs bench io: size, small and repeat must be positive", file=sys.stderr)
+        return 2
+    result = bench_io(size, args.small, args.repeat, args.opts)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(json.dumps(result, indent=2))
+    return 0

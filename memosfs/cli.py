@@ -1,0 +1,367 @@
+"""The `memosfs` command.
+
+    memosfs SOURCE MOUNTPOINT [-o opts] [-f]   mount (the mount(8) convention)
+    memosfs mount  SOURCE MOUNTPOINT [...]     the same, spelled out
+    memosfs umount MOUNTPOINT [-l]             unmount
+    memosfs stat   MOUNTPOINT [--json]         the stats as a table
+    memosfs calc-size --tokens N --layers L (--hidden H | --kv-heads K --head-dim D)
+                      [--dtype fp16] [--redundancy 2]
+    memosfs bench io [--json] ...              benchmarks (see `memosfs bench -h`)
+
+Mount options (-o, comma-separated): every knob of `.memos/cache/` by name
+(capacity=4G, evict_batch=24, ...), ssd=DIR, log=FILE, debug; the rest go to
+libfuse (allow_other, fsname=, ...).  default_permissions is always on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from typing import Optional, Sequence
+
+from .control import KNOB_BY_NAME, KNOBS, KnobError
+
+log = logging.getLogger("memosfs")
+
+DEFAULT_SSD = "/var/lib/memosfs/memos"
+DEFAULT_LOG = "/var/log/memosfs.log"
+# mount(8)/mount.fuse3 add or pass these; they mean nothing to us beyond libfuse.
+_IGNORED_OPTS = {"nofail", "_netdev", "auto", "noauto", "user", "users", "defaults"}
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2,
+               "bfloat16": 2, "fp8": 1, "int8": 1, "int4": 0.5, "fp64": 8}
+
+
+# ---------------------------------------------------------------- mount
+
+
+def parse_mount_options(opts: Sequence[str]) -> tuple[dict, dict, set]:
+    """Split -o values into (knobs, own options, libfuse options)."""
+    knobs: dict[str, object] = {}
+    own: dict[str, str] = {}
+    fuse: set[str] = set()
+    for group in opts:
+        for opt in group.split(","):
+            opt = opt.strip()
+            if not opt or opt in _IGNORED_OPTS:
+                continue
+            name, _, value = opt.partition("=")
+            if name in KNOB_BY_NAME:
+                try:
+                    knobs[name] = KNOB_BY_NAME[name].parse(value)
+                except KnobError as e:
+                    raise SystemExit(f"memosfs: bad option {opt!r}: {e}")
+            elif name in ("ssd", "log", "debug", "foreground"):
+                own[name] = value
+            else:
+                fuse.add(opt)
+    return knobs, own, fuse
+
+
+def _setup_logging(path: Optional[str], debug: bool) -> None:
+    handler: logging.Handler
+    if path:
+        handler = logging.FileHandler(path)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+
+
+def _mount_device(mountpoint: str) -> Optional[str]:
+    """`major:minor` of the mount at mountpoint, from /proc/self/mountinfo
+    (a stat() would ask the filesystem itself, which is not serving yet)."""
+    dev = None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 4 and fields[4] == mountpoint:
+                    dev = fields[2]     # the last one wins: mounts stack
+    except OSError:
+        pass
+    return dev
+
+
+def _raise_readahead(mountpoint: str, kib: int = 8192) -> None:
+    """FUSE starts with 128 KiB readahead; slots are large, so read ahead more."""
+    dev = _mount_device(mountpoint)
+    if dev is None:
+        return
+    try:
+        with open(f"/sys/class/bdi/{dev}/read_ahead_kb", "w") as f:
+            f.write(str(kib))
+    except OSError as e:
+        log.debug("read_ahead_kb unchanged: %s", e)
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    import pyfuse3
+    import trio
+
+    from . import _native
+    from .fs import MemosOperations
+    from .store import Store
+
+    knobs, own, fuse_opts = parse_mount_options(args.o or [])
+    foreground = args.foreground or "foreground" in own
+    debug = "debug" in own or args.debug
+    logfile = own.get("log") or (None if foreground else DEFAULT_LOG)
+    _setup_logging(logfile, debug)
+    mountpoint = os.path.abspath(args.mountpoint)
+    if not os.path.isdir(mountpoint):
+        print(f"memosfs: mountpoint {mountpoint} is not a directory", file=sys.stderr)
+        return 1
+    ssd = own.get("ssd") or DEFAULT_SSD
+    try:
+        os.makedirs(ssd, exist_ok=True)
+    except OSError as e:
+        print(f"memosfs: cannot use ssd directory {ssd}: {e.strerror}", file=sys.stderr)
+        return 1
+
+    _native.tune_malloc()
+    capacity = int(knobs.get("capacity", KNOB_BY_NAME["capacity"].default))
+    store = Store(capacity, int(knobs.get("evict_batch", 16)),
+                  int(knobs.get("ring_slots", 0)))
+    ops = MemosOperations(store, knobs)
+
+    options = set(pyfuse3.default_options)
+    options |= {f"fsname={args.source}", "subtype=memosfs", "default_permissions"}
+    if os.geteuid() == 0:
+        options.add("allow_other")
+    options |= fuse_opts
+    try:
+        pyfuse3.init(ops, mountpoint, options)
+    except RuntimeError as e:
+        print(f"memosfs: cannot mount {mountpoint}: {e}", file=sys.stderr)
+        return 1
+    ops.mounted = True
+    _raise_readahead(mountpoint)
+
+    if not foreground:
+        if not _daemonize():
+            return 0                  # the parent: the mount is up
+    else:
+        print(f"memosfs: mounted {args.source} at {mountpoint} "
+              f"(capacity {store.cache.capacity} bytes, ssd {ssd}); "
+              f"Ctrl-C or `memosfs umount {mountpoint}` unmounts", flush=True)
+    log.info("mounted %s at %s, capacity %d, options %s", args.source, mountpoint,
+             store.cache.capacity, ",".join(sorted(options)))
+
+    unmount = True
+    try:
+        unmount = trio.run(_serve)
+    except BaseException:
+        log.exception("main loop failed")
+        raise
+    finally:
+        store.flush()
+        pyfuse3.close(unmount=unmount)
+        store.close()
+        log.info("unmounted %s", mountpoint)
+        if foreground:
+            print(f"memosfs: unmounted {mountpoint}", flush=True)
+    return 0
+
+
+async def _serve() -> bool:
+    """Run the FUSE loop until the kernel unmounts (returns False) or a signal
+    asks us to stop (returns True: we unmount)."""
+    import pyfuse3
+    import trio
+
+    stopped_by_signal = False
+    async with trio.open_nursery() as nursery:
+        async def on_signals() -> None:
+            nonlocal stopped_by_signal
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM,
+                                           signal.SIGHUP) as signals:
+                async for sig in signals:
+                    log.info("signal %d: unmounting", sig)
+                    stopped_by_signal = True
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(on_signals)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+    return stopped_by_signal
+
+
+def _daemonize() -> bool:
+    """Double fork; returns False in the original process once the daemon runs."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(w)
+        os.read(r, 1)
+        os.close(r)
+        os.waitpid(pid, 0)
+        return False
+    os.close(r)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    os.chdir("/")
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.write(w, b"1")
+    os.close(w)
+    return True
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    cmd = ["fusermount3", "-u"] + (["-z"] if args.lazy else []) + [args.mountpoint]
+    if shutil.which("fusermount3") is None:
+        cmd = ["umount"] + (["-l"] if args.lazy else []) + [args.mountpoint]
+    r = subprocess.run(cmd)
+    return r.returncode
+
+
+# ---------------------------------------------------------------- stat
+
+
+def cmd_stat(args: argparse.Namespace) -> int:
+    path = os.path.join(args.mountpoint, ".memos", "cache", "stats.json")
+    try:
+        with open(path) as f:
+            stats = json.load(f)
+    except OSError as e:
+        print(f"memosfs: {args.mountpoint} is not a memosfs mount ({e.strerror})",
+              file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(stats, indent=2))
+        return 0
+    width = max(len(k) for k in stats)
+    for k, v in stats.items():
+        if isinstance(v, float):
+            shown = f"{v:.4f}"
+        elif isinstance(v, int) and ("bytes" in k or k == "capacity"):
+            shown = f"{v:>14,d}  ({_human(v)})"
+        elif isinstance(v, int):
+            shown = f"{v:>14,d}"
+        else:
+            shown = str(v)
+        print(f"{k:<{width}}  {shown}")
+    return 0
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+# ---------------------------------------------------------------- calc-size
+
+
+def calc_size(tokens: int, layers: int, kv_width: int, dtype_bytes: float,
+              redundancy: float) -> int:
+    """layers × tokens × kv_width × 2 (key and value) × dtype bytes × redundancy."""
+    return int(layers * tokens * kv_width * 2 * dtype_bytes * redundancy)
+
+
+def cmd_calc_size(args: argparse.Namespace) -> int:
+    if args.hidden is not None:
+        width = args.hidden
+    elif args.kv_heads is not None and args.head_dim is not None:
+        width = args.kv_heads * args.head_dim
+    else:
+        print("memosfs calc-size: give --hidden, or --kv-heads and --head-dim",
+              file=sys.stderr)
+        return 2
+    dtype = args.dtype.lower()
+    if dtype not in DTYPE_BYTES:
+        print(f"memosfs calc-size: unknown dtype {args.dtype!r} "
+              f"(one of {', '.join(DTYPE_BYTES)})", file=sys.stderr)
+        return 2
+    for name in ("tokens", "layers"):
+        if getattr(args, name) <= 0:
+            print(f"memosfs calc-size: --{name} must be positive", file=sys.stderr)
+            return 2
+    if width <= 0 or args.redundancy <= 0:
+        print("memosfs calc-size: width and redundancy must be positive", file=sys.stderr)
+        return 2
+    n = calc_size(args.tokens, args.layers, width, DTYPE_BYTES[dtype], args.redundancy)
+    if args.json:
+        print(json.dumps({"bytes": n, "tokens": args.tokens, "layers": args.layers,
+                          "kv_width": width, "dtype": dtype,
+                          "redundancy": args.redundancy}))
+    else:
+        print(f"{n} bytes ({_human(n)})")
+    return 0
+
+
+# ---------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="memosfs", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd")
+
+    m = sub.add_parser("mount", help="mount memosfs")
+    m.add_argument("source")
+    m.add_argument("mountpoint")
+    m.add_argument("-o", action="append", metavar="OPTS",
+                   help="comma-separated options: " + ", ".join(k.name for k in KNOBS)
+                   + ", ssd=DIR, log=FILE, debug, and libfuse options")
+    m.add_argument("-f", "--foreground", action="store_true")
+    m.add_argument("-d", "--debug", action="store_true")
+    m.set_defaults(fn=cmd_mount)
+
+    u = sub.add_parser("umount", help="unmount")
+    u.add_argument("mountpoint")
+    u.add_argument("-l", "--lazy", action="store_true")
+    u.set_defaults(fn=cmd_umount)
+
+    s = sub.add_parser("stat", help="show the stats of a mount")
+    s.add_argument("mountpoint")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_stat)
+
+    c = sub.add_parser("calc-size", help="bytes of a KV cache")
+    c.add_argument("--tokens", type=int, required=True)
+    c.add_argument("--layers", type=int, required=True)
+    c.add_argument("--hidden", type=int, help="hidden size (multi-head attention)")
+    c.add_argument("--kv-heads", type=int, help="KV heads (grouped-query attention)")
+    c.add_argument("--head-dim", type=int)
+    c.add_argument("--dtype", default="fp16")
+    c.add_argument("--redundancy", type=float, default=1.0)
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=cmd_calc_size)
+
+    from . import bench
+    bench.add_parser(sub)
+    return p
+
+
+SUBCOMMANDS = {"mount", "umount", "stat", "calc-size", "bench", "-h", "--help"}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in SUBCOMMANDS:
+        argv = ["mount"] + argv      # memosfs SOURCE MOUNTPOINT -o ... (mount.fuse3)
+    args = build_parser().parse_args(argv)
+    if not getattr(args, "fn", None):
+        build_parser().print_help()
+        return 2
+    return args.fn(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

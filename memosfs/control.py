@@ -1,0 +1,175 @@
+"""The control plane: the knob table and the `.memos/` pseudo-files.
+
+Every setting lives in one table, `KNOBS`: its name, how a written value is
+parsed and checked, its default, and what it means.  The knob files under
+`.memos/cache/`, their validation, the mount options and the README's knob
+list all come from this table.
+
+Pseudo-files (all served with direct_io, st_size 0, read as a snapshot taken
+at open):
+
+=====================  ====  =====================================================
+file                   mode  meaning
+=====================  ====  =====================================================
+cache/stats            0444  `name value` lines, one per counter
+cache/stats.json       0444  the same counters as one JSON object
+cache/<knob>           0644  `value\\n`; writing a valid value sets it at once,
+                             anything else is EINVAL and changes nothing
+cache/flush            0200  write 1: persist every dirty slot, then reclaim memory
+cache/reset_context    0200  write `agent/session`: drop that session's slots
+debug/trace            0644  write 1 (on, clears the buffer) or 0 (off); read: one
+                             event a line, `<ns> <EVENT> key=value ...`
+metrics                0444  Prometheus text exposition of the stats
+=====================  ====  =====================================================
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["Knob", "KNOBS", "KNOB_BY_NAME", "parse_size", "Trace", "format_stats",
+           "format_metrics", "KnobError"]
+
+
+class KnobError(ValueError):
+    """A value that a knob refuses; the message says why."""
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
+_SIZE_MULT = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Parse `4G`, `512M`, `1.5g`, `65536` (binary multiples) into bytes."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise KnobError(f"not a size: {text.strip()!r} (use bytes or a K/M/G/T suffix)")
+    return int(float(m.group(1)) * _SIZE_MULT[m.group(2).lower()])
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        t = text.strip()
+        if not re.fullmatch(r"[+]?\d+", t):
+            raise KnobError(f"not an integer: {t!r}")
+        v = int(t)
+        if not lo <= v <= hi:
+            raise KnobError(f"{v} is out of range [{lo}, {hi}]")
+        return v
+    return parse
+
+
+def _size_in(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        v = parse_size(text)
+        if not lo <= v <= hi:
+            raise KnobError(f"{v} bytes is out of range [{lo}, {hi}]")
+        return v
+    return parse
+
+
+def _choice(*names: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        t = text.strip()
+        if t not in names:
+            raise KnobError(f"{t!r} is not one of {', '.join(names)}")
+        return t
+    return parse
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One setting: name, parser (str -> value, raises KnobError), default,
+    meaning (one line, for the README and `memosfs --help`), and when a
+    change takes effect."""
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    meaning: str
+    effect: str = "at once"
+
+    def format(self, value: Any) -> str:
+        return f"{value}\n"
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("capacity", _size_in(2 << 20, 1 << 50), 1 << 30,
+         "memory tier size in bytes (accepts 512M, 4G); rounded up to 2 MiB superblocks; "
+         "shrinking evicts"),
+    Knob("evict_policy", _choice("lru"), "lru",
+         "eviction policy: lru (lfu and the lru_lfu hybrid come with the policy work)"),
+    Knob("evict_batch", _int_in(1, 4096), 16,
+         "victims chosen per eviction run (a larger batch trades P99 put latency for throughput)"),
+    Knob("ring_slots", _int_in(0, 1 << 30), 0,
+         "slots a session keeps before its oldest is recycled (0 = no limit)",
+         "on the next publish in a session"),
+)
+KNOB_BY_NAME = {k.name: k for k in KNOBS}
+
+
+class Trace:
+    """The debug/trace event buffer: a bounded ring of text lines."""
+
+    def __init__(self, maxlen: int = 65536) -> None:
+        self.enabled = False
+        self._lines: collections.deque[str] = collections.deque(maxlen=maxlen)
+        self._lock = threading.Lock()
+
+    def set(self, on: bool) -> None:
+        with self._lock:
+            if on and not self.enabled:
+                self._lines.clear()
+            self.enabled = on
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        kv = " ".join(f"{k}={v}" for k, v in fields.items())
+        with self._lock:
+            self._lines.append(f"{time.time_ns()} {event} {kv}".rstrip())
+
+    def text(self) -> str:
+        with self._lock:
+            return "".join(line + "\n" for line in self._lines)
+
+
+def format_stats(stats: dict[str, Any]) -> str:
+    """`name value` lines; floats with 6 significant digits."""
+    out = []
+    for k, v in stats.items():
+        out.append(f"{k} {_fmt(v)}\n")
+    return "".join(out)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+_GAUGES = {"slots", "bytes_used", "capacity", "index_load_factor", "free_pages",
+           "superblocks", "hit_rate", "drafts", "pinned", "pages_used", "bytes_draft",
+           "evict_batch", "ring_slots", "agents", "sessions", "open_handles",
+           "dead_pinned", "index_buckets", "index_entries", "huge_pages", "uptime_s"}
+
+
+def format_metrics(stats: dict[str, Any]) -> str:
+    """Prometheus text exposition format (version 0.0.4)."""
+    out = []
+    for k, v in stats.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        name = "memosfs_" + k + ("" if k in _GAUGES else "_total")
+        kind = "gauge" if k in _GAUGES else "counter"
+        out.append(f"# TYPE {name} {kind}\n{name} {_fmt(v)}\n")
+    return "".join(out)
+
+
+def stats_json(stats: dict[str, Any]) -> str:
+    return json.dumps(stats, sort_keys=False) + "\n"

@@ -1,0 +1,977 @@
+"""The filesystem: pyfuse3 Operations over the store.
+
+Namespace.  The root holds agents and the control plane `.memos/`; an agent
+holds sessions; a session holds slots.  A slot file anywhere else, or a
+directory inside a session, is EPERM.  Names follow NAME_MAX (255 bytes).
+
+Versions and the page cache.  A slot's bytes change only by publish (a
+writer's flush/close or fsync).  Writers open with direct_io, so their draft
+never enters the kernel's page cache; readers go through the page cache with
+keep_cache, so a re-read costs no request.  The invariant that makes this
+safe: *all reader handles open on one inode read the same version*.  A
+publish while readers hold the inode therefore gives the name a fresh inode
+(the old one is "superseded" and keeps serving its readers their snapshot);
+a publish with no reader open updates the inode in place, and the next
+reader's open drops the stale pages (keep_cache off once).  Opening a
+superseded inode through a stale dentry returns ESTALE, which makes the
+kernel redo the lookup and find the new inode.
+
+Lookup counts.  Every entry handed to the kernel (lookup, create, mkdir,
+readdirplus) adds one to `Node.lookups`; `forget` takes them away.  A node
+that left the tree is deleted from the inode table once it has no lookups
+and no open handles.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+from typing import Callable, Iterator, Optional
+
+import pyfuse3
+
+from . import _native
+from .control import (KNOB_BY_NAME, KNOBS, KnobError, Trace, format_metrics,
+                      format_stats, stats_json)
+from .store import Store, split_key
+
+log = logging.getLogger("memosfs.fs")
+
+__all__ = ["MemosOperations", "NAME_MAX", "CONTROL_DIR"]
+
+NAME_MAX = 255
+CONTROL_DIR = ".memos"
+SLOT_BLKSIZE = 1 << 20          # st_blksize: cp/cat size their buffers by it
+ENTRY_TIMEOUT = 1.0
+ATTR_TIMEOUT = 1.0
+FIRST_DYNAMIC_INO = 1000
+
+ROOT, AGENT, SESSION, CTL = "root", "agent", "session", "ctl"
+
+
+def _now() -> int:
+    return time.time_ns()
+
+
+class Refused(pyfuse3.FUSEError):
+    """A FUSEError whose reason has been logged."""
+
+
+def refuse(code: int, fmt: str, *args: object, level: int = logging.INFO) -> Refused:
+    log.log(level, "refused (%s): " + fmt, errno.errorcode.get(code, code), *args)
+    return Refused(code)
+
+
+# ---------------------------------------------------------------- nodes
+
+
+class Node:
+    """An inode: a directory, a slot, or a control-plane pseudo-file."""
+
+    def __init__(self, ino: int, name: str, parent: Optional["Dir"], mode: int,
+                 uid: int, gid: int) -> None:
+        now = _now()
+        self.ino = ino                  # inode number, never reused while mounted
+        self.name = name                # current name in parent
+        self.parent = parent            # None for the root and for detached nodes
+        self.mode = mode                # S_IFMT | permission bits
+        self.uid = uid
+        self.gid = gid
+        self.atime_ns = self.mtime_ns = self.ctime_ns = now
+        self.lookups = 0                # kernel lookup count (forget lowers it)
+        self.handles = 0                # open handles
+        self.detached: Optional[str] = None  # why it left the tree, if it did
+        self.xattrs: dict[bytes, bytes] = {}  # user.* attributes set by users
+
+    def size(self) -> int:
+        return 0
+
+    def blocks(self) -> int:
+        return 0
+
+    def nlink(self) -> int:
+        return 0 if self.detached else 1
+
+
+class Dir(Node):
+    def __init__(self, ino: int, name: str, parent: Optional["Dir"], mode: int,
+                 uid: int, gid: int, level: str) -> None:
+        super().__init__(ino, name, parent, stat.S_IFDIR | mode, uid, gid)
+        self.level = level              # ROOT | AGENT | SESSION | CTL
+        self.children: dict[str, Node] = {}
+
+    def nlink(self) -> int:
+        if self.detached:
+            return 0
+        return 2 + sum(1 for c in self.children.values() if isinstance(c, Dir))
+
+    def size(self) -> int:
+        return 4096
+
+
+class Slot(Node):
+    def __init__(self, ino: int, name: str, parent: Dir, mode: int, uid: int,
+                 gid: int) -> None:
+        super().__init__(ino, name, parent, stat.S_IFREG | mode, uid, gid)
+        self.version = 0                # published version (0: never published)
+        self.pub_size = 0               # bytes of the published version
+        self.stored = 0                 # bytes of pages it holds
+        self.readers = 0                # open read handles (page-cache mode)
+        self.writers = 0                # open write handles (direct_io)
+        self.draft_size: Optional[int] = None  # size of the latest draft written
+        self.cache_version = -1         # version the kernel may hold pages of
+        self.successor: Optional[Slot] = None  # the inode that took our name
+
+    @property
+    def key(self) -> bytes:
+        session = self.parent
+        agent = session.parent
+        return f"{agent.name}/{session.name}/{self.name}".encode("utf-8", "surrogateescape")
+
+    def size(self) -> int:
+        # Readers must see the version they can read; a lone writer sees its draft.
+        if self.draft_size is not None and self.readers == 0 and self.writers > 0:
+            return self.draft_size
+        return self.pub_size
+
+    def blocks(self) -> int:
+        return (self.stored + 511) // 512
+
+
+class Pseudo(Node):
+    """A control-plane file: content made by `read`, writes applied by `write`."""
+
+    def __init__(self, ino: int, name: str, parent: Dir, mode: int,
+                 read: Optional[Callable[[], str]],
+                 write: Optional[Callable[[str], None]]) -> None:
+        super().__init__(ino, name, parent, stat.S_IFREG | mode, 0, 0)
+        self.read = read
+        self.write = write
+
+
+class Handle:
+    """An open file."""
+
+    __slots__ = ("fh", "node", "flags", "kind", "ref", "draft", "base", "append",
+                 "unpublished", "data", "mtime_ns")
+
+    def __init__(self, fh: int, node: Node, flags: int, kind: str) -> None:
+        self.fh = fh
+        self.node = node
+        self.flags = flags
+        self.kind = kind                # "read" | "write" | "pseudo"
+        self.ref: Optional[_native.Ref] = None    # reader's pinned snapshot
+        self.base: Optional[_native.Ref] = None   # writer's published base
+        self.draft: Optional[_native.Draft] = None
+        self.append = bool(flags & os.O_APPEND)
+        self.unpublished = False        # writes since the last publish
+        self.data = b""                 # pseudo-file snapshot / written text
+        self.mtime_ns: Optional[int] = None  # mtime the next publish sets
+
+
+# ---------------------------------------------------------------- operations
+
+
+class MemosOperations(pyfuse3.Operations):
+    """The memosfs request handlers.  All run on the trio thread; none awaits
+    while it holds a partial change, so each handler is atomic."""
+
+    enable_writeback_cache = False
+
+    def __init__(self, store: Store, knobs: Optional[dict[str, object]] = None,
+                 trace: Optional[Trace] = None) -> None:
+        super().__init__()
+        self.store = store
+        self.trace = trace or store.trace
+        self.knobs: dict[str, object] = {k.name: k.default for k in KNOBS}
+        self.knobs.update(knobs or {})
+        self.knobs["capacity"] = store.cache.capacity
+        self.inodes: dict[int, Node] = {}
+        self.handles: dict[int, Handle] = {}
+        self._next_ino = FIRST_DYNAMIC_INO
+        self._next_fh = 1
+        self._started = time.monotonic()
+        self._lookup_misses = 0
+        self._refused = 0
+        self.mounted = False            # set once pyfuse3.init succeeded: the
+                                        # kernel can then be told of changes
+        self.root = Dir(pyfuse3.ROOT_INODE, "", None, 0o1777, 0, 0, ROOT)
+        self.root.lookups = 1 << 62     # the kernel never forgets the root
+        self.inodes[self.root.ino] = self.root
+        self._build_control()
+        store.on_drop(self._slot_dropped)
+
+    # ---- the control plane ----
+
+    def _build_control(self) -> None:
+        ino = iter(range(2, FIRST_DYNAMIC_INO))
+        ctl = self._add_perm_dir(next(ino), CONTROL_DIR, self.root)
+        cache = self._add_perm_dir(next(ino), "cache", ctl)
+        debug = self._add_perm_dir(next(ino), "debug", ctl)
+        self._add_pseudo(next(ino), "stats", cache, 0o444,
+                         lambda: format_stats(self.stats()), None)
+        self._add_pseudo(next(ino), "stats.json", cache, 0o444,
+                         lambda: stats_json(self.stats()), None)
+        for knob in KNOBS:
+            self._add_pseudo(next(ino), knob.name, cache, 0o644,
+                             (lambda k=knob: k.format(self.knobs[k.name])),
+                             (lambda text, k=knob: self.set_knob(k.name, text)))
+        self._add_pseudo(next(ino), "flush", cache, 0o644, lambda: "", self._write_flush)
+        self._add_pseudo(next(ino), "reset_context", cache, 0o644, lambda: "",
+                         self._write_reset)
+        self._add_pseudo(next(ino), "trace", debug, 0o644, self.trace.text,
+                         self._write_trace)
+        self._add_pseudo(next(ino), "metrics", ctl, 0o444,
+                         lambda: format_metrics(self.stats()), None)
+
+    def _add_perm_dir(self, ino: int, name: str, parent: Dir) -> Dir:
+        d = Dir(ino, name, parent, 0o755, 0, 0, CTL)
+        d.lookups = 1 << 62
+        parent.children[name] = d
+        self.inodes[ino] = d
+        return d
+
+    def _add_pseudo(self, ino: int, name: str, parent: Dir, mode: int,
+                    read: Optional[Callable[[], str]],
+                    write: Optional[Callable[[str], None]]) -> None:
+        p = Pseudo(ino, name, parent, mode, read, write)
+        p.lookups = 1 << 62
+        parent.children[name] = p
+        self.inodes[ino] = p
+
+    def set_knob(self, name: str, text: str) -> None:
+        """Parse, check and apply a knob; KnobError leaves everything unchanged."""
+        knob = KNOB_BY_NAME[name]
+        value = knob.parse(text)
+        if name == "capacity":
+            try:
+                self.store.set_capacity(value)
+            except OSError as e:
+                raise KnobError(f"cannot shrink to {value} bytes: {e.strerror}") from e
+            value = self.store.cache.capacity
+        elif name == "evict_batch":
+            self.store.set_evict_batch(value)
+        elif name == "ring_slots":
+            self.store.ring_slots = value
+        self.knobs[name] = value
+        self.trace.emit("KNOB", name=name, value=value)
+        log.info("knob %s = %s", name, value)
+
+    def _write_flush(self, text: str) -> None:
+        if text.strip() != "1":
+            raise KnobError(f"write 1 to flush, not {text.strip()!r}")
+        self.store.flush()
+
+    def _write_reset(self, text: str) -> None:
+        t = text.strip().strip("/")
+        parts = t.split("/")
+        if len(parts) != 2 or not all(parts):
+            raise KnobError(f"write agent/session, not {text.strip()!r}")
+        agent = self.root.children.get(parts[0])
+        session = agent.children.get(parts[1]) if isinstance(agent, Dir) else None
+        if not isinstance(session, Dir) or session.level != SESSION:
+            raise KnobError(f"no session {t!r}")
+        self.store.reset_session(parts[0], parts[1])
+
+    def _write_trace(self, text: str) -> None:
+        t = text.strip()
+        if t not in ("0", "1"):
+            raise KnobError(f"write 1 or 0, not {t!r}")
+        self.trace.set(t == "1")
+
+    def stats(self) -> dict[str, object]:
+        """Every counter, by name: the C core's, then the store's and ours."""
+        c = self.store.cache.stats()
+        s = self.store.statistics()
+        hits = c["hits"]
+        misses = c["misses"] + self._lookup_misses
+        lookups = hits + misses
+        agents = [a for a in self.root.children.values()
+                  if isinstance(a, Dir) and a.level == AGENT]
+        out: dict[str, object] = {
+            "lookups": lookups,
+            "hits": hits,
+            "mem_hits": hits,
+            "misses": misses,
+            "hit_rate": (hits / lookups) if lookups else 0.0,
+            "inserts": c["inserts"],
+            "replaces": c["replaces"],
+            "publishes": s.publishes,
+            "removes": c["removes"],
+            "evictions": c["evictions"],
+            "eviction_runs": c["eviction_runs"],
+            "evict_refused": c["evict_refused"],
+            "ring_recycles": s.ring_recycles,
+            "resets": s.resets,
+            "flushes": s.flushes,
+            "slots": c["slots"],
+            "bytes_used": c["bytes_used"],
+            "capacity": c["capacity"],
+            "pages_used": c["pages_used"],
+            "free_pages": c["free_pages"],
+            "superblocks": c["superblocks"],
+            "huge_pages": c["huge_pages"],
+            "index_load_factor": c["index_load_factor"],
+            "index_entries": c["index_entries"],
+            "index_buckets": c["index_buckets"],
+            "alloc_failures": c["alloc_failures"],
+            "drafts": c["drafts"],
+            "bytes_draft": c["bytes_draft"],
+            "pinned": c["pinned"],
+            "dead_pinned": c["dead_pinned"],
+            "evict_batch": c["evict_batch"],
+            "ring_slots": self.store.ring_slots,
+            "agents": len(agents),
+            "sessions": sum(1 for a in agents for s_ in a.children.values()
+                            if isinstance(s_, Dir)),
+            "open_handles": len(self.handles),
+            "requests_refused": self._refused,
+            "uptime_s": round(time.monotonic() - self._started, 3),
+        }
+        return out
+
+    # ---- helpers ----
+
+    def _node(self, ino: int) -> Node:
+        try:
+            return self.inodes[ino]
+        except KeyError:
+            raise refuse(errno.ENOENT, "inode %d is unknown", ino) from None
+
+    def _dir(self, ino: int) -> Dir:
+        node = self._node(ino)
+        if not isinstance(node, Dir):
+            raise refuse(errno.ENOTDIR, "inode %d is not a directory", ino)
+        return node
+
+    def _new_ino(self) -> int:
+        ino = self._next_ino
+        self._next_ino += 1
+        return ino
+
+    @staticmethod
+    def _name(raw: bytes) -> str:
+        if len(raw) > NAME_MAX:
+            raise refuse(errno.ENAMETOOLONG, "name of %d bytes (NAME_MAX is %d)",
+                         len(raw), NAME_MAX)
+        return raw.decode("utf-8", "surrogateescape")
+
+    def _attr(self, node: Node) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.ino
+        a.generation = 0
+        a.st_mode = node.mode
+        a.st_nlink = node.nlink()
+        a.st_uid = node.uid
+        a.st_gid = node.gid
+        a.st_rdev = 0
+        a.st_size = node.size()
+        a.st_blocks = node.blocks()
+        a.st_atime_ns = node.atime_ns
+        a.st_mtime_ns = node.mtime_ns
+        a.st_ctime_ns = node.ctime_ns
+        if isinstance(node, Pseudo):
+            a.st_blksize = 4096
+            a.attr_timeout = 0
+            a.entry_timeout = 3600
+        else:
+            a.st_blksize = SLOT_BLKSIZE if isinstance(node, Slot) else 4096
+            a.attr_timeout = ATTR_TIMEOUT
+            a.entry_timeout = ENTRY_TIMEOUT
+        return a
+
+    def _entry(self, node: Node) -> pyfuse3.EntryAttributes:
+        node.lookups += 1
+        return self._attr(node)
+
+    def _detach(self, node: Node, reason: str) -> None:
+        parent = node.parent
+        if parent is not None and parent.children.get(node.name) is node:
+            del parent.children[node.name]
+            parent.mtime_ns = parent.ctime_ns = _now()
+        node.detached = reason
+        node.ctime_ns = _now()
+        self._maybe_forget(node)
+
+    def _maybe_forget(self, node: Node) -> None:
+        if node.detached and node.lookups <= 0 and node.handles <= 0:
+            self.inodes.pop(node.ino, None)
+
+    def _slot_dropped(self, key: bytes, reason: str) -> None:
+        """The store let a slot go (eviction, ring, reset): remove its name."""
+        agent, session, name = split_key(key)
+        a = self.root.children.get(agent)
+        s = a.children.get(session) if isinstance(a, Dir) else None
+        node = s.children.get(name) if isinstance(s, Dir) else None
+        if not isinstance(node, Slot):
+            return
+        self._detach(node, reason)
+        self._forget_entry(s, name)
+
+    def _forget_entry(self, parent: Dir, name: str) -> None:
+        """Tell the kernel to drop its cached dentry (from pyfuse3's thread)."""
+        if self.mounted:
+            pyfuse3.invalidate_entry_async(parent.ino, name.encode("utf-8", "surrogateescape"),
+                                           ignore_enoent=True)
+
+    def _walk_slots(self, d: Dir) -> Iterator[Slot]:
+        for child in d.children.values():
+            if isinstance(child, Slot):
+                yield child
+            elif isinstance(child, Dir):
+                yield from self._walk_slots(child)
+
+    # ---- lookup and attributes ----
+
+    async def lookup(self, parent_inode, name, ctx):
+        """Find name in a directory; +1 lookup on success."""
+        parent = self._dir(parent_inode)
+        n = self._name(name)
+        if n == ".":
+            return self._entry(parent)
+        if n == "..":
+            return self._entry(parent.parent or parent)
+        node = parent.children.get(n)
+        if node is None:
+            if parent.level == SESSION:
+                self._lookup_misses += 1
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._entry(node)
+
+    async def forget(self, inode_list):
+        """The kernel dropped `nlookup` references to each inode."""
+        for ino, nlookup in inode_list:
+            node = self.inodes.get(ino)
+            if node is None:
+                continue
+            node.lookups -= nlookup
+            self._maybe_forget(node)
+
+    async def getattr(self, inode, ctx):
+        """Attributes; a slot shows its published version (a lone writer: its draft)."""
+        return self._attr(self._node(inode))
+
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        """chmod, chown, utimens, truncate (path truncate publishes at once)."""
+        node = self._node(inode)
+        now = _now()
+        if fields.update_size:
+            if isinstance(node, Dir):
+                raise refuse(errno.EISDIR, "truncate of directory %s", node.name)
+            if isinstance(node, Slot):
+                self._truncate(node, attr.st_size, fh)
+        if fields.update_mode:
+            node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(attr.st_mode)
+        if fields.update_uid:
+            node.uid = attr.st_uid
+        if fields.update_gid:
+            node.gid = attr.st_gid
+        if fields.update_atime:
+            node.atime_ns = attr.st_atime_ns
+        if fields.update_mtime:
+            node.mtime_ns = attr.st_mtime_ns
+            for h in self._writer_handles(node):
+                h.mtime_ns = attr.st_mtime_ns
+        node.ctime_ns = now
+        return self._attr(node)
+
+    def _writer_handles(self, node: Node) -> Iterator[Handle]:
+        if isinstance(node, Slot) and node.writers:
+            for h in self.handles.values():
+                if h.node is node and h.kind == "write":
+                    yield h
+
+    def _truncate(self, node: Slot, size: int, fh: Optional[int]) -> None:
+        h = self.handles.get(fh) if fh is not None else None
+        if h is not None and h.kind == "write":
+            d = self._ensure_draft(h)
+            self._native_call(d.truncate, size)
+            h.unpublished = True
+            h.mtime_ns = _now()
+            node.draft_size = d.size
+            return
+        if h is not None and h.kind == "pseudo":
+            return
+        # truncate(2) by path: a new version at once.
+        base = self.store.peek(node.key) if node.version else None
+        try:
+            d = self._native_call(self.store.draft, base)
+        finally:
+            if base is not None:
+                base.release()
+        try:
+            self._native_call(d.truncate, size)
+        except BaseException:
+            d.free()
+            raise
+        ref = self._native_call(self.store.publish, d, node.key)
+        self._published(node, ref, _now())
+        ref.release()
+
+    # ---- directories ----
+
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        """An agent (in the root) or a session (in an agent); +1 lookup."""
+        parent = self._dir(parent_inode)
+        n = self._name(name)
+        if parent.level == ROOT:
+            level = AGENT
+        elif parent.level == AGENT:
+            level = SESSION
+        elif parent.level == SESSION:
+            raise refuse(errno.EPERM, "mkdir %s: a session holds slots, not directories", n)
+        else:
+            raise refuse(errno.EPERM, "mkdir %s: the control plane is fixed", n)
+        if n in parent.children:
+            raise refuse(errno.EEXIST, "mkdir %s: exists", n, level=logging.DEBUG)
+        gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
+        d = Dir(self._new_ino(), n, parent, stat.S_IMODE(mode), ctx.uid, gid, level)
+        if parent.mode & stat.S_ISGID:
+            d.mode |= stat.S_ISGID
+        parent.children[n] = d
+        parent.mtime_ns = parent.ctime_ns = _now()
+        self.inodes[d.ino] = d
+        self.trace.emit("MKDIR", level=level, name=n, uid=ctx.uid)
+        return self._entry(d)
+
+    async def rmdir(self, parent_inode, name, ctx):
+        """Remove an empty agent or session."""
+        parent = self._dir(parent_inode)
+        n = self._name(name)
+        node = parent.children.get(n)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if not isinstance(node, Dir):
+            raise refuse(errno.ENOTDIR, "rmdir %s: not a directory", n)
+        if node.level == CTL:
+            raise refuse(errno.EPERM, "rmdir %s: the control plane is fixed", n)
+        if node.children:
+            raise refuse(errno.ENOTEMPTY, "rmdir %s: not empty", n, level=logging.DEBUG)
+        self._detach(node, "rmdir")
+
+    async def opendir(self, inode, ctx):
+        self._dir(inode)
+        return inode
+
+    async def readdir(self, fh, start_id, token):
+        """List a directory; each entry handed over adds one lookup."""
+        d = self._dir(fh)
+        items = list(d.children.items())
+        for i in range(start_id, len(items)):
+            name, node = items[i]
+            attr = self._attr(node)
+            if not pyfuse3.readdir_reply(token, name.encode("utf-8", "surrogateescape"),
+                                         attr, i + 1):
+                break
+            node.lookups += 1
+
+    async def releasedir(self, fh):
+        pass
+
+    async def statfs(self, ctx):
+        """The memory tier, in 4 KiB blocks."""
+        c = self.store.cache.stats()
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = _native.PAGE_SIZE
+        s.f_frsize = _native.PAGE_SIZE
+        s.f_blocks = c["capacity"] // _native.PAGE_SIZE
+        s.f_bfree = c["free_pages"]
+        s.f_bavail = c["free_pages"]
+        s.f_files = 1 << 32
+        s.f_ffree = s.f_files - len(self.inodes)
+        s.f_favail = s.f_ffree
+        s.f_namemax = NAME_MAX
+        return s
+
+    # ---- names ----
+
+    async def unlink(self, parent_inode, name, ctx):
+        """Remove a slot; open readers keep their version until they close."""
+        parent = self._dir(parent_inode)
+        n = self._name(name)
+        node = parent.children.get(n)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if isinstance(node, Dir):
+            raise refuse(errno.EISDIR, "unlink %s: a directory", n)
+        if isinstance(node, Pseudo):
+            raise refuse(errno.EPERM, "unlink %s: the control plane is fixed", n)
+        self.store.remove(node.key)
+        self._detach(node, "unlink")
+
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new,
+                     flags, ctx):
+        """Move a slot between sessions, a session between agents, or rename an
+        agent; replacing a target as rename(2) does."""
+        src_dir = self._dir(parent_inode_old)
+        dst_dir = self._dir(parent_inode_new)
+        old, new = self._name(name_old), self._name(name_new)
+        node = src_dir.children.get(old)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise refuse(errno.EINVAL, "rename %s: RENAME_EXCHANGE is not supported", old)
+        if isinstance(node, Pseudo) or (isinstance(node, Dir) and node.level == CTL) \
+                or dst_dir.level == CTL:
+            raise refuse(errno.EPERM, "rename %s: the control plane is fixed", old)
+        want = {AGENT: ROOT, SESSION: AGENT}.get(getattr(node, "level", None), SESSION)
+        if dst_dir.level != want:
+            raise refuse(errno.EPERM, "rename %s: a %s belongs in a %s", old,
+                         getattr(node, "level", "slot"), want)
+        target = dst_dir.children.get(new)
+        if target is node:
+            return
+        if target is not None:
+            if flags & pyfuse3.RENAME_NOREPLACE:
+                raise refuse(errno.EEXIST, "rename to %s: exists", new, level=logging.DEBUG)
+            if isinstance(node, Dir) and not isinstance(target, Dir):
+                raise refuse(errno.ENOTDIR, "rename %s over a file", old)
+            if not isinstance(node, Dir) and isinstance(target, Dir):
+                raise refuse(errno.EISDIR, "rename %s over a directory", old)
+            if isinstance(target, Dir) and target.children:
+                raise refuse(errno.ENOTEMPTY, "rename over %s: not empty", new)
+        if isinstance(node, Dir):
+            old_keys = [(s, s.key) for s in self._walk_slots(node)]
+        else:
+            old_keys = [(node, node.key)]
+        if target is not None:
+            if isinstance(target, Slot):
+                self.store.remove(target.key)
+            self._detach(target, "replaced")
+        del src_dir.children[old]
+        node.name, node.parent = new, dst_dir
+        dst_dir.children[new] = node
+        for slot, key in old_keys:
+            if slot.version:
+                self.store.rename(key, slot.key)
+        now = _now()
+        node.ctime_ns = src_dir.mtime_ns = src_dir.ctime_ns = now
+        dst_dir.mtime_ns = dst_dir.ctime_ns = now
+
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        raise refuse(errno.EPERM, "link: slots have one name")
+
+    async def symlink(self, parent_inode, name, target, ctx):
+        raise refuse(errno.EPERM, "symlink: only slots and directories live here")
+
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        raise refuse(errno.EPERM, "mknod: only slots and directories live here")
+
+    # ---- open, read, write ----
+
+    def _fh(self) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        return fh
+
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        """A new slot in a session, open for writing; it is published (as an
+        empty or written version) on close or fsync.  +1 lookup."""
+        parent = self._dir(parent_inode)
+        n = self._name(name)
+        if parent.level != SESSION:
+            raise refuse(errno.EPERM, "create %s: a slot belongs in agent/session/",
+                         n)
+        node = parent.children.get(n)
+        if node is None:
+            gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
+            node = Slot(self._new_ino(), n, parent, stat.S_IMODE(mode), ctx.uid, gid)
+            parent.children[n] = node
+            parent.mtime_ns = parent.ctime_ns = _now()
+            self.inodes[node.ino] = node
+        elif flags & os.O_EXCL:
+            raise pyfuse3.FUSEError(errno.EEXIST)
+        elif not isinstance(node, Slot):
+            raise refuse(errno.EISDIR, "create %s: a directory", n)
+        fi = self._open_slot(node, flags | os.O_TRUNC)
+        return fi, self._entry(node)
+
+    async def open(self, inode, flags, ctx):
+        """Readers pin the version they open (a snapshot); writers get a draft."""
+        node = self._node(inode)
+        if isinstance(node, Dir):
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        if isinstance(node, Pseudo):
+            return self._open_pseudo(node, flags)
+        return self._open_slot(node, flags)
+
+    def _open_pseudo(self, node: Pseudo, flags: int) -> pyfuse3.FileInfo:
+        acc = flags & os.O_ACCMODE
+        if acc != os.O_RDONLY and node.write is None:
+            raise refuse(errno.EACCES, "open %s for writing: read-only", node.name)
+        fh = self._fh()
+        h = Handle(fh, node, flags, "pseudo")
+        if acc != os.O_WRONLY and node.read is not None:
+            h.data = node.read().encode()
+        self.handles[fh] = h
+        node.handles += 1
+        fi = pyfuse3.FileInfo(fh=fh)
+        fi.direct_io = True
+        fi.keep_cache = False
+        return fi
+
+    def _open_slot(self, node: Slot, flags: int) -> pyfuse3.FileInfo:
+        if node.detached or node.successor is not None:
+            raise refuse(errno.ESTALE, "open %s: a newer inode holds this name", node.name,
+                         level=logging.DEBUG)
+        acc = flags & os.O_ACCMODE
+        fh = self._fh()
+        fi = pyfuse3.FileInfo(fh=fh)
+        if acc == os.O_RDONLY:
+            ref = self.store.get(node.key) if node.version else None
+            if node.version and ref is None:
+                raise refuse(errno.ENOENT, "open %s: slot left the cache", node.name)
+            h = Handle(fh, node, flags, "read")
+            h.ref = ref
+            version = ref.version if ref is not None else 0
+            fi.keep_cache = node.cache_version == version
+            node.cache_version = version
+            node.readers += 1
+            node.atime_ns = _now()
+        else:
+            h = Handle(fh, node, flags, "write")
+            if flags & os.O_TRUNC:
+                h.draft = self._native_call(self.store.draft)
+                h.unpublished = True
+                h.mtime_ns = _now()
+                node.draft_size = 0
+            elif node.version:
+                h.base = self.store.peek(node.key)
+            fi.direct_io = True
+            node.writers += 1
+        self.handles[fh] = h
+        node.handles += 1
+        return fi
+
+    async def read(self, fh, off, size):
+        """Bytes of the handle's version (a reader's snapshot, a writer's draft)."""
+        h = self.handles[fh]
+        if h.kind == "pseudo":
+            return h.data[off:off + size]
+        src = h.ref if h.kind == "read" else (h.draft or h.base)
+        if src is None:
+            return b""
+        return src.read(off, size)
+
+    async def write(self, fh, off, buf):
+        """Into the draft; visible to others after flush/close or fsync."""
+        h = self.handles[fh]
+        if h.kind == "pseudo":
+            return self._write_pseudo(h, off, buf)
+        if h.kind != "write":
+            raise refuse(errno.EBADF, "write on a read handle")
+        d = self._ensure_draft(h)
+        if h.append:
+            off = d.size
+        self._native_call(d.write, off, buf)
+        h.unpublished = True
+        h.mtime_ns = _now()
+        h.node.draft_size = d.size
+        return len(buf)
+
+    def _write_pseudo(self, h: Handle, off: int, buf: bytes) -> int:
+        node = h.node
+        assert isinstance(node, Pseudo) and node.write is not None
+        text = (h.data[:off] + buf) if off else buf
+        try:
+            node.write(text.decode("utf-8", "replace"))
+        except KnobError as e:
+            self._refused += 1
+            raise refuse(errno.EINVAL, "%s: %s", node.name, e, level=logging.WARNING)
+        except OSError as e:
+            self._refused += 1
+            raise refuse(e.errno or errno.EIO, "%s: %s", node.name, e,
+                         level=logging.WARNING)
+        h.data = text
+        return len(buf)
+
+    def _ensure_draft(self, h: Handle) -> "_native.Draft":
+        if h.draft is None:
+            h.draft = self._native_call(self.store.draft, h.base)
+        return h.draft
+
+    def _native_call(self, fn, *args):
+        """Call into the store; its OSErrors become the caller's errno."""
+        try:
+            return fn(*args)
+        except OSError as e:
+            self._refused += 1
+            raise refuse(e.errno or errno.EIO, "%s", e, level=logging.WARNING) from None
+
+    async def flush(self, fh):
+        """close(2) of one descriptor: publish what was written."""
+        h = self.handles[fh]
+        if h.kind == "write" and h.unpublished:
+            self._publish(h)
+
+    async def fsync(self, fh, datasync):
+        """Publish; durability beyond memory comes with the SSD tier."""
+        h = self.handles[fh]
+        if h.kind == "write" and h.unpublished:
+            self._publish(h)
+
+    async def release(self, fh):
+        """The last descriptor is gone: publish anything left, unpin, free."""
+        h = self.handles.pop(fh)
+        node = h.node
+        try:
+            if h.kind == "write" and h.unpublished:
+                try:
+                    self._publish(h)
+                except pyfuse3.FUSEError:
+                    pass  # already logged; release cannot report it
+        finally:
+            for r in (h.ref, h.base):
+                if r is not None:
+                    r.release()
+            if h.draft is not None:
+                h.draft.free()
+            node.handles -= 1
+            if isinstance(node, Slot):
+                if h.kind == "read":
+                    node.readers -= 1
+                elif h.kind == "write":
+                    node.writers -= 1
+                    if node.writers == 0:
+                        node.draft_size = None
+            self._maybe_forget(node)
+
+    # ---- publish ----
+
+    def _publish(self, h: Handle) -> None:
+        node = h.node
+        assert isinstance(node, Slot)
+        while node.successor is not None:
+            node = node.successor
+        if node.detached in ("unlink", "replaced") or node.parent is None \
+                or node.parent.detached:
+            # Written to a name that is gone: the bytes go with it (POSIX).
+            h.unpublished = False
+            if h.draft is not None:
+                h.draft.free()
+                h.draft = None
+            return
+        d = self._ensure_draft(h)
+        key = node.key
+        ref = self._native_call(self.store.publish, d, key)
+        h.draft = None
+        if h.base is not None:
+            h.base.release()
+        h.base = ref
+        h.unpublished = False
+        parent = node.parent
+        current = parent.children.get(node.name)
+        if node.detached:                      # dropped by the cache meanwhile
+            if current is None:
+                node.detached = None
+                parent.children[node.name] = node
+                current = node
+        target = current if isinstance(current, Slot) else node
+        self._published(target, ref, h.mtime_ns or _now())
+
+    def _published(self, node: Slot, ref: "_native.Ref", mtime_ns: int) -> None:
+        """Point the name at the new version: in place, or on a fresh inode
+        when readers hold this one (they keep their snapshot)."""
+        if node.readers > 0:
+            new = Slot(self._new_ino(), node.name, node.parent, stat.S_IMODE(node.mode),
+                       node.uid, node.gid)
+            new.xattrs = dict(node.xattrs)
+            new.atime_ns = node.atime_ns
+            node.parent.children[node.name] = new
+            node.successor = new
+            self.inodes[new.ino] = new
+            self._forget_entry(node.parent, node.name)
+            node = new
+        node.version = ref.version
+        node.pub_size = ref.size
+        node.stored = ref.stored
+        node.mtime_ns = mtime_ns
+        node.ctime_ns = _now()
+
+    # ---- extended attributes ----
+
+    _MEMOS_ATTRS = (b"user.memos.tier", b"user.memos.dirty", b"user.memos.version",
+                    b"user.memos.hits", b"user.memos.stored_bytes", b"user.memos.pin")
+
+    def _memos_attr(self, node: Slot, name: bytes) -> bytes:
+        ref = self.store.peek(node.key) if node.version else None
+        if ref is None:
+            return {b"user.memos.tier": b"none", b"user.memos.version": b"0"}.get(
+                name, b"0")
+        try:
+            values = {
+                b"user.memos.tier": b"mem",
+                b"user.memos.dirty": b"1" if ref.dirty else b"0",
+                b"user.memos.version": str(ref.version).encode(),
+                b"user.memos.hits": str(ref.hits).encode(),
+                b"user.memos.stored_bytes": str(ref.stored).encode(),
+                b"user.memos.pin": b"1" if ref.sticky else b"0",
+            }
+            return values[name]
+        finally:
+            ref.release()
+
+    async def getxattr(self, inode, name, ctx):
+        node = self._node(inode)
+        if isinstance(node, Slot) and name in self._MEMOS_ATTRS:
+            return self._memos_attr(node, name)
+        try:
+            return node.xattrs[name]
+        except KeyError:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR) from None
+
+    async def listxattr(self, inode, ctx):
+        node = self._node(inode)
+        names = list(self._MEMOS_ATTRS) if isinstance(node, Slot) else []
+        return names + list(node.xattrs)
+
+    async def setxattr(self, inode, name, value, ctx):
+        node = self._node(inode)
+        if name == b"user.memos.pin" and isinstance(node, Slot):
+            if value.strip() not in (b"0", b"1"):
+                raise refuse(errno.EINVAL, "user.memos.pin takes 0 or 1, not %r", value)
+            ref = self.store.peek(node.key) if node.version else None
+            if ref is None:
+                raise refuse(errno.ENOENT, "pin %s: nothing published yet", node.name)
+            ref.sticky = value.strip() == b"1"
+            ref.release()
+            self.trace.emit("PIN", key=node.key.decode("utf-8", "replace"),
+                            on=value.strip().decode())
+            return
+        if name.startswith(b"user.memos."):
+            raise refuse(errno.EPERM, "%s is read-only", name.decode("utf-8", "replace"))
+        if not name.startswith(b"user.") or isinstance(node, Pseudo):
+            raise refuse(errno.ENOTSUP, "xattr %s: only user.* attributes are kept",
+                         name.decode("utf-8", "replace"))
+        node.xattrs[name] = bytes(value)
+        node.ctime_ns = _now()
+
+    async def removexattr(self, inode, name, ctx):
+        node = self._node(inode)
+        if name.startswith(b"user.memos."):
+            raise refuse(errno.EPERM, "%s is read-only", name.decode("utf-8", "replace"))
+        if node.xattrs.pop(name, None) is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        node.ctime_ns = _now()
+
+    # ---- consistency (tests) ----
+
+    def check(self) -> None:
+        """Namespace, handles and store agree; raises AssertionError if not."""
+        self.store.cache.check()
+        live = set(self.store.cache.keys())
+        named = set()
+        for slot in self._walk_slots(self.root):
+            if slot.version:
+                named.add(slot.key)
+        assert named == live, f"namespace {sorted(named - live)} vs store {sorted(live - named)}"
+        readers: dict[int, int] = {}
+        for h in self.handles.values():
+            if h.kind == "read":
+                readers[h.node.ino] = readers.get(h.node.ino, 0) + 1
+        for node in self.inodes.values():
+            if isinstance(node, Slot):
+                assert node.readers == readers.get(node.ino, 0), node.name

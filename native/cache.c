@@ -1,0 +1,1067 @@
+/*
+ * cache.c — the memos_* API of memos.h: entries, drafts, publish, eviction.
+ *
+ * A cache ties four components together under one mutex:
+ *
+ *     arena   (arena.c)    pages of slot bytes
+ *     index   (index.c)    key → live entry
+ *     policy  (policy.c)   victim order of live entries
+ *     all     (here)       list of every entry: live, draft or dead
+ *
+ * Entry layout.  An entry of `size` bytes holds P = ceil(size / 4 KiB) pages
+ * as extents: P / 32 whole blocks, then, if P % 32 != 0, one run of P % 32
+ * pages inside one block.  Each extent keeps the address of its first byte
+ * (computed under the lock), so readers of a pinned entry never look at the
+ * arena's tables, which may move when the capacity grows.
+ *
+ *     byte off → extent off / 128 KiB, at off % 128 KiB inside it
+ *
+ * States (flags, all under the lock):
+ *
+ *     draft ──publish──► live ──remove/replace/evict──► dead ──last unpin──► freed
+ *       └──draft_free──► freed
+ *
+ *   live   in index and policy;  dead  in neither, kept while refs > 0;
+ *   busy   a draft between the two locked phases of a write (below).
+ *
+ * Copies without the lock.  A write to a draft runs in three phases:
+ *   1. locked: allocate the pages the new size needs (evicting if full);
+ *      if the old tail run cannot grow in place it is reallocated and the
+ *      old run parked in `moving`; mark the draft busy;
+ *   2. unlocked: copy the parked tail, zero-fill any hole, copy the data;
+ *   3. locked: free the parked run, publish the new size, clear busy.
+ * Reads of a pinned entry and the base copy of draft_new take no lock at all.
+ *
+ * Eviction runs (do_evict_run) pick up to evict_batch victims from the
+ * policy, pin them and mark them evicting, drop the lock to call the
+ * callback for each, then retake it: a victim the callback let go is killed
+ * (freed at its last unpin), a refused one is stamped with the run's
+ * generation so the allocation retrying in the same operation skips it.
+ * An allocation that still fails when no victim is left is MEMOS_ENOMEM.
+ *
+ * Failure injection.  memos_fail_after(n) arms the arena's countdown; every
+ * page allocation and every metadata malloc (entries, extent arrays, key
+ * copies, index growth) ticks it.  An injected failure is final for the
+ * operation (no eviction), so error paths are what gets tested.
+ *
+ * Invariants (memos_check): see the function.
+ */
+#define _GNU_SOURCE
+#include <assert.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "directory.h"
+#include "index.h"
+#include "memos.h"
+#include "policy.h"
+#include "prefetch.h"
+
+/* ---- types and constants ---- */
+
+#define EVICT_CHUNK     64      /* victims handled per callback round */
+#define EVICT_BATCH_MAX 4096u
+
+typedef struct extent {
+    char     *ptr;   /* address of the run's first byte (stable while held) */
+    arena_run run;   /* the pages */
+} extent;
+
+struct memos_entry {
+    index_node   inode;       /* key copy, klen, hash; key NULL for drafts (lock) */
+    policy_node  pnode;       /* policy links (lock) */
+    memos_entry *all_prev;    /* list of every entry (lock) */
+    memos_entry *all_next;    /* list of every entry (lock) */
+    extent      *ext;         /* extents, next used of cap_ext (lock; fixed unless draft) */
+    uint32_t     next;        /* extents in use */
+    uint32_t     cap_ext;     /* extents allocated */
+    extent       moving;      /* draft: old tail parked during a write, npages 0 = none */
+    uint32_t     moving_idx;  /* draft: extent that receives the parked tail */
+    uint32_t     refs;        /* references (lock) */
+    uint32_t     refused_gen; /* eviction generation that refused it (lock) */
+    uint64_t     pages;       /* pages held in ext (lock) */
+    uint64_t     size;        /* logical bytes (lock; fixed unless draft) */
+    uint64_t     version;     /* version number (lock) */
+    uint64_t     hits;        /* memos_get hits (lock) */
+    uint8_t      live;        /* in index and policy (lock) */
+    uint8_t      dead;        /* removed, replaced or evicted, still pinned (lock) */
+    uint8_t      draft;       /* a draft (lock) */
+    uint8_t      evicting;    /* pinned by an eviction run (lock) */
+    uint8_t      dirty;       /* not yet persisted (lock) */
+    uint8_t      sticky;      /* sticky pin, never a victim (lock) */
+    uint8_t      busy;        /* draft inside an unlocked write phase (lock) */
+};
+
+struct memos_cache {
+    pthread_mutex_t lock;       /* guards everything below */
+    arena        ar;            /* pages (lock) */
+    index_table  idx;           /* key → live entry (lock) */
+    policy       pol;           /* victim order (lock) */
+    dir_table    dir;           /* coherence directory, placeholder (lock) */
+    pf_state     pf;            /* prefetcher, placeholder (lock) */
+    memos_entry  all;           /* sentinel of the list of every entry (lock) */
+    unsigned     evict_batch;   /* victims per run (lock) */
+    memos_evict_fn cb;          /* eviction callback, may be NULL (set once) */
+    void        *cb_ctx;        /* its argument (set once) */
+    uint32_t     gen;           /* last eviction generation handed out (lock) */
+    uint32_t     victim_gen;    /* generation the policy filter skips (lock) */
+    memos_stats  st;            /* counters kept incrementally (lock) */
+};
+
+/* ---- private prototypes ---- */
+
+static void    *meta_alloc(memos_cache *c, size_t n);
+static int      evictable(const policy_node *n, void *ctx);
+static memos_entry *entry_of_pnode(const policy_node *n);
+static memos_entry *entry_new(memos_cache *c);
+static void     entry_destroy(memos_cache *c, memos_entry *e);
+static void     kill_entry(memos_cache *c, memos_entry *e, int in_index);
+static void     do_unpin(memos_cache *c, memos_entry *e);
+static int      do_alloc(memos_cache *c, unsigned k, uint32_t gen, extent *out);
+static int      do_evict_run(memos_cache *c, uint32_t gen, size_t *picked);
+static int      draft_reserve(memos_cache *c, memos_entry *d, uint64_t size);
+static void     draft_shrink(memos_cache *c, memos_entry *d, uint64_t size);
+static int      draft_fill(memos_cache *c, memos_entry *d, uint64_t off,
+                           const void *src, size_t n, int set_size);
+static void     entry_copy_in(memos_entry *e, uint64_t off, const void *src, size_t n);
+static void     entry_zero(memos_entry *e, uint64_t off, uint64_t n);
+static uint64_t pages_for(uint64_t size);
+static extent   make_extent(memos_cache *c, arena_run r);
+
+static inline void lock(memos_cache *c) { pthread_mutex_lock(&c->lock); }
+static inline void unlock(memos_cache *c) { pthread_mutex_unlock(&c->lock); }
+
+/* ---- API: lifetime and knobs ---- */
+
+static int index_fail_hook(void *ctx)
+{
+    return arena_fail_tick(&((memos_cache *)ctx)->ar);
+}
+
+memos_cache *memos_cache_new(uint64_t capacity, unsigned evict_batch,
+                             memos_evict_fn cb, void *cb_ctx)
+{
+    if (evict_batch == 0 || evict_batch > EVICT_BATCH_MAX) {
+        errno = EINVAL;
+        return NULL;
+    }
+    memos_cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    int rc = arena_init(&c->ar, capacity);
+    if (rc != MEMOS_OK) {
+        int saved = rc == MEMOS_ESYS ? errno : ENOMEM;
+        arena_destroy(&c->ar);
+        free(c);
+        errno = saved;
+        return NULL;
+    }
+    if (index_init(&c->idx, 64) != MEMOS_OK) {
+        arena_destroy(&c->ar);
+        free(c);
+        errno = ENOMEM;
+        return NULL;
+    }
+    c->idx.fail_hook = index_fail_hook;
+    c->idx.fail_ctx = c;
+    policy_init(&c->pol, "lru", evictable, c);
+    dir_init(&c->dir);
+    pf_init(&c->pf);
+    pthread_mutex_init(&c->lock, NULL);
+    c->all.all_next = c->all.all_prev = &c->all;
+    c->evict_batch = evict_batch;
+    c->cb = cb;
+    c->cb_ctx = cb_ctx;
+    return c;
+}
+
+void memos_cache_free(memos_cache *c)
+{
+    if (!c)
+        return;
+    for (memos_entry *e = c->all.all_next; e != &c->all;) {
+        memos_entry *next = e->all_next;
+        free((void *)e->inode.key);
+        free(e->ext);
+        free(e);
+        e = next;
+    }
+    pf_free(&c->pf);
+    dir_free(&c->dir);
+    index_destroy(&c->idx);
+    arena_destroy(&c->ar);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+int memos_set_capacity(memos_cache *c, uint64_t capacity)
+{
+    if (capacity == 0)
+        return MEMOS_EINVAL;
+    uint64_t bytes = arena_capacity_for(capacity);
+    uint64_t pages = bytes / MEMOS_PAGE_SIZE;
+    lock(c);
+    uint32_t gen = ++c->gen;
+    while (arena_pages_used(&c->ar) > pages) {
+        size_t picked = 0;
+        do_evict_run(c, gen, &picked);
+        if (picked == 0) {
+            unlock(c);
+            return MEMOS_ENOMEM;
+        }
+    }
+    int rc = arena_set_capacity(&c->ar, bytes);
+    unlock(c);
+    return rc;
+}
+
+int memos_set_evict_batch(memos_cache *c, unsigned n)
+{
+    if (n == 0 || n > EVICT_BATCH_MAX)
+        return MEMOS_EINVAL;
+    lock(c);
+    c->evict_batch = n;
+    unlock(c);
+    return MEMOS_OK;
+}
+
+void memos_get_stats(memos_cache *c, memos_stats *out)
+{
+    lock(c);
+    *out = c->st;
+    out->pinned = 0;
+    for (policy_node *n = c->pol.head.next; n != &c->pol.head; n = n->next) {
+        memos_entry *e = entry_of_pnode(n);
+        out->pinned += e->refs > 0 || e->sticky;
+    }
+    out->pages_used = arena_pages_used(&c->ar);
+    out->free_pages = arena_pages_free(&c->ar);
+    out->capacity = arena_page_limit(&c->ar) * MEMOS_PAGE_SIZE;
+    out->superblocks = arena_superblocks(&c->ar);
+    out->huge_pages = (uint64_t)c->ar.huge_pages;
+    out->evict_batch = c->evict_batch;
+    out->index_buckets = index_buckets(&c->idx);
+    out->index_entries = index_entries(&c->idx);
+    out->index_load_factor = index_load(&c->idx);
+    unlock(c);
+}
+
+/* ---- API: lookups ---- */
+
+int memos_get(memos_cache *c, const void *key, size_t klen, memos_entry **out)
+{
+    uint64_t h = index_hash(key, klen);
+    lock(c);
+    c->st.lookups++;
+    index_node *n = klen <= MEMOS_KEY_MAX ? index_find(&c->idx, key, klen, h) : NULL;
+    if (!n) {
+        c->st.misses++;
+        unlock(c);
+        return MEMOS_ENOENT;
+    }
+    memos_entry *e = (memos_entry *)n;   /* inode is the first field */
+    e->refs++;
+    e->hits++;
+    c->st.hits++;
+    policy_touch(&c->pol, &e->pnode);
+    unlock(c);
+    *out = e;
+    return MEMOS_OK;
+}
+
+int memos_peek(memos_cache *c, const void *key, size_t klen, memos_entry **out)
+{
+    uint64_t h = index_hash(key, klen);
+    lock(c);
+    index_node *n = klen <= MEMOS_KEY_MAX ? index_find(&c->idx, key, klen, h) : NULL;
+    if (!n) {
+        unlock(c);
+        return MEMOS_ENOENT;
+    }
+    memos_entry *e = (memos_entry *)n;
+    e->refs++;
+    unlock(c);
+    *out = e;
+    return MEMOS_OK;
+}
+
+void memos_ref(memos_cache *c, memos_entry *e)
+{
+    lock(c);
+    assert(e->refs > 0 || e->live || e->draft);
+    e->refs++;
+    unlock(c);
+}
+
+void memos_unpin(memos_cache *c, memos_entry *e)
+{
+    lock(c);
+    do_unpin(c, e);
+    unlock(c);
+}
+
+/* ---- API: drafts and publish ---- */
+
+int memos_draft_new(memos_cache *c, memos_entry *base, memos_entry **out)
+{
+    lock(c);
+    memos_entry *d = entry_new(c);
+    if (!d) {
+        unlock(c);
+        return MEMOS_ENOMEM;
+    }
+    if (!base || base->size == 0) {
+        unlock(c);
+        *out = d;
+        return MEMOS_OK;
+    }
+    int rc = draft_reserve(c, d, base->size);
+    if (rc != MEMOS_OK) {
+        c->st.drafts--;
+        entry_destroy(c, d);
+        unlock(c);
+        return rc;
+    }
+    assert(d->moving.run.npages == 0 && d->next == base->next);
+    d->size = base->size;
+    c->st.bytes_draft += d->size;
+    d->busy = 1;
+    unlock(c);
+    /* Same size, same layout: copy extent by extent, without the lock. */
+    uint64_t left = d->size;
+    for (uint32_t i = 0; i < d->next; i++) {
+        size_t n = left < MEMOS_BLOCK_SIZE ? (size_t)left : MEMOS_BLOCK_SIZE;
+        memcpy(d->ext[i].ptr, base->ext[i].ptr, n);
+        left -= n;
+    }
+    lock(c);
+    d->busy = 0;
+    unlock(c);
+    *out = d;
+    return MEMOS_OK;
+}
+
+int memos_draft_write(memos_cache *c, memos_entry *d, uint64_t off,
+                      const void *src, size_t n)
+{
+    if (n == 0)
+        return MEMOS_OK;
+    if (off > UINT64_MAX - n)
+        return MEMOS_ETOOBIG;
+    return draft_fill(c, d, off, src, n, 0);
+}
+
+int memos_draft_truncate(memos_cache *c, memos_entry *d, uint64_t size)
+{
+    return draft_fill(c, d, size, NULL, 0, 1);
+}
+
+void memos_draft_free(memos_cache *c, memos_entry *d)
+{
+    lock(c);
+    assert(d->draft && !d->busy);
+    c->st.drafts--;
+    c->st.bytes_draft -= d->size;
+    entry_destroy(c, d);
+    unlock(c);
+}
+
+int memos_publish(memos_cache *c, memos_entry *d, const void *key, size_t klen,
+                  uint64_t version, int dirty)
+{
+    if (klen == 0 || klen > MEMOS_KEY_MAX)
+        return MEMOS_EINVAL;
+    uint64_t h = index_hash(key, klen);
+    lock(c);
+    if (!d->draft || d->busy) {
+        unlock(c);
+        return MEMOS_EINVAL;
+    }
+    unsigned char *k = meta_alloc(c, klen);
+    if (!k) {
+        unlock(c);
+        return MEMOS_ENOMEM;
+    }
+    memcpy(k, key, klen);
+    d->inode = (index_node){ h, k, (uint32_t)klen };
+    memos_entry *old = (memos_entry *)index_find(&c->idx, key, klen, h);
+    if (old) {
+        index_replace(&c->idx, &old->inode, &d->inode);
+        d->version = version ? version : old->version + 1;
+        kill_entry(c, old, 0);
+        c->st.replaces++;
+    } else {
+        if (index_insert(&c->idx, &d->inode) != MEMOS_OK) {
+            d->inode = (index_node){ 0, NULL, 0 };
+            free(k);
+            unlock(c);
+            return MEMOS_ENOMEM;
+        }
+        d->version = version ? version : 1;
+        c->st.inserts++;
+    }
+    d->draft = 0;
+    d->live = 1;
+    d->dirty = dirty != 0;
+    c->st.drafts--;
+    c->st.bytes_draft -= d->size;
+    c->st.slots++;
+    c->st.bytes_used += d->size;
+    policy_admit(&c->pol, &d->pnode);
+    unlock(c);
+    return MEMOS_OK;
+}
+
+/* ---- API: removal and renaming ---- */
+
+int memos_remove(memos_cache *c, const void *key, size_t klen)
+{
+    if (klen > MEMOS_KEY_MAX)
+        return MEMOS_ENOENT;
+    uint64_t h = index_hash(key, klen);
+    lock(c);
+    memos_entry *e = (memos_entry *)index_find(&c->idx, key, klen, h);
+    if (!e) {
+        unlock(c);
+        return MEMOS_ENOENT;
+    }
+    kill_entry(c, e, 1);
+    c->st.removes++;
+    unlock(c);
+    return MEMOS_OK;
+}
+
+int memos_rename(memos_cache *c, const void *from, size_t flen,
+                 const void *to, size_t tlen)
+{
+    if (tlen == 0 || tlen > MEMOS_KEY_MAX)
+        return MEMOS_EINVAL;
+    if (flen > MEMOS_KEY_MAX)
+        return MEMOS_ENOENT;
+    uint64_t fh = index_hash(from, flen), th = index_hash(to, tlen);
+    lock(c);
+    memos_entry *e = (memos_entry *)index_find(&c->idx, from, flen, fh);
+    if (!e) {
+        unlock(c);
+        return MEMOS_ENOENT;
+    }
+    if (flen == tlen && memcmp(from, to, flen) == 0) {
+        unlock(c);
+        return MEMOS_OK;
+    }
+    unsigned char *k = meta_alloc(c, tlen);
+    if (!k) {
+        unlock(c);
+        return MEMOS_ENOMEM;
+    }
+    memcpy(k, to, tlen);
+    memos_entry *target = (memos_entry *)index_find(&c->idx, to, tlen, th);
+    index_node saved = e->inode;
+    index_remove(&c->idx, &e->inode);
+    e->inode = (index_node){ th, k, (uint32_t)tlen };
+    if (target) {
+        index_replace(&c->idx, &target->inode, &e->inode);
+        kill_entry(c, target, 0);
+    } else if (index_insert(&c->idx, &e->inode) != MEMOS_OK) {
+        /* The slot e left is still free: putting it back cannot fail. */
+        e->inode = saved;
+        int rc = index_insert(&c->idx, &e->inode);
+        assert(rc == MEMOS_OK);
+        (void)rc;
+        free(k);
+        unlock(c);
+        return MEMOS_ENOMEM;
+    }
+    free((void *)saved.key);
+    unlock(c);
+    return MEMOS_OK;
+}
+
+int memos_evict_run(memos_cache *c)
+{
+    lock(c);
+    size_t picked = 0;
+    int n = do_evict_run(c, ++c->gen, &picked);
+    unlock(c);
+    return n;
+}
+
+typedef struct foreach_ctx {
+    void (*fn)(void *ctx, memos_entry *e);   /* caller's function */
+    void *ctx;                               /* its argument */
+} foreach_ctx;
+
+static void foreach_adapter(void *ctx, policy_node *n)
+{
+    foreach_ctx *f = ctx;
+    f->fn(f->ctx, entry_of_pnode(n));
+}
+
+void memos_foreach(memos_cache *c, void (*fn)(void *ctx, memos_entry *e), void *ctx)
+{
+    foreach_ctx f = { fn, ctx };
+    lock(c);
+    policy_foreach(&c->pol, foreach_adapter, &f);
+    unlock(c);
+}
+
+/* ---- API: entries ---- */
+
+uint64_t memos_entry_size(const memos_entry *e) { return e->size; }
+uint64_t memos_entry_stored(const memos_entry *e) { return e->pages * MEMOS_PAGE_SIZE; }
+uint64_t memos_entry_version(const memos_entry *e) { return e->version; }
+uint64_t memos_entry_hits(const memos_entry *e) { return e->hits; }
+int      memos_entry_dirty(const memos_entry *e) { return e->dirty; }
+int      memos_entry_live(const memos_entry *e) { return e->live; }
+int      memos_entry_sticky(const memos_entry *e) { return e->sticky; }
+
+const void *memos_entry_key(const memos_entry *e, size_t *klen)
+{
+    if (klen)
+        *klen = e->inode.klen;
+    return e->inode.key;
+}
+
+void memos_set_dirty(memos_cache *c, memos_entry *e, int dirty)
+{
+    lock(c);
+    e->dirty = dirty != 0;
+    unlock(c);
+}
+
+void memos_set_sticky(memos_cache *c, memos_entry *e, int on)
+{
+    lock(c);
+    e->sticky = on != 0;
+    unlock(c);
+}
+
+size_t memos_entry_read(const memos_entry *e, uint64_t off, void *dst, size_t n)
+{
+    if (off >= e->size)
+        return 0;
+    if (n > e->size - off)
+        n = (size_t)(e->size - off);
+    char *out = dst;
+    size_t done = 0;
+    while (done < n) {
+        uint64_t at = off + done;
+        size_t in = (size_t)(at % MEMOS_BLOCK_SIZE);
+        size_t chunk = MEMOS_BLOCK_SIZE - in;
+        if (chunk > n - done)
+            chunk = n - done;
+        memcpy(out + done, e->ext[at / MEMOS_BLOCK_SIZE].ptr + in, chunk);
+        done += chunk;
+    }
+    return n;
+}
+
+int memos_entry_iov(const memos_entry *e, uint64_t off, size_t n,
+                    struct iovec *iov, int max)
+{
+    if (off >= e->size || max <= 0)
+        return 0;
+    if (n > e->size - off)
+        n = (size_t)(e->size - off);
+    int cnt = 0;
+    size_t done = 0;
+    while (done < n && cnt < max) {
+        uint64_t at = off + done;
+        size_t in = (size_t)(at % MEMOS_BLOCK_SIZE);
+        size_t chunk = MEMOS_BLOCK_SIZE - in;
+        if (chunk > n - done)
+            chunk = n - done;
+        iov[cnt].iov_base = e->ext[at / MEMOS_BLOCK_SIZE].ptr + in;
+        iov[cnt].iov_len = chunk;
+        cnt++;
+        done += chunk;
+    }
+    return cnt;
+}
+
+/* ---- API: testing ---- */
+
+void memos_fail_after(memos_cache *c, long n)
+{
+    lock(c);
+    arena_fail_after(&c->ar, n);
+    unlock(c);
+}
+
+/* ---- private helpers ---- */
+
+static memos_entry *entry_of_pnode(const policy_node *n)
+{
+    return (memos_entry *)((char *)n - offsetof(memos_entry, pnode));
+}
+
+static void *meta_alloc(memos_cache *c, size_t n)
+{
+    if (arena_fail_tick(&c->ar))
+        return NULL;
+    return malloc(n ? n : 1);
+}
+
+static int evictable(const policy_node *n, void *ctx)
+{
+    const memos_cache *c = ctx;
+    const memos_entry *e = entry_of_pnode(n);
+    return e->refs == 0 && !e->sticky && !e->evicting && e->refused_gen != c->victim_gen;
+}
+
+static uint64_t pages_for(uint64_t size)
+{
+    return (size + MEMOS_PAGE_SIZE - 1) / MEMOS_PAGE_SIZE;
+}
+
+static extent make_extent(memos_cache *c, arena_run r)
+{
+    return (extent){ arena_ptr(&c->ar, r.page), r };
+}
+
+/* A new empty draft with one reference, linked on the all list. */
+static memos_entry *entry_new(memos_cache *c)
+{
+    memos_entry *e = meta_alloc(c, sizeof *e);
+    if (!e)
+        return NULL;
+    memset(e, 0, sizeof *e);
+    e->draft = 1;
+    e->refs = 1;
+    e->all_next = c->all.all_next;
+    e->all_prev = &c->all;
+    c->all.all_next->all_prev = e;
+    c->all.all_next = e;
+    c->st.drafts++;
+    return e;
+}
+
+/* Free an entry's pages and memory; it is in neither index nor policy. */
+static void entry_destroy(memos_cache *c, memos_entry *e)
+{
+    assert(!e->live && !e->pnode.linked);
+    for (uint32_t i = 0; i < e->next; i++)
+        arena_free(&c->ar, e->ext[i].run);
+    if (e->moving.run.npages)
+        arena_free(&c->ar, e->moving.run);
+    e->all_prev->all_next = e->all_next;
+    e->all_next->all_prev = e->all_prev;
+    free((void *)e->inode.key);
+    free(e->ext);
+    free(e);
+}
+
+/* Live → dead; freed now if nobody holds it.  in_index == 0 when the caller
+ * already took it out of the index (replace). */
+static void kill_entry(memos_cache *c, memos_entry *e, int in_index)
+{
+    assert(e->live);
+    if (in_index) {
+        int rc = index_remove(&c->idx, &e->inode);
+        assert(rc == MEMOS_OK);
+        (void)rc;
+    }
+    policy_remove(&c->pol, &e->pnode);
+    e->live = 0;
+    e->dead = 1;
+    c->st.slots--;
+    c->st.bytes_used -= e->size;
+    if (e->refs == 0)
+        entry_destroy(c, e);
+    else
+        c->st.dead_pinned++;
+}
+
+static void do_unpin(memos_cache *c, memos_entry *e)
+{
+    assert(e->refs > 0);
+    if (--e->refs == 0 && e->dead) {
+        c->st.dead_pinned--;
+        entry_destroy(c, e);
+    }
+}
+
+/* k pages (32 = a whole block), evicting until they fit.  Lock held; it is
+ * dropped and retaken around eviction callbacks. */
+static int do_alloc(memos_cache *c, unsigned k, uint32_t gen, extent *out)
+{
+    for (;;) {
+        arena_run r;
+        if (arena_alloc_pages(&c->ar, k, &r) == MEMOS_OK) {
+            *out = make_extent(c, r);
+            return MEMOS_OK;
+        }
+        c->st.alloc_failures++;
+        if (c->ar.last_injected)
+            return MEMOS_ENOMEM;
+        size_t picked = 0;
+        do_evict_run(c, gen, &picked);
+        if (picked == 0)
+            return MEMOS_ENOMEM;
+    }
+}
+
+/* One eviction run; returns the entries evicted, *picked the victims tried.
+ * Lock held on entry and exit, dropped around the callbacks. */
+static int do_evict_run(memos_cache *c, uint32_t gen, size_t *picked)
+{
+    policy_node *v[EVICT_CHUNK];
+    int rcs[EVICT_CHUNK];
+    int evicted = 0;
+    size_t left = c->evict_batch;
+    c->st.eviction_runs++;
+    *picked = 0;
+    while (left > 0) {
+        c->victim_gen = gen;
+        size_t got = policy_victims(&c->pol, v, left < EVICT_CHUNK ? left : EVICT_CHUNK);
+        if (got == 0)
+            break;
+        left -= got;
+        *picked += got;
+        for (size_t i = 0; i < got; i++) {
+            memos_entry *e = entry_of_pnode(v[i]);
+            e->refs++;
+            e->evicting = 1;
+            rcs[i] = MEMOS_OK;
+        }
+        if (c->cb) {
+            unlock(c);
+            for (size_t i = 0; i < got; i++)
+                rcs[i] = c->cb(c->cb_ctx, entry_of_pnode(v[i]));
+            lock(c);
+        }
+        for (size_t i = 0; i < got; i++) {
+            memos_entry *e = entry_of_pnode(v[i]);
+            e->evicting = 0;
+            if (rcs[i] == MEMOS_OK) {
+                if (e->live) {
+                    kill_entry(c, e, 1);
+                    c->st.evictions++;
+                    evicted++;
+                }
+            } else {
+                e->refused_gen = gen;
+                c->st.evict_refused++;
+            }
+            do_unpin(c, e);
+        }
+    }
+    return evicted;
+}
+
+/* Grow draft d's pages to hold `size` bytes (lock held; may drop it to
+ * evict).  On failure d holds exactly what it held before. */
+static int draft_reserve(memos_cache *c, memos_entry *d, uint64_t size)
+{
+    uint64_t want = pages_for(size), had = d->pages;
+    if (want <= had)
+        return MEMOS_OK;
+    if (want > arena_page_limit(&c->ar))
+        return MEMOS_ETOOBIG;
+    uint64_t next_want = want / MEMOS_PAGES_PER_BLOCK + (want % MEMOS_PAGES_PER_BLOCK != 0);
+    if (next_want > UINT32_MAX)
+        return MEMOS_ETOOBIG;
+    if (next_want > d->cap_ext) {
+        uint32_t cap = d->cap_ext ? d->cap_ext : 1;
+        while (cap < next_want)
+            cap *= 2;
+        extent *ne = arena_fail_tick(&c->ar) ? NULL : realloc(d->ext, cap * sizeof *ne);
+        if (!ne)
+            return MEMOS_ENOMEM;
+        d->ext = ne;
+        d->cap_ext = cap;
+    }
+    uint32_t gen = ++c->gen;
+    uint32_t old_next = d->next;
+    extent old_tail = old_next ? d->ext[old_next - 1] : (extent){ 0 };
+    int moved = 0, rc = MEMOS_OK;
+    /* 1. A partial tail grows to a whole block or to the new tail size. */
+    if (old_next && old_tail.run.npages < MEMOS_PAGES_PER_BLOCK) {
+        unsigned k = want / MEMOS_PAGES_PER_BLOCK > had / MEMOS_PAGES_PER_BLOCK
+                         ? MEMOS_PAGES_PER_BLOCK
+                         : (unsigned)(want % MEMOS_PAGES_PER_BLOCK);
+        arena_run r = old_tail.run;
+        if (arena_extend(&c->ar, &r, k) == MEMOS_OK) {
+            d->ext[old_next - 1].run = r;
+        } else if (c->ar.last_injected) {
+            c->st.alloc_failures++;
+            return MEMOS_ENOMEM;
+        } else {
+            extent x;
+            if ((rc = do_alloc(c, k, gen, &x)) != MEMOS_OK)
+                return rc;
+            d->ext[old_next - 1] = x;
+            moved = 1;
+        }
+        d->pages += k - old_tail.run.npages;
+    }
+    /* 2. Whole blocks, then the tail run. */
+    while (d->pages < want) {
+        uint64_t left = want - d->pages;
+        unsigned k = left >= MEMOS_PAGES_PER_BLOCK ? MEMOS_PAGES_PER_BLOCK : (unsigned)left;
+        extent x;
+        if ((rc = do_alloc(c, k, gen, &x)) != MEMOS_OK)
+            break;
+        d->ext[d->next++] = x;
+        d->pages += k;
+    }
+    if (rc == MEMOS_OK) {
+        if (moved) {
+            d->moving = old_tail;
+            d->moving_idx = old_next - 1;
+        }
+        return MEMOS_OK;
+    }
+    /* Roll back to what d held before. */
+    while (d->next > old_next) {
+        extent x = d->ext[--d->next];
+        arena_free(&c->ar, x.run);
+    }
+    if (old_next) {
+        arena_run r = d->ext[old_next - 1].run;
+        if (moved)
+            arena_free(&c->ar, r);
+        else if (r.npages > old_tail.run.npages)
+            arena_trim(&c->ar, &r, old_tail.run.npages);
+        d->ext[old_next - 1] = old_tail;
+    }
+    d->pages = had;
+    return rc;
+}
+
+/* Drop the pages beyond `size` (lock held). */
+static void draft_shrink(memos_cache *c, memos_entry *d, uint64_t size)
+{
+    uint64_t want = pages_for(size);
+    while (d->next > 0 && d->pages - d->ext[d->next - 1].run.npages >= want) {
+        extent x = d->ext[--d->next];
+        d->pages -= x.run.npages;
+        arena_free(&c->ar, x.run);
+    }
+    if (d->pages > want) {
+        extent *x = &d->ext[d->next - 1];
+        arena_trim(&c->ar, &x->run, (unsigned)(x->run.npages - (d->pages - want)));
+        d->pages = want;
+    }
+    c->st.bytes_draft -= d->size - size;
+    d->size = size;
+}
+
+/* Write n bytes of src at off (set_size == 0), or set the size to off
+ * (set_size == 1), in the three phases described at the top. */
+static int draft_fill(memos_cache *c, memos_entry *d, uint64_t off,
+                      const void *src, size_t n, int set_size)
+{
+    lock(c);
+    if (!d->draft || d->busy) {
+        unlock(c);
+        return MEMOS_EINVAL;
+    }
+    uint64_t old_size = d->size;
+    uint64_t new_size = set_size ? off : (off + n > old_size ? off + n : old_size);
+    if (set_size && new_size <= old_size) {
+        draft_shrink(c, d, new_size);
+        unlock(c);
+        return MEMOS_OK;
+    }
+    int rc = draft_reserve(c, d, new_size);
+    if (rc != MEMOS_OK) {
+        unlock(c);
+        return rc;
+    }
+    extent mv = d->moving;
+    char *mv_to = mv.run.npages ? d->ext[d->moving_idx].ptr : NULL;
+    d->busy = 1;
+    unlock(c);
+
+    if (mv.run.npages)
+        memcpy(mv_to, mv.ptr, (size_t)mv.run.npages * MEMOS_PAGE_SIZE);
+    uint64_t zend = set_size ? new_size : off;
+    if (zend > old_size)
+        entry_zero(d, old_size, zend - old_size);
+    if (n)
+        entry_copy_in(d, off, src, n);
+
+    lock(c);
+    if (mv.run.npages) {
+        arena_free(&c->ar, mv.run);
+        d->moving = (extent){ 0 };
+    }
+    c->st.bytes_draft += new_size - d->size;
+    d->size = new_size;
+    d->busy = 0;
+    unlock(c);
+    return MEMOS_OK;
+}
+
+static void entry_copy_in(memos_entry *e, uint64_t off, const void *src, size_t n)
+{
+    const char *in = src;
+    size_t done = 0;
+    while (done < n) {
+        uint64_t at = off + done;
+        size_t o = (size_t)(at % MEMOS_BLOCK_SIZE);
+        size_t chunk = MEMOS_BLOCK_SIZE - o;
+        if (chunk > n - done)
+            chunk = n - done;
+        memcpy(e->ext[at / MEMOS_BLOCK_SIZE].ptr + o, in + done, chunk);
+        done += chunk;
+    }
+}
+
+static void entry_zero(memos_entry *e, uint64_t off, uint64_t n)
+{
+    uint64_t done = 0;
+    while (done < n) {
+        uint64_t at = off + done;
+        size_t o = (size_t)(at % MEMOS_BLOCK_SIZE);
+        uint64_t chunk = MEMOS_BLOCK_SIZE - o;
+        if (chunk > n - done)
+            chunk = n - done;
+        memset(e->ext[at / MEMOS_BLOCK_SIZE].ptr + o, 0, (size_t)chunk);
+        done += chunk;
+    }
+}
+
+/* ---- debugging ---- */
+
+#define FAIL(...) do { snprintf(why, whylen, __VA_ARGS__); rc = MEMOS_EINVAL; goto out; } while (0)
+
+/* Own every page of run r in the ownership bitmap; 0 on a conflict. */
+static int own_run(const memos_cache *c, uint8_t *owned, arena_run r, char *why, size_t whylen)
+{
+    for (uint32_t p = r.page; p < r.page + r.npages; p++) {
+        if (!arena_page_allocated(&c->ar, p)) {
+            snprintf(why, whylen, "cache: page %u held by an entry is free in the arena", p);
+            return 0;
+        }
+        if (owned[p / 8] & (1u << (p % 8))) {
+            snprintf(why, whylen, "cache: page %u owned twice", p);
+            return 0;
+        }
+        owned[p / 8] |= (uint8_t)(1u << (p % 8));
+    }
+    return 1;
+}
+
+/*
+ * Invariants:
+ *   arena, index and policy each pass their own check;
+ *   every live entry is in the index (found under its key) and on the policy
+ *   list, exactly once, and is neither draft nor dead;
+ *   slots == live entries == index entries == policy nodes;
+ *   drafts, dead_pinned, bytes_used, bytes_draft equal what the entries say;
+ *   a dead entry is pinned (else it would have been freed);
+ *   every extent is allocated in the arena, owned by one entry only, all but
+ *   the last a whole aligned block, and each ptr matches the arena;
+ *   pages held == ceil(size / 4 KiB) for an entry not inside a write;
+ *   pages owned by entries == the arena's pages_used (no leak).
+ */
+int memos_check(memos_cache *c, char *why, size_t whylen)
+{
+    char dummy[8];
+    if (!why || !whylen) {
+        why = dummy;
+        whylen = sizeof dummy;
+    }
+    why[0] = 0;
+    lock(c);
+    int rc = MEMOS_OK;
+    uint64_t slots_bits = arena_page_slots(&c->ar);
+    uint8_t *owned = calloc(slots_bits / 8 + 1, 1);
+    if (!owned)
+        FAIL("cache: no memory for the check");
+    if ((rc = arena_check(&c->ar, why, whylen)) != MEMOS_OK)
+        goto out;
+    if ((rc = index_check(&c->idx, why, whylen)) != MEMOS_OK)
+        goto out;
+    if ((rc = policy_check(&c->pol, why, whylen)) != MEMOS_OK)
+        goto out;
+    uint64_t live = 0, drafts = 0, dead = 0, bytes_used = 0, bytes_draft = 0, pages = 0;
+    for (memos_entry *e = c->all.all_next; e != &c->all; e = e->all_next) {
+        if (e->all_next->all_prev != e)
+            FAIL("cache: all-entries list broken");
+        if (e->live + e->dead + e->draft != 1)
+            FAIL("cache: entry in %d states", e->live + e->dead + e->draft);
+        if (e->live) {
+            live++;
+            bytes_used += e->size;
+            if (index_find(&c->idx, e->inode.key, e->inode.klen, e->inode.hash) != &e->inode)
+                FAIL("cache: live entry not found in the index under its key");
+            if (!e->pnode.linked)
+                FAIL("cache: live entry missing from the policy");
+            if (e->inode.hash != index_hash(e->inode.key, e->inode.klen))
+                FAIL("cache: live entry with a stale hash");
+        } else {
+            if (e->pnode.linked)
+                FAIL("cache: non-live entry on the policy list");
+            if (e->inode.key &&
+                index_find(&c->idx, e->inode.key, e->inode.klen, e->inode.hash) == &e->inode)
+                FAIL("cache: non-live entry in the index");
+        }
+        if (e->dead) {
+            dead++;
+            if (e->refs == 0)
+                FAIL("cache: dead entry without a reference was not freed");
+        }
+        if (e->draft) {
+            drafts++;
+            bytes_draft += e->size;
+        }
+        uint64_t held = 0;
+        for (uint32_t i = 0; i < e->next; i++) {
+            arena_run r = e->ext[i].run;
+            if (i + 1 < e->next && (r.npages != MEMOS_PAGES_PER_BLOCK || r.page % MEMOS_PAGES_PER_BLOCK))
+                FAIL("cache: extent %u of %u is not a whole block", i, e->next);
+            if (r.npages == 0 || r.page % MEMOS_PAGES_PER_BLOCK + r.npages > MEMOS_PAGES_PER_BLOCK)
+                FAIL("cache: extent %u crosses a block", i);
+            if (!own_run(c, owned, r, why, whylen)) {
+                rc = MEMOS_EINVAL;
+                goto out;
+            }
+            if (e->ext[i].ptr != arena_ptr(&c->ar, r.page))
+                FAIL("cache: extent %u has a stale address", i);
+            held += r.npages;
+        }
+        if (e->moving.run.npages) {
+            if (!e->busy)
+                FAIL("cache: parked tail outside a write");
+            if (!own_run(c, owned, e->moving.run, why, whylen)) {
+                rc = MEMOS_EINVAL;
+                goto out;
+            }
+            pages += e->moving.run.npages;
+        }
+        if (held != e->pages)
+            FAIL("cache: entry holds %llu pages, counter says %llu",
+                 (unsigned long long)held, (unsigned long long)e->pages);
+        if (!e->busy && held != pages_for(e->size))
+            FAIL("cache: entry of %llu bytes holds %llu pages",
+                 (unsigned long long)e->size, (unsigned long long)held);
+        pages += held;
+    }
+    if (live != c->st.slots || live != index_entries(&c->idx) || live != policy_count(&c->pol))
+        FAIL("cache: %llu live entries, slots %llu, index %llu, policy %llu",
+             (unsigned long long)live, (unsigned long long)c->st.slots,
+             (unsigned long long)index_entries(&c->idx),
+             (unsigned long long)policy_count(&c->pol));
+    if (drafts != c->st.drafts)
+        FAIL("cache: %llu drafts, counter says %llu",
+             (unsigned long long)drafts, (unsigned long long)c->st.drafts);
+    if (dead != c->st.dead_pinned)
+        FAIL("cache: %llu dead entries, counter says %llu",
+             (unsigned long long)dead, (unsigned long long)c->st.dead_pinned);
+    if (bytes_used != c->st.bytes_used || bytes_draft != c->st.bytes_draft)
+        FAIL("cache: byte counters disagree with the entries");
+    if (pages != arena_pages_used(&c->ar))
+        FAIL("cache: entries own %llu pages, arena has %llu in use (leak)",
+             (unsigned long long)pages, (unsigned long long)arena_pages_used(&c->ar));
+out:
+    unlock(c);
+    free(owned);
+    return rc;
+}

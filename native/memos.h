@@ -1,0 +1,192 @@
+/*
+ * memos.h — the public contract of the memosfs C core.
+ *
+ * The core holds the memory tier of the KV-cache: an arena of page frames
+ * (arena.c), an index from slot key to entry (index.c), an eviction policy
+ * (policy.c), and the cache that ties them together (cache.c).  Python reaches
+ * it only through pymodule.c (memosfs._native).
+ *
+ * Entries.  A slot's bytes live in an entry: a list of extents in the arena.
+ * Every extent but the last is one whole 128 KiB block; the last is a run of
+ * 4 KiB pages inside one block.  So byte offset `off` lives in extent
+ * off / MEMOS_BLOCK_SIZE, at off % MEMOS_BLOCK_SIZE inside it.
+ *
+ * Life of an entry:
+ *
+ *     draft_new ──write/truncate──► draft ──publish(key)──► live (in index + policy)
+ *         │                                                    │  remove / replace /
+ *         └──draft_free──► freed            freed ◄──refs==0── dead ◄─ evict
+ *
+ * A reference (`refs`) pins an entry: a pinned entry is never a victim and its
+ * pages never move or get freed, so its bytes may be copied without the cache
+ * lock.  get/peek/publish return a reference; memos_unpin drops it.  A live
+ * entry replaced by a newer version, removed, or evicted becomes dead and is
+ * freed when its last reference goes.
+ *
+ * Locking.  One mutex per cache guards index, policy, arena and every entry's
+ * metadata.  Functions named memos_* take it themselves.  Copies of slot bytes
+ * (memos_entry_read, memos_draft_write) run without it, on pinned entries.
+ * The eviction callback runs without the lock, on a pinned victim.
+ *
+ * Return codes: every int-returning function returns MEMOS_OK or a negative
+ * MEMOS_E* code, documented at the function.
+ */
+#ifndef MEMOS_H
+#define MEMOS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#define MEMOS_OK        0
+#define MEMOS_ENOMEM   (-1)  /* no memory even after evicting every candidate */
+#define MEMOS_ETOOBIG  (-2)  /* larger than the whole memory tier */
+#define MEMOS_ENOENT   (-3)  /* no such key */
+#define MEMOS_EINVAL   (-4)  /* bad argument */
+#define MEMOS_ESYS     (-5)  /* the OS refused (mmap); errno says why */
+#define MEMOS_EBUSY    (-6)  /* the callback refused to let a victim go */
+
+#define MEMOS_PAGE_SIZE        4096u
+#define MEMOS_BLOCK_SIZE       (128u * 1024u)
+#define MEMOS_SUPERBLOCK_SIZE  (2u * 1024u * 1024u)
+#define MEMOS_PAGES_PER_BLOCK  (MEMOS_BLOCK_SIZE / MEMOS_PAGE_SIZE)        /* 32 */
+#define MEMOS_BLOCKS_PER_SB    (MEMOS_SUPERBLOCK_SIZE / MEMOS_BLOCK_SIZE) /* 16 */
+#define MEMOS_KEY_MAX          2048u
+
+typedef struct memos_cache memos_cache;
+typedef struct memos_entry memos_entry;
+
+/* Called for each victim of an eviction run, without the cache lock, with the
+ * victim pinned by the evictor.  Return MEMOS_OK to let it go; anything else
+ * keeps the victim in the cache (it is then skipped by this run). */
+typedef int (*memos_evict_fn)(void *ctx, memos_entry *victim);
+
+typedef struct memos_stats {
+    uint64_t lookups;          /* memos_get calls */
+    uint64_t hits;             /* memos_get calls that found the key */
+    uint64_t misses;           /* memos_get calls that did not */
+    uint64_t inserts;          /* publishes of a new key */
+    uint64_t replaces;         /* publishes over an existing key */
+    uint64_t removes;          /* memos_remove calls that removed */
+    uint64_t evictions;        /* entries evicted */
+    uint64_t eviction_runs;    /* eviction runs (each picks up to evict_batch) */
+    uint64_t evict_refused;    /* victims the callback kept */
+    uint64_t alloc_failures;   /* page allocations that failed before eviction */
+    uint64_t slots;            /* live entries */
+    uint64_t drafts;           /* drafts not yet published or freed */
+    uint64_t dead_pinned;      /* dead entries kept alive by a reference */
+    uint64_t pinned;           /* live entries with a reference or a sticky pin */
+    uint64_t bytes_used;       /* logical bytes of live entries */
+    uint64_t bytes_draft;      /* logical bytes of drafts */
+    uint64_t pages_used;       /* pages allocated (live, drafts, dead) */
+    uint64_t free_pages;       /* pages free within capacity */
+    uint64_t capacity;         /* bytes, a multiple of MEMOS_SUPERBLOCK_SIZE */
+    uint64_t superblocks;      /* superblocks mapped */
+    uint64_t huge_pages;       /* 1 if MADV_HUGEPAGE was accepted */
+    uint64_t evict_batch;      /* victims per run */
+    uint64_t index_buckets;    /* buckets in the index */
+    uint64_t index_entries;    /* entries in the index */
+    double   index_load_factor;/* index_entries / (index_buckets * 4) */
+} memos_stats;
+
+/* ---- cache lifetime and knobs ---- */
+
+/* Create a cache whose memory tier holds `capacity` bytes (rounded up to whole
+ * superblocks, at least one).  `evict_batch` >= 1.  `cb` may be NULL.
+ * Returns NULL with errno set on failure. */
+memos_cache *memos_cache_new(uint64_t capacity, unsigned evict_batch,
+                             memos_evict_fn cb, void *cb_ctx);
+/* Free the cache and every entry (references must be gone). */
+void memos_cache_free(memos_cache *c);
+/* Change capacity: growing maps superblocks, shrinking evicts (through the
+ * callback) until the used pages fit.  MEMOS_OK, MEMOS_EINVAL (0),
+ * MEMOS_ENOMEM (pinned data does not fit: capacity unchanged), MEMOS_ESYS. */
+int memos_set_capacity(memos_cache *c, uint64_t capacity);
+/* MEMOS_OK or MEMOS_EINVAL (0 or > 4096). */
+int memos_set_evict_batch(memos_cache *c, unsigned n);
+/* Snapshot of the counters. */
+void memos_get_stats(memos_cache *c, memos_stats *out);
+
+/* ---- lookups ---- */
+
+/* Find `key`; on success pin it, touch the policy, count a hit, and store
+ * it in *out.  MEMOS_OK or MEMOS_ENOENT (counted as a miss). */
+int memos_get(memos_cache *c, const void *key, size_t klen, memos_entry **out);
+/* As memos_get, but no statistics and no policy touch (for stat/ls). */
+int memos_peek(memos_cache *c, const void *key, size_t klen, memos_entry **out);
+/* Add a reference to an entry the caller already holds. */
+void memos_ref(memos_cache *c, memos_entry *e);
+/* Drop one reference; frees a dead entry whose last reference this was. */
+void memos_unpin(memos_cache *c, memos_entry *e);
+
+/* ---- drafts and publish ---- */
+
+/* A new draft, empty, or holding a copy of `base` (a pinned entry) if given.
+ * MEMOS_OK, MEMOS_ENOMEM, MEMOS_ETOOBIG. */
+int memos_draft_new(memos_cache *c, memos_entry *base, memos_entry **out);
+/* Write n bytes at off, growing the draft (zero-filling any hole); evicts
+ * through the callback when the arena is full.  Releases no lock the caller
+ * holds.  MEMOS_OK, MEMOS_ENOMEM, MEMOS_ETOOBIG, MEMOS_EINVAL (not a draft). */
+int memos_draft_write(memos_cache *c, memos_entry *d, uint64_t off,
+                      const void *src, size_t n);
+/* Set the draft's size (shrinking frees pages, growing zero-fills). */
+int memos_draft_truncate(memos_cache *c, memos_entry *d, uint64_t size);
+/* Drop a draft that will not be published. */
+void memos_draft_free(memos_cache *c, memos_entry *d);
+/* Make draft d the live entry for key, replacing (and killing) any older one.
+ * The caller's reference on the draft becomes a reference on the live entry.
+ * version = old version + 1 (1 for a new key), unless `version` != 0 is
+ * given, which is used as is.  `dirty` marks it not yet persisted.
+ * MEMOS_OK, MEMOS_EINVAL (key too long, not a draft), MEMOS_ENOMEM (index). */
+int memos_publish(memos_cache *c, memos_entry *d, const void *key, size_t klen,
+                  uint64_t version, int dirty);
+
+/* ---- removal and renaming ---- */
+
+/* Remove key (the entry dies; readers keep it until they unpin).
+ * MEMOS_OK or MEMOS_ENOENT. */
+int memos_remove(memos_cache *c, const void *key, size_t klen);
+/* Move the entry of `from` to `to`, replacing any entry at `to`.
+ * MEMOS_OK, MEMOS_ENOENT, MEMOS_EINVAL, MEMOS_ENOMEM. */
+int memos_rename(memos_cache *c, const void *from, size_t flen,
+                 const void *to, size_t tlen);
+/* Run one eviction run now (up to evict_batch victims); returns the number
+ * evicted (>= 0). */
+int memos_evict_run(memos_cache *c);
+/* Call fn(ctx, entry) for every live entry, in LRU order, most recent first,
+ * under the lock: fn must not call back into the cache. */
+void memos_foreach(memos_cache *c, void (*fn)(void *ctx, memos_entry *e),
+                   void *ctx);
+
+/* ---- entries (valid while the caller holds a reference) ---- */
+
+uint64_t memos_entry_size(const memos_entry *e);        /* logical bytes */
+uint64_t memos_entry_stored(const memos_entry *e);      /* bytes of pages held */
+uint64_t memos_entry_version(const memos_entry *e);
+uint64_t memos_entry_hits(const memos_entry *e);        /* memos_get hits */
+int      memos_entry_dirty(const memos_entry *e);
+int      memos_entry_live(const memos_entry *e);        /* in the index */
+int      memos_entry_sticky(const memos_entry *e);
+const void *memos_entry_key(const memos_entry *e, size_t *klen);
+void     memos_set_dirty(memos_cache *c, memos_entry *e, int dirty);
+/* A sticky pin keeps a live entry out of eviction (user.memos.pin). */
+void     memos_set_sticky(memos_cache *c, memos_entry *e, int on);
+/* Copy up to n bytes at off into dst; returns the bytes copied (0 at EOF).
+ * Takes no lock: the entry must be pinned (or a draft of the caller). */
+size_t   memos_entry_read(const memos_entry *e, uint64_t off, void *dst, size_t n);
+/* Describe up to n bytes at off as iovecs (at most max); returns the count.
+ * Same rules as memos_entry_read; for writev/pwritev without a copy. */
+int      memos_entry_iov(const memos_entry *e, uint64_t off, size_t n,
+                         struct iovec *iov, int max);
+
+/* ---- testing ---- */
+
+/* Make the n-th next page or metadata allocation fail (0 = never). */
+void memos_fail_after(memos_cache *c, long n);
+/* Check that index, policy and arena agree (every live entry is in both the
+ * index and the policy list exactly once, page counts add up, no page is
+ * owned twice or leaked).  Returns MEMOS_OK or MEMOS_EINVAL with a reason
+ * written to why (if given). */
+int memos_check(memos_cache *c, char *why, size_t whylen);
+
+#endif /* MEMOS_H */

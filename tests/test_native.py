@@ -1,0 +1,378 @@
+"""Tests of memosfs._native, the CPython binding of the C core.
+
+Every test that builds a cache ends with `c.check()` (index, policy and
+arena agree, no page leaked).
+"""
+
+from __future__ import annotations
+
+import errno
+import gc
+import os
+import sys
+import threading
+
+import pytest
+
+from memosfs import _native as N
+
+MiB = 1024 * 1024
+KiB = 1024
+
+
+def put(c, key: bytes, data: bytes, **kw):
+    d = c.draft()
+    assert d.write(0, data) == len(data)
+    return c.publish(d, key, **kw)
+
+
+def pattern(n: int, seed: int = 0) -> bytes:
+    return bytes((seed + i * 7 + (i >> 12)) & 0xFF for i in range(n))
+
+
+def test_constants():
+    assert N.PAGE_SIZE == 4096
+    assert N.BLOCK_SIZE == 128 * KiB
+    assert N.SUPERBLOCK_SIZE == 2 * MiB
+    assert N.KEY_MAX == 2048
+    assert N.tune_malloc() is None
+
+
+def test_get_peek_publish():
+    c = N.Cache(4 * MiB)
+    assert c.capacity == 4 * MiB and c.evict_batch == 16
+    with put(c, b"k", b"hello world", dirty=False) as r:
+        assert (r.key, r.size, r.stored, r.version) == (b"k", 11, 4096, 1)
+        assert not r.dirty and r.live and not r.sticky
+    assert c.get(b"missing") is None
+    r = c.get(b"k")
+    assert r.read(0, 5) == b"hello"
+    assert r.read(6, 100) == b"world"
+    assert r.read(11, 5) == b"" and r.read(100, 5) == b""
+    assert r.hits == 1
+    buf = bytearray(8)
+    assert r.readinto(3, buf) == 8 and bytes(buf) == b"lo world"
+    r.dirty = True
+    assert r.dirty
+    r.release()
+    r.release()  # idempotent
+    with pytest.raises(ValueError, match="^reference was released$"):
+        r.read(0, 1)
+    p = c.peek(b"k")
+    assert p.hits == 1
+    p.release()
+    s = c.stats()
+    assert (s["lookups"], s["hits"], s["misses"], s["inserts"]) == (2, 1, 1, 1)
+    assert s["slots"] == 1 and s["bytes_used"] == 11 and s["pages_used"] == 1
+    c.check()
+
+
+def test_stats_has_every_field():
+    c = N.Cache(2 * MiB)
+    fields = {
+        "lookups", "hits", "misses", "inserts", "replaces", "removes", "evictions",
+        "eviction_runs", "evict_refused", "alloc_failures", "slots", "drafts",
+        "dead_pinned", "pinned", "bytes_used", "bytes_draft", "pages_used",
+        "free_pages", "capacity", "superblocks", "huge_pages", "evict_batch",
+        "index_buckets", "index_entries", "index_load_factor",
+    }
+    assert set(c.stats()) == fields
+    c.close()
+
+
+def test_draft_ops_and_base_copy():
+    c = N.Cache(4 * MiB)
+    d = c.draft()
+    d.write(5000, memoryview(b"xyz"))
+    assert d.size == 5003
+    assert d.read(0, 6000) == bytes(5000) + b"xyz"
+    d.truncate(10)
+    d.truncate(20)
+    assert d.read(0, 100) == bytes(20)
+    d.write(0, bytearray(b"abc"))
+    r = c.publish(d, b"a")
+    with pytest.raises(ValueError, match="^draft was published or freed$"):
+        d.write(0, b"x")
+    d2 = c.draft(r)
+    assert d2.size == 20 and d2.read(0, 3) == b"abc"
+    d2.write(20, b"!")
+    r2 = c.publish(d2, b"a")
+    assert r2.version == 2 and r2.read(0, 30) == b"abc" + bytes(17) + b"!"
+    d3 = c.draft()
+    d3.write(0, b"zz")
+    d3.free()
+    d4 = c.draft()
+    d4.write(0, b"gone with the object")
+    del d4
+    r.release()
+    r2.release()
+    s = c.stats()
+    assert s["drafts"] == 0 and s["bytes_draft"] == 0
+    c.check()
+
+
+def test_replace_while_pinned():
+    c = N.Cache(4 * MiB)
+    put(c, b"k", b"old" * 1000).release()
+    old = c.get(b"k")
+    new = put(c, b"k", b"new", version=7)
+    assert new.version == 7
+    assert not old.live and old.read(0, 3) == b"old" and old.size == 3000
+    assert c.stats()["dead_pinned"] == 1
+    c.check()
+    old.release()
+    assert c.stats()["dead_pinned"] == 0
+    assert c.get(b"k").read(0, 10) == b"new"
+    assert c.stats()["replaces"] == 1
+    c.check()
+
+
+def test_remove_rename_keys():
+    c = N.Cache(4 * MiB)
+    for k in (b"a", b"b", b"c"):
+        put(c, k, k * 10).release()
+    c.get(b"a").release()
+    assert c.keys() == [b"a", b"c", b"b"]
+    assert c.rename(b"a", b"z") is True
+    assert c.rename(b"nope", b"y") is False
+    assert c.rename(b"z", b"b") is True  # replaces b
+    with c.get(b"b") as r:
+        assert r.read(0, 100) == b"a" * 10
+    assert c.remove(b"b") is True
+    assert c.remove(b"b") is False
+    assert c.keys() == [b"c"]
+    with pytest.raises(ValueError):
+        c.rename(b"c", b"")
+    with pytest.raises(TypeError):
+        c.get("str-key")
+    c.check()
+
+
+def test_eviction_callback_sees_bytes():
+    seen = {}
+
+    def on_evict(ref):
+        seen[ref.key] = ref.read(0, ref.size)
+        assert ref.dirty
+
+    c = N.Cache(2 * MiB, evict_batch=2, on_evict=on_evict)
+    data = {b"k%02d" % i: pattern(128 * KiB, i) for i in range(24)}
+    for k, v in data.items():
+        put(c, k, v).release()
+    s = c.stats()
+    assert s["evictions"] == len(seen) > 0 and s["slots"] + s["evictions"] == 24
+    assert b"k00" in seen
+    for k, v in seen.items():
+        assert v == data[k]
+    assert c.evict_run() == 2
+    c.check()
+
+
+def test_eviction_refused_and_exception():
+    mode = {"v": "ok"}
+
+    def on_evict(ref):
+        if mode["v"] == "false":
+            return False
+        if mode["v"] == "raise":
+            raise RuntimeError("no")
+        return None
+
+    c = N.Cache(2 * MiB, on_evict=on_evict)
+    for i in range(16):
+        put(c, b"r%02d" % i, bytes(128 * KiB)).release()
+    mode["v"] = "false"
+    with pytest.raises(OSError, match="^\\[Errno 28\\] memory tier full: draft write$") as ei:
+        put(c, b"new", bytes(4096))
+    assert ei.value.errno == errno.ENOSPC
+    assert c.stats()["evict_refused"] == 16 and c.stats()["slots"] == 16
+    mode["v"] = "raise"
+    hook_calls = []
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: hook_calls.append(u.exc_type)
+    try:
+        with pytest.raises(OSError):
+            put(c, b"new", bytes(4096))
+    finally:
+        sys.unraisablehook = old_hook
+    assert hook_calls and hook_calls[0] is RuntimeError
+    assert c.stats()["slots"] == 16
+    mode["v"] = "ok"
+    put(c, b"new", bytes(4096)).release()
+    c.check()
+
+
+def test_temporary_ref_is_inert_after_callback():
+    kept = []
+    c = N.Cache(2 * MiB, evict_batch=1, on_evict=kept.append)
+    for i in range(17):
+        put(c, b"%d" % i, bytes(128 * KiB)).release()
+    assert kept
+    with pytest.raises(ValueError):
+        kept[0].read(0, 1)
+    c.check()
+
+
+def test_efbig_enospc_einval():
+    c = N.Cache(2 * MiB)
+    d = c.draft()
+    with pytest.raises(OSError) as ei:
+        d.write(0, bytes(2 * MiB + 1))
+    assert ei.value.errno == errno.EFBIG
+    with pytest.raises(OSError) as ei:
+        d.truncate(3 * MiB)
+    assert ei.value.errno == errno.EFBIG
+    refs = [put(c, b"p%d" % i, bytes(256 * KiB)) for i in range(7)]
+    d.write(0, bytes(256 * KiB))  # the draft holds the last 256 KiB
+    with pytest.raises(OSError) as ei:
+        put(c, b"x", bytes(4096))
+    assert ei.value.errno == errno.ENOSPC
+    with pytest.raises(ValueError):
+        c.set_capacity(0)
+    with pytest.raises(ValueError):
+        c.set_evict_batch(0)
+    with pytest.raises(ValueError):
+        c.publish(d, b"k" * (N.KEY_MAX + 1))
+    with pytest.raises(ValueError):
+        N.Cache(MiB, evict_batch=0)
+    with pytest.raises(ValueError):
+        N.Cache(0)
+    c.set_evict_batch(3)
+    assert c.evict_batch == 3
+    for r in refs:
+        r.sticky = True
+        r.release()
+    with pytest.raises(OSError):
+        put(c, b"x", bytes(4096))
+    assert c.stats()["pinned"] == 7
+    d.free()
+    put(c, b"x", bytes(4096)).release()
+    c.check()
+
+
+def test_set_capacity_grow_shrink():
+    evicted = []
+    c = N.Cache(2 * MiB, on_evict=lambda r: evicted.append(r.key))
+    c.set_capacity(8 * MiB)
+    assert c.capacity == 8 * MiB and c.stats()["superblocks"] == 4
+    for i in range(48):
+        put(c, b"c%02d" % i, bytes(128 * KiB)).release()
+    assert not evicted
+    c.set_capacity(2 * MiB)
+    assert c.capacity == 2 * MiB and len(evicted) >= 32
+    assert evicted[0] == b"c00"
+    c.set_capacity(6 * MiB)
+    refs = [put(c, b"q%02d" % i, bytes(128 * KiB)) for i in range(24)]
+    with pytest.raises(OSError, match="^\\[Errno 28\\] memory tier full: ") as ei:
+        c.set_capacity(2 * MiB)
+    assert ei.value.errno == errno.ENOSPC and c.capacity == 6 * MiB
+    for r in refs:
+        r.release()
+    c.check()
+
+
+def test_fail_after_keeps_consistency():
+    c = N.Cache(2 * MiB)
+    failures = 0
+    for n in range(1, 40):
+        c.fail_after(n)
+        try:
+            for i in range(6):
+                put(c, b"f%d" % i, pattern(40 * KiB + i, n)).release()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+            failures += 1
+        c.fail_after(0)
+        c.check()
+    assert failures > 10
+    for k in c.keys():
+        assert c.remove(k)
+    assert c.stats()["pages_used"] == 0
+    c.check()
+
+
+def test_close_with_outstanding_objects():
+    c = N.Cache(2 * MiB)
+    r = put(c, b"k", b"data")
+    d = c.draft()
+    d.write(0, b"draft")
+    c.close()
+    c.close()
+    with pytest.raises(ValueError, match="^cache is closed$"):
+        c.get(b"k")
+    with pytest.raises(ValueError, match="^cache is closed$"):
+        r.read(0, 4)
+    with pytest.raises(ValueError, match="^cache is closed$"):
+        d.write(0, b"x")
+    with pytest.raises(ValueError):
+        c.stats()
+    r.release()
+    del d
+    gc.collect()
+    with pytest.raises(ValueError):
+        c.check()
+
+
+def test_close_inside_callback():
+    holder = {}
+
+    def on_evict(ref):
+        holder["c"].close()
+
+    c = N.Cache(2 * MiB, evict_batch=1, on_evict=on_evict)
+    holder["c"] = c
+    for i in range(16):
+        put(c, b"%d" % i, bytes(128 * KiB)).release()
+    d = c.draft()
+    d.write(0, bytes(4096))  # evicts; the callback closes the cache
+    with pytest.raises(ValueError):
+        d.write(0, b"x")
+    del d
+    holder.clear()
+
+
+def test_large_round_trip_8mib(tmp_path):
+    c = N.Cache(16 * MiB)
+    data = os.urandom(8 * MiB + 123)
+    d = c.draft()
+    assert d.write(0, data) == len(data)
+    r = c.publish(d, b"big")
+    assert r.size == len(data)
+    assert r.read(0, len(data)) == data
+    assert r.read(N.BLOCK_SIZE - 5, 10) == data[N.BLOCK_SIZE - 5:N.BLOCK_SIZE + 5]
+    buf = bytearray(len(data))
+    assert r.readinto(0, buf) == len(data) and bytes(buf) == data
+    p = tmp_path / "slot"
+    fd = os.open(p, os.O_RDWR | os.O_CREAT)
+    try:
+        assert r.write_to_fd(fd) == len(data)
+    finally:
+        os.close(fd)
+    assert p.read_bytes() == data
+    r.release()
+    c.check()
+
+
+def test_threads_copy_without_gil():
+    c = N.Cache(32 * MiB, on_evict=lambda r: None)
+    blob = os.urandom(2 * MiB)
+    errors = []
+
+    def worker(t):
+        try:
+            for i in range(20):
+                k = b"t%d-%d" % (t, i % 4)
+                put(c, k, blob).release()
+                with c.get(k) as r:
+                    if r is not None and r.read(0, len(blob)) != blob:
+                        errors.append(k)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    c.check()
