@@ -144,7 +144,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     except RuntimeError as e:
         print(f"memosfs: cannot mount {mountpoint}: {e}", file=sys.stderr)
         return 1
-    ops.mounted = True
+    ops.start_kernel_notifications(mountpoint)
     _raise_readahead(mountpoint)
 
     if not foreground:
@@ -164,6 +164,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         log.exception("main loop failed")
         raise
     finally:
+        ops.stop_kernel_notifications()
         store.flush()
         pyfuse3.close(unmount=unmount)
         store.close()

@@ -28,10 +28,12 @@ import errno
 import logging
 import os
 import stat
+import threading
 import time
 from typing import Callable, Iterator, Optional
 
 import pyfuse3
+import trio
 
 from . import _native
 from .control import (KNOB_BY_NAME, KNOBS, KnobError, Trace, format_metrics,
@@ -124,6 +126,7 @@ class Slot(Node):
         self.draft_size: Optional[int] = None  # size of the latest draft written
         self.cache_version = -1         # version the kernel may hold pages of
         self.successor: Optional[Slot] = None  # the inode that took our name
+        self.pushing = 0                # page-cache pushes in flight (PUSH_LOCK)
 
     @property
     def key(self) -> bytes:
@@ -150,6 +153,82 @@ class Pseudo(Node):
         super().__init__(ino, name, parent, stat.S_IFREG | mode, 0, 0)
         self.read = read
         self.write = write
+
+
+PUSH_LOCK = threading.Lock()           # guards Slot.pushing and cache_version
+                                       # against the pusher thread; never held
+                                       # across a call into the kernel
+
+
+class PageCachePusher:
+    """Copies each newly published version into the kernel page cache, so
+    local readers (read(2) and mmap) find it there without a request, as
+    they would on a local filesystem after a write.  close(2) and fsync(2)
+    return once the push is done (write-through); the bytes are pushed from a
+    worker thread while the trio loop goes on serving requests, because the
+    kernel may make notify_store wait for a page that a read request has
+    locked.
+
+    Safety rests on the fs invariants: while a push is in flight on an inode,
+    a publish gives the name a fresh inode instead of changing this one
+    (`Slot.pushing`), so every page pushed into an inode belongs to the
+    version that its readers read."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, store_fn: Callable[[int, int, bytes], None],
+                 invalidate_fn: Callable[[int], None],
+                 refresh_fn: Callable[["Slot"], None]) -> None:
+        self._store = store_fn
+        self._invalidate = invalidate_fn
+        self._refresh = refresh_fn
+        self._stopping = False
+        self.limiter = trio.CapacityLimiter(2)
+        self.pushed_bytes = 0           # bytes stored into the page cache
+        self.pushes = 0                 # versions pushed (wholly or in part)
+
+    @staticmethod
+    def claim(node: "Slot", ref: "_native.Ref") -> tuple:
+        """Mark a push of ref's version into node as in flight (trio thread)."""
+        with PUSH_LOCK:
+            stale = node.cache_version not in (-1, ref.version)
+            if not stale:
+                node.cache_version = ref.version
+            node.pushing += 1
+        return (node, ref, stale)
+
+    async def run(self, job: tuple) -> None:
+        await trio.to_thread.run_sync(self._push, *job, limiter=self.limiter,
+                                      abandon_on_cancel=True)
+
+    def _push(self, node: "Slot", ref: "_native.Ref", stale: bool) -> None:
+        try:
+            version = ref.version
+            # The kernel drops an inode's pages when it sees a new mtime
+            # (auto_inval_data), so let it see the new attributes first.
+            self._refresh(node)
+            if stale:
+                # pages of an older version may be cached: drop them, then claim
+                self._invalidate(node.ino)
+                with PUSH_LOCK:
+                    node.cache_version = version
+            self.pushes += 1
+            for off in range(0, ref.size, self.CHUNK):
+                if self._stopping or node.successor is not None or node.detached \
+                        or node.version != version:
+                    return
+                data = ref.read(off, self.CHUNK)
+                self._store(node.ino, off, data)
+                self.pushed_bytes += len(data)
+        except (OSError, ValueError) as e:
+            log.debug("page-cache push into inode %d stopped: %s", node.ino, e)
+        finally:
+            ref.release()
+            with PUSH_LOCK:
+                node.pushing -= 1
+
+    def close(self) -> None:
+        self._stopping = True
 
 
 class Handle:
@@ -196,8 +275,10 @@ class MemosOperations(pyfuse3.Operations):
         self._started = time.monotonic()
         self._lookup_misses = 0
         self._refused = 0
+        self._read_requests = 0
         self.mounted = False            # set once pyfuse3.init succeeded: the
                                         # kernel can then be told of changes
+        self.pusher: Optional[PageCachePusher] = None
         self.root = Dir(pyfuse3.ROOT_INODE, "", None, 0o1777, 0, 0, ROOT)
         self.root.lookups = 1 << 62     # the kernel never forgets the root
         self.inodes[self.root.ino] = self.root
@@ -328,6 +409,9 @@ class MemosOperations(pyfuse3.Operations):
             "sessions": sum(1 for a in agents for s_ in a.children.values()
                             if isinstance(s_, Dir)),
             "open_handles": len(self.handles),
+            "read_requests": self._read_requests,
+            "page_cache_pushed_bytes": self.pusher.pushed_bytes if self.pusher else 0,
+            "page_cache_pushes": self.pusher.pushes if self.pusher else 0,
             "requests_refused": self._refused,
             "uptime_s": round(time.monotonic() - self._started, 3),
         }
@@ -508,8 +592,10 @@ class MemosOperations(pyfuse3.Operations):
             d.free()
             raise
         ref = self._native_call(self.store.publish, d, node.key)
-        self._published(node, ref, _now())
+        job = self._published(node, ref, _now())
         ref.release()
+        if job is not None:
+            trio.lowlevel.spawn_system_task(self.pusher.run, job)
 
     # ---- directories ----
 
@@ -727,8 +813,9 @@ class MemosOperations(pyfuse3.Operations):
             h = Handle(fh, node, flags, "read")
             h.ref = ref
             version = ref.version if ref is not None else 0
-            fi.keep_cache = node.cache_version == version
-            node.cache_version = version
+            with PUSH_LOCK:
+                fi.keep_cache = node.cache_version in (version, -1)
+                node.cache_version = version
             node.readers += 1
             node.atime_ns = _now()
         else:
@@ -751,6 +838,7 @@ class MemosOperations(pyfuse3.Operations):
         h = self.handles[fh]
         if h.kind == "pseudo":
             return h.data[off:off + size]
+        self._read_requests += 1
         src = h.ref if h.kind == "read" else (h.draft or h.base)
         if src is None:
             return b""
@@ -802,16 +890,21 @@ class MemosOperations(pyfuse3.Operations):
             raise refuse(e.errno or errno.EIO, "%s", e, level=logging.WARNING) from None
 
     async def flush(self, fh):
-        """close(2) of one descriptor: publish what was written."""
+        """close(2) of one descriptor: publish what was written; returns once
+        the new version is in the kernel page cache too."""
         h = self.handles[fh]
         if h.kind == "write" and h.unpublished:
-            self._publish(h)
+            job = self._publish(h)
+            if job is not None:
+                await self.pusher.run(job)
 
     async def fsync(self, fh, datasync):
         """Publish; durability beyond memory comes with the SSD tier."""
         h = self.handles[fh]
         if h.kind == "write" and h.unpublished:
-            self._publish(h)
+            job = self._publish(h)
+            if job is not None:
+                await self.pusher.run(job)
 
     async def release(self, fh):
         """The last descriptor is gone: publish anything left, unpin, free."""
@@ -820,9 +913,11 @@ class MemosOperations(pyfuse3.Operations):
         try:
             if h.kind == "write" and h.unpublished:
                 try:
-                    self._publish(h)
+                    job = self._publish(h)
                 except pyfuse3.FUSEError:
-                    pass  # already logged; release cannot report it
+                    job = None  # already logged; release cannot report it
+                if job is not None:
+                    trio.lowlevel.spawn_system_task(self.pusher.run, job)
         finally:
             for r in (h.ref, h.base):
                 if r is not None:
@@ -841,7 +936,8 @@ class MemosOperations(pyfuse3.Operations):
 
     # ---- publish ----
 
-    def _publish(self, h: Handle) -> None:
+    def _publish(self, h: Handle) -> Optional[tuple]:
+        """Publish the handle's draft; returns a page-cache push to run, if any."""
         node = h.node
         assert isinstance(node, Slot)
         while node.successor is not None:
@@ -853,7 +949,7 @@ class MemosOperations(pyfuse3.Operations):
             if h.draft is not None:
                 h.draft.free()
                 h.draft = None
-            return
+            return None
         d = self._ensure_draft(h)
         key = node.key
         ref = self._native_call(self.store.publish, d, key)
@@ -870,12 +966,12 @@ class MemosOperations(pyfuse3.Operations):
                 parent.children[node.name] = node
                 current = node
         target = current if isinstance(current, Slot) else node
-        self._published(target, ref, h.mtime_ns or _now())
+        return self._published(target, ref, h.mtime_ns or _now())
 
-    def _published(self, node: Slot, ref: "_native.Ref", mtime_ns: int) -> None:
+    def _published(self, node: Slot, ref: "_native.Ref", mtime_ns: int) -> Optional[tuple]:
         """Point the name at the new version: in place, or on a fresh inode
         when readers hold this one (they keep their snapshot)."""
-        if node.readers > 0:
+        if node.readers > 0 or node.pushing > 0:
             new = Slot(self._new_ino(), node.name, node.parent, stat.S_IMODE(node.mode),
                        node.uid, node.gid)
             new.xattrs = dict(node.xattrs)
@@ -890,6 +986,29 @@ class MemosOperations(pyfuse3.Operations):
         node.stored = ref.stored
         node.mtime_ns = mtime_ns
         node.ctime_ns = _now()
+        if self.pusher is not None and self.knobs["page_cache_push"] == "1" and ref.size:
+            pin = self.store.peek(node.key)
+            if pin is not None:
+                return self.pusher.claim(node, pin)
+        return None
+
+    def start_kernel_notifications(self, mountpoint: str) -> None:
+        """Called once mounted: dentry invalidations and page-cache pushes."""
+        self.mounted = True
+        self.mountpoint = mountpoint
+        self.pusher = PageCachePusher(pyfuse3.notify_store, pyfuse3.invalidate_inode,
+                                      self._refresh_kernel_attrs)
+
+    def _refresh_kernel_attrs(self, node: Slot) -> None:
+        """From a worker thread: stat the slot through the mount, so the kernel
+        holds its new mtime and size (the trio thread serves the requests)."""
+        os.stat(os.path.join(self.mountpoint, os.fsdecode(node.key)))
+
+    def stop_kernel_notifications(self) -> None:
+        if self.pusher is not None:
+            self.pusher.close()
+            self.pusher = None
+        self.mounted = False
 
     # ---- extended attributes ----
 

@@ -448,3 +448,21 @@ def test_shell_scenario(mnt, tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr + mnt.logtext()
     assert "scenario ok" in r.stdout
+
+
+# ---------------------------------------------------------------- page cache
+
+
+def test_published_slot_is_read_from_the_page_cache(mnt):
+    s = session(mnt)
+    data = os.urandom(3 * MiB + 5)
+    (s / "pc").write_bytes(data)
+    before = mnt.stats()["read_requests"]
+    assert (s / "pc").read_bytes() == data          # pushed on close: no request
+    assert mnt.stats()["read_requests"] == before
+    assert mnt.stats()["page_cache_pushed_bytes"] >= len(data)
+    # with the push off, the first read of a new version asks the daemon
+    assert sh(f"echo 0 > {mnt.ctl('page_cache_push')}").returncode == 0
+    (s / "pc").write_bytes(data[::-1])
+    assert (s / "pc").read_bytes() == data[::-1]
+    assert mnt.stats()["read_requests"] > before

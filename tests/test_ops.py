@@ -150,7 +150,7 @@ def test_keep_cache_only_for_the_cached_version(fs):
     fs.mkdirs("a/s")
     fs.write("a/s/x", b"v1")
     fi1 = fs.open_read("a/s/x")
-    assert not fi1.keep_cache                 # first open: nothing cached yet
+    assert fi1.keep_cache                     # a new inode: no page can be stale
     fs.call("release", fi1.fh)
     fi2 = fs.open_read("a/s/x")
     assert fi2.keep_cache                     # same version: pages are valid
