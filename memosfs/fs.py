@@ -174,7 +174,8 @@ class PageCachePusher:
     (`Slot.pushing`), so every page pushed into an inode belongs to the
     version that its readers read."""
 
-    CHUNK = 1 << 20
+    CHUNK = 1 << 20                     # bytes per notify_store
+    SPLIT = 8 << 20                     # versions this large push on two threads
 
     def __init__(self, store_fn: Callable[[int, int, bytes], None],
                  invalidate_fn: Callable[[int], None],
@@ -198,34 +199,53 @@ class PageCachePusher:
         return (node, ref, stale)
 
     async def run(self, job: tuple) -> None:
-        await trio.to_thread.run_sync(self._push, *job, limiter=self.limiter,
-                                      abandon_on_cancel=True)
-
-    def _push(self, node: "Slot", ref: "_native.Ref", stale: bool) -> None:
+        """Push a claimed version; large ones in two halves on two threads
+        (the writer waits on close meanwhile, so its core is free)."""
+        node, ref, stale = job
         try:
-            version = ref.version
-            # The kernel drops an inode's pages when it sees a new mtime
-            # (auto_inval_data), so let it see the new attributes first.
-            self._refresh(node)
-            if stale:
-                # pages of an older version may be cached: drop them, then claim
-                self._invalidate(node.ino)
-                with PUSH_LOCK:
-                    node.cache_version = version
+            await self._thread(self._prepare, node, ref, stale)
+            size = ref.size
+            if size < self.SPLIT:
+                await self._thread(self._push_range, node, ref, 0, size)
+            else:
+                mid = (size // 2) // self.CHUNK * self.CHUNK
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._thread, self._push_range, node, ref, 0, mid)
+                    nursery.start_soon(self._thread, self._push_range, node, ref, mid, size)
             self.pushes += 1
-            for off in range(0, ref.size, self.CHUNK):
-                if self._stopping or node.successor is not None or node.detached \
-                        or node.version != version:
-                    return
-                data = ref.read(off, self.CHUNK)
-                self._store(node.ino, off, data)
-                self.pushed_bytes += len(data)
         except (OSError, ValueError) as e:
             log.debug("page-cache push into inode %d stopped: %s", node.ino, e)
         finally:
             ref.release()
             with PUSH_LOCK:
                 node.pushing -= 1
+
+    async def _thread(self, fn, *args) -> None:
+        await trio.to_thread.run_sync(fn, *args, limiter=self.limiter,
+                                      abandon_on_cancel=True)
+
+    def _prepare(self, node: "Slot", ref: "_native.Ref", stale: bool) -> None:
+        # The kernel drops an inode's pages when it sees a new mtime
+        # (auto_inval_data), so let it see the new attributes first.
+        self._refresh(node)
+        if stale:
+            # pages of an older version may be cached: drop them, then claim
+            self._invalidate(node.ino)
+            with PUSH_LOCK:
+                node.cache_version = ref.version
+
+    def _push_range(self, node: "Slot", ref: "_native.Ref", off: int, end: int) -> None:
+        version = ref.version
+        while off < end:
+            if self._stopping or node.successor is not None or node.detached \
+                    or node.version != version:
+                return
+            with ref.view(off, min(self.CHUNK, end - off)) as data:  # no copy
+                n = len(data)
+                self._store(node.ino, off, data)
+            off += n
+            with PUSH_LOCK:
+                self.pushed_bytes += n
 
     def close(self) -> None:
         self._stopping = True

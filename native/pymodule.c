@@ -727,6 +727,85 @@ static PyObject *Ref_exit(RefObject *self, PyObject *args)
     return Ref_release(self, NULL);
 }
 
+/* ---- Ref views ----
+ *
+ * Ref.view(off, max) exports the slot's bytes at off without a copy: the
+ * longest run of extents that lie next to each other in memory, at most max
+ * bytes.  The exporter keeps its Ref busy while any buffer is held, so the
+ * pin (and the pages) outlive every memoryview of them.
+ */
+
+typedef struct ViewObject {
+    PyObject_HEAD
+    RefObject  *ref;        /* strong reference (GIL) */
+    char       *buf;        /* first byte (pinned pages) */
+    Py_ssize_t  len;        /* bytes */
+} ViewObject;
+
+static PyTypeObject ViewType;
+
+static int View_getbuffer(ViewObject *self, Py_buffer *view, int flags)
+{
+    if (PyBuffer_FillInfo(view, (PyObject *)self, self->buf, self->len, 1, flags) < 0)
+        return -1;
+    self->ref->busy++;
+    return 0;
+}
+
+static void View_releasebuffer(ViewObject *self, Py_buffer *view)
+{
+    ref_unbusy(self->ref);
+}
+
+static void View_dealloc(ViewObject *self)
+{
+    Py_DECREF(self->ref);
+    PyObject_Free(self);
+}
+
+static PyBufferProcs View_as_buffer = {
+    .bf_getbuffer = (getbufferproc)View_getbuffer,
+    .bf_releasebuffer = (releasebufferproc)View_releasebuffer,
+};
+
+static PyTypeObject ViewType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "memosfs._native._View",
+    .tp_basicsize = sizeof(ViewObject),
+    .tp_dealloc = (destructor)View_dealloc,
+    .tp_as_buffer = &View_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "pinned slot bytes, exported read-only",
+};
+
+static PyObject *Ref_view(RefObject *self, PyObject *args)
+{
+    long long off, max;
+    if (!PyArg_ParseTuple(args, "LL:view", &off, &max))
+        return NULL;
+    if (ref_usable(self) < 0)
+        return NULL;
+    if (off < 0 || max < 0)
+        return memos_error(MEMOS_EINVAL, "negative offset or length", NULL);
+    struct iovec iov[64];
+    int cnt = memos_entry_iov(self->e, (uint64_t)off, (size_t)max, iov, 64);
+    size_t len = cnt ? iov[0].iov_len : 0;
+    for (int i = 1; i < cnt; i++) {
+        if ((char *)iov[i - 1].iov_base + iov[i - 1].iov_len != (char *)iov[i].iov_base)
+            break;
+        len += iov[i].iov_len;
+    }
+    ViewObject *v = PyObject_New(ViewObject, &ViewType);
+    if (!v)
+        return NULL;
+    v->ref = (RefObject *)Py_NewRef(self);
+    v->buf = cnt ? iov[0].iov_base : NULL;
+    v->len = (Py_ssize_t)len;
+    PyObject *mv = PyMemoryView_FromObject((PyObject *)v);
+    Py_DECREF(v);
+    return mv;
+}
+
 /* n bytes at off as a new bytes object, copied straight into it. */
 static PyObject *entry_read_bytes(const memos_entry *e, long long off, long long n, int *busy)
 {
@@ -882,6 +961,9 @@ static PyMethodDef Ref_methods[] = {
     { "readinto", (PyCFunction)Ref_readinto, METH_VARARGS, "readinto(off, buffer) -> int" },
     { "write_to_fd", (PyCFunction)(void (*)(void))Ref_write_to_fd, METH_VARARGS | METH_KEYWORDS,
       "write_to_fd(fd, off=0, n=-1) -> int: pwritev bytes [off, off+n) at file offset off" },
+    { "view", (PyCFunction)Ref_view, METH_VARARGS,
+      "view(off, max) -> memoryview: the contiguous bytes at off (at most max), no copy; "
+      "the pin lasts while the view does" },
     { "release", (PyCFunction)Ref_release, METH_NOARGS, "release(): drop the pin" },
     { "__enter__", (PyCFunction)Ref_enter, METH_NOARGS, NULL },
     { "__exit__", (PyCFunction)Ref_exit, METH_VARARGS, NULL },
@@ -1080,7 +1162,7 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC PyInit__native(void)
 {
     if (PyType_Ready(&CacheType) < 0 || PyType_Ready(&RefType) < 0 ||
-        PyType_Ready(&DraftType) < 0)
+        PyType_Ready(&DraftType) < 0 || PyType_Ready(&ViewType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (!m)

@@ -376,3 +376,29 @@ def test_threads_copy_without_gil():
         t.join()
     assert not errors
     c.check()
+
+
+def test_view_exports_pinned_bytes_without_copy():
+    c = N.Cache(16 << 20)
+    d = c.draft()
+    payload = os.urandom(3 * N.BLOCK_SIZE + 777)
+    d.write(0, payload)
+    ref = c.publish(d, b"a/s/v")
+    got = b""
+    off = 0
+    while off < ref.size:
+        v = ref.view(off, 1 << 20)
+        assert len(v) > 0 and v.readonly
+        got += bytes(v)
+        off += len(v)
+        v.release()
+    assert got == payload
+    assert len(ref.view(ref.size, 10)) == 0
+    view = ref.view(5, 100)
+    ref.release()                      # deferred while the view is held
+    c.remove(b"a/s/v")
+    assert bytes(view) == payload[5:105]
+    view.release()
+    c.check()
+    assert c.stats()["pages_used"] == 0
+    c.close()
