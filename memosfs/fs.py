@@ -663,16 +663,20 @@ class MemosOperations(pyfuse3.Operations):
         return inode
 
     async def readdir(self, fh, start_id, token):
-        """List a directory; each entry handed over adds one lookup."""
+        """List a directory: `.`, `..`, then the children in creation order.
+        Each child handed over adds one lookup (the kernel takes none for
+        `.` and `..`)."""
         d = self._dir(fh)
-        items = list(d.children.items())
+        items: list[tuple[str, Node]] = [(".", d), ("..", d.parent or d)]
+        items += list(d.children.items())
         for i in range(start_id, len(items)):
             name, node = items[i]
             attr = self._attr(node)
             if not pyfuse3.readdir_reply(token, name.encode("utf-8", "surrogateescape"),
                                          attr, i + 1):
                 break
-            node.lookups += 1
+            if i >= 2:
+                node.lookups += 1
 
     async def releasedir(self, fh):
         pass
