@@ -6,6 +6,7 @@
     memosfs stat   MOUNTPOINT [--json]         the stats as a table
     memosfs calc-size --tokens N --layers L (--hidden H | --kv-heads K --head-dim D)
                       [--dtype fp16] [--redundancy 2]
+    memosfs knobs [--markdown]                 the knob table
     memosfs bench io [--json] ...              benchmarks (see `memosfs bench -h`)
 
 Mount options (-o, comma-separated): every knob of `.memos/cache/` by name
@@ -306,6 +307,34 @@ def cmd_calc_size(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- knobs
+
+
+def knob_table_markdown() -> str:
+    """The README's knob table, made from the knob table itself."""
+    rows = ["| knob | default | meaning |", "|---|---|---|"]
+    for k in KNOBS:
+        default = _human_size(k.default) if k.name == "capacity" else k.default
+        rows.append(f"| `{k.name}` | {default} | {k.meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+def _human_size(n: int) -> str:
+    for suffix, mult in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n % mult == 0:
+            return f"{n // mult}{suffix}"
+    return str(n)
+
+
+def cmd_knobs(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(knob_table_markdown(), end="")
+        return 0
+    for k in KNOBS:
+        print(f"{k.name:<18} default {k.default!s:<12} {k.meaning} ({k.effect})")
+    return 0
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -345,12 +374,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_calc_size)
 
+    k = sub.add_parser("knobs", help="list the knobs of .memos/cache/")
+    k.add_argument("--markdown", action="store_true", help="as the README's table")
+    k.set_defaults(fn=cmd_knobs)
+
     from . import bench
     bench.add_parser(sub)
     return p
 
 
-SUBCOMMANDS = {"mount", "umount", "stat", "calc-size", "bench", "-h", "--help"}
+SUBCOMMANDS = {"mount", "umount", "stat", "calc-size", "bench", "knobs", "-h", "--help"}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

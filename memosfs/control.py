@@ -103,12 +103,13 @@ KNOBS: tuple[Knob, ...] = (
          "memory tier size in bytes (accepts 512M, 4G); rounded up to 2 MiB superblocks; "
          "shrinking evicts"),
     Knob("evict_policy", _choice("lru"), "lru",
-         "eviction policy: lru (lfu and the lru_lfu hybrid come with the policy work)"),
+         "eviction policy: lru (the lru_lfu hybrid and lfu come with the policy work)"),
     Knob("evict_batch", _int_in(1, 4096), 16,
          "victims chosen per eviction run (a larger batch trades P99 put latency for throughput)"),
     Knob("page_cache_push", _choice("0", "1"), "1",
          "1: copy each published version into the kernel page cache, so local readers "
-         "and mmap find it without a request (as after a write on a local filesystem)"),
+         "and mmap find it without a request (as after a write on a local filesystem); "
+         "0: readers fetch from the daemon"),
     Knob("ring_slots", _int_in(0, 1 << 30), 0,
          "slots a session keeps before its oldest is recycled (0 = no limit)",
          "on the next publish in a session"),

@@ -25,6 +25,7 @@ and no open handles.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import stat
@@ -1118,3 +1119,29 @@ class MemosOperations(pyfuse3.Operations):
         for node in self.inodes.values():
             if isinstance(node, Slot):
                 assert node.readers == readers.get(node.ino, 0), node.name
+
+
+# ---------------------------------------------------------------- the guard
+
+
+def _guard(fn):
+    """The daemon never dies on a request: a handler that fails unexpectedly
+    answers EIO and logs why (pyfuse3 would otherwise stop the main loop)."""
+
+    @functools.wraps(fn)
+    async def handler(self, *args):
+        try:
+            return await fn(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception:
+            self._refused += 1
+            log.exception("%s failed; answering EIO", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return handler
+
+
+for _name, _fn in list(vars(MemosOperations).items()):
+    if _name in vars(pyfuse3.Operations) and callable(_fn) and not _name.startswith("_"):
+        setattr(MemosOperations, _name, _guard(_fn))

@@ -59,3 +59,11 @@ def test_help_lists_subcommands():
     assert r.returncode == 0
     for word in ("umount", "stat", "calc-size", "bench"):
         assert word in r.stdout
+
+
+def test_readme_knob_table_comes_from_the_knob_table():
+    from pathlib import Path
+
+    from memosfs.cli import knob_table_markdown
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert knob_table_markdown() in readme

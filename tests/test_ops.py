@@ -305,3 +305,18 @@ class TreeMachine(RuleBasedStateMachine):
 
 TestTree = TreeMachine.TestCase
 TestTree.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+
+
+def test_a_failing_handler_answers_eio_and_the_daemon_goes_on(fs, monkeypatch, caplog):
+    fs.mkdirs("a/s")
+    fs.write("a/s/x", b"data")
+
+    def broken(key):
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(fs.store, "get", broken)
+    assert fs.errno_of(fs.open_read, "a/s/x") == errno.EIO
+    assert "simulated bug" in caplog.text
+    monkeypatch.undo()
+    assert fs.read("a/s/x") == b"data"
+    assert fs.ops.stats()["requests_refused"] == 1
