@@ -111,6 +111,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
     from . import _native
     from .fs import MemosOperations
+    from .ssd import SSDTier
     from .store import Store
 
     knobs, own, fuse_opts = parse_mount_options(args.o or [])
@@ -123,17 +124,25 @@ def cmd_mount(args: argparse.Namespace) -> int:
         print(f"memosfs: mountpoint {mountpoint} is not a directory", file=sys.stderr)
         return 1
     ssd = own.get("ssd") or DEFAULT_SSD
-    try:
-        os.makedirs(ssd, exist_ok=True)
-    except OSError as e:
-        print(f"memosfs: cannot use ssd directory {ssd}: {e.strerror}", file=sys.stderr)
-        return 1
 
     _native.tune_malloc()
-    capacity = int(knobs.get("capacity", KNOB_BY_NAME["capacity"].default))
-    store = Store(capacity, int(knobs.get("evict_batch", 16)),
-                  int(knobs.get("ring_slots", 0)))
+    def knob(name):
+        return knobs.get(name, KNOB_BY_NAME[name].default)
+
+    tier = None
+    if ssd != "none":                   # ssd=none: a memory-only cache
+        try:
+            tier = SSDTier(ssd, int(knob("ssd_capacity")))
+        except OSError as e:
+            print(f"memosfs: cannot use ssd directory {ssd}: {e.strerror}", file=sys.stderr)
+            return 1
+    store = Store(int(knob("capacity")), int(knob("evict_batch")), int(knob("ring_slots")),
+                  ssd=tier, writeback_delay_ms=int(knob("writeback_delay_ms")))
     ops = MemosOperations(store, knobs)
+    restored = ops.restore()
+    if tier is not None and (restored or tier.corrupt):
+        log.info("ssd tier %s: %d slots (%d bytes), %d corrupt files set aside", ssd,
+                 restored, tier.used_bytes, tier.corrupt)
 
     options = set(pyfuse3.default_options)
     options |= {f"fsname={args.source}", "subtype=memosfs", "default_permissions"}
@@ -158,29 +167,34 @@ def cmd_mount(args: argparse.Namespace) -> int:
     log.info("mounted %s at %s, capacity %d, options %s", args.source, mountpoint,
              store.cache.capacity, ",".join(sorted(options)))
 
+    store.start_background()
+    bar = _ProgressBar("warm-up") if foreground and sys.stdout.isatty() else None
+    store.start_warmup(float(knob("warmup_ratio")), bar.update if bar else None)
     unmount = True
     try:
-        unmount = trio.run(_serve)
+        unmount = trio.run(_serve, ops)
     except BaseException:
         log.exception("main loop failed")
         raise
     finally:
         ops.stop_kernel_notifications()
-        store.flush()
-        pyfuse3.close(unmount=unmount)
-        store.close()
+        try:
+            store.close()               # persists every dirty slot
+        finally:
+            pyfuse3.close(unmount=unmount)
         log.info("unmounted %s", mountpoint)
         if foreground:
             print(f"memosfs: unmounted {mountpoint}", flush=True)
     return 0
 
 
-async def _serve() -> bool:
+async def _serve(ops) -> bool:
     """Run the FUSE loop until the kernel unmounts (returns False) or a signal
     asks us to stop (returns True: we unmount)."""
     import pyfuse3
     import trio
 
+    ops.trio_token = trio.lowlevel.current_trio_token()
     stopped_by_signal = False
     async with trio.open_nursery() as nursery:
         async def on_signals() -> None:
@@ -220,6 +234,23 @@ def _daemonize() -> bool:
     os.write(w, b"1")
     os.close(w)
     return True
+
+
+class _ProgressBar:
+    """`warm-up [#######.........]  45%  460/1024 MiB` on a terminal."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.last = -1
+
+    def update(self, done: int, total: int) -> None:
+        pct = 100 if total == 0 else int(100 * done / total)
+        if pct == self.last:
+            return
+        self.last = pct
+        filled = pct * 30 // 100
+        print(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {pct:3d}%  "
+              f"{done >> 20}/{total >> 20} MiB", end="\n" if pct >= 100 else "", flush=True)
 
 
 def cmd_umount(args: argparse.Namespace) -> int:

@@ -74,6 +74,24 @@ def _size_in(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
+def _ratio(text: str) -> float:
+    t = text.strip()
+    try:
+        v = float(t)
+    except ValueError:
+        raise KnobError(f"not a number: {t!r}") from None
+    if not 0.0 <= v <= 1.0:
+        raise KnobError(f"{v} is out of range [0, 1]")
+    return v
+
+
+def _size_or_zero(text: str) -> int:
+    v = parse_size(text)
+    if v and v < (1 << 20):
+        raise KnobError(f"{v} bytes is too small (0 = no limit, else at least 1M)")
+    return v
+
+
 def _choice(*names: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         t = text.strip()
@@ -106,6 +124,15 @@ KNOBS: tuple[Knob, ...] = (
          "eviction policy: lru (the lru_lfu hybrid and lfu come with the policy work)"),
     Knob("evict_batch", _int_in(1, 4096), 16,
          "victims chosen per eviction run (a larger batch trades P99 put latency for throughput)"),
+    Knob("writeback_delay_ms", _int_in(0, 3_600_000), 1000,
+         "a published (dirty) slot is written to the SSD tier this long after its "
+         "publish, by the background writer"),
+    Knob("ssd_capacity", _size_or_zero, 0,
+         "bytes the SSD tier may hold (accepts 100G); beyond it, its least recently used "
+         "slots go; 0 = as much as the disk has"),
+    Knob("warmup_ratio", _ratio, 0.5,
+         "share of capacity preloaded from the SSD tier at mount, most recently used "
+         "first, in the background", "at the next mount"),
     Knob("page_cache_push", _choice("0", "1"), "1",
          "1: copy each published version into the kernel page cache, so local readers "
          "and mmap find it without a request (as after a write on a local filesystem); "

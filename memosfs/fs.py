@@ -304,7 +304,86 @@ class MemosOperations(pyfuse3.Operations):
         self.root.lookups = 1 << 62     # the kernel never forgets the root
         self.inodes[self.root.ino] = self.root
         self._build_control()
-        store.on_drop(self._slot_dropped)
+        self.trio_token = None          # set when serving: other threads post here
+        store.on_drop(self._slot_dropped_any_thread)
+        store.meta_of = self._slot_meta
+        store.namespace_of = self._namespace
+
+    # ---- persistence of the namespace ----
+
+    def _slot_meta(self, key: bytes) -> dict:
+        """What the SSD tier keeps beside a slot's bytes."""
+        node = self._slot_by_key(key)
+        if node is None:
+            return {}
+        return {"mode": stat.S_IMODE(node.mode), "uid": node.uid, "gid": node.gid,
+                "mtime_ns": node.mtime_ns, "atime_ns": node.atime_ns,
+                "xattrs": {k.hex(): v.hex() for k, v in node.xattrs.items()}}
+
+    def _namespace(self) -> list[dict]:
+        """Agents and sessions, with owners, modes and times (namespace.json)."""
+        out = []
+        for agent in list(self.root.children.values()):
+            if not isinstance(agent, Dir) or agent.level != AGENT:
+                continue
+            out.append(self._dir_record(agent.name, agent))
+            for sess in list(agent.children.values()):
+                if isinstance(sess, Dir):
+                    out.append(self._dir_record(f"{agent.name}/{sess.name}", sess))
+        return out
+
+    @staticmethod
+    def _dir_record(path: str, d: "Dir") -> dict:
+        return {"path": path, "mode": stat.S_IMODE(d.mode), "uid": d.uid, "gid": d.gid,
+                "mtime_ns": d.mtime_ns, "xattrs": {k.hex(): v.hex() for k, v in d.xattrs.items()}}
+
+    def restore(self) -> int:
+        """At mount: agents, sessions and slots as the SSD tier kept them."""
+        entries = self.store.restore()
+        records = self.store.ssd.read_json("namespace.json", []) if self.store.ssd else []
+        for rec in records:
+            try:
+                parts = rec["path"].split("/")
+                if len(parts) not in (1, 2) or not all(parts):
+                    raise ValueError(rec["path"])
+                d = self._ensure_dirs(parts, rec["uid"], rec["gid"], rec["mode"])
+                d.mtime_ns = d.ctime_ns = int(rec.get("mtime_ns", d.mtime_ns))
+                d.xattrs = {bytes.fromhex(k): bytes.fromhex(v)
+                            for k, v in rec.get("xattrs", {}).items()}
+            except (KeyError, ValueError, TypeError) as e:
+                log.error("namespace.json: bad record %r (%s); skipped", rec, e)
+        for e in entries:
+            agent, session, name = split_key(e.key)
+            m = e.meta
+            sess = self._ensure_dirs([agent, session], m.get("uid", 0), m.get("gid", 0), 0o755)
+            node = Slot(self._new_ino(), name, sess, int(m.get("mode", 0o644)),
+                        int(m.get("uid", 0)), int(m.get("gid", 0)))
+            node.version, node.pub_size, node.stored = e.version, e.size, e.file_bytes
+            node.mtime_ns = node.ctime_ns = int(m.get("mtime_ns", node.mtime_ns))
+            node.atime_ns = int(m.get("atime_ns", node.mtime_ns))
+            node.xattrs = {bytes.fromhex(k): bytes.fromhex(v)
+                           for k, v in m.get("xattrs", {}).items()}
+            sess.children[name] = node
+            self.inodes[node.ino] = node
+        return len(entries)
+
+    def _ensure_dirs(self, parts: list[str], uid: int, gid: int, mode: int) -> "Dir":
+        d = self.root
+        for level, name in zip((AGENT, SESSION), parts):
+            child = d.children.get(name)
+            if not isinstance(child, Dir):
+                child = Dir(self._new_ino(), name, d, mode, uid, gid, level)
+                d.children[name] = child
+                self.inodes[child.ino] = child
+            d = child
+        return d
+
+    def _slot_by_key(self, key: bytes) -> Optional["Slot"]:
+        agent, session, name = split_key(key)
+        a = self.root.children.get(agent)
+        sess = a.children.get(session) if isinstance(a, Dir) else None
+        node = sess.children.get(name) if isinstance(sess, Dir) else None
+        return node if isinstance(node, Slot) else None
 
     # ---- the control plane ----
 
@@ -358,6 +437,12 @@ class MemosOperations(pyfuse3.Operations):
             self.store.set_evict_batch(value)
         elif name == "ring_slots":
             self.store.ring_slots = value
+        elif name == "writeback_delay_ms":
+            self.store.writeback_delay_ms = value
+        elif name == "ssd_capacity":
+            if self.store.ssd is None:
+                raise KnobError("no SSD tier is mounted")
+            self.store.ssd.capacity = value
         self.knobs[name] = value
         self.trace.emit("KNOB", name=name, value=value)
         log.info("knob %s = %s", name, value)
@@ -388,20 +473,28 @@ class MemosOperations(pyfuse3.Operations):
         """Every counter, by name: the C core's, then the store's and ours."""
         c = self.store.cache.stats()
         s = self.store.statistics()
-        hits = c["hits"]
-        misses = c["misses"] + self._lookup_misses
+        hits = s.mem_hits + s.ssd_hits
+        misses = s.misses + self._lookup_misses
         lookups = hits + misses
         agents = [a for a in self.root.children.values()
                   if isinstance(a, Dir) and a.level == AGENT]
         out: dict[str, object] = {
             "lookups": lookups,
             "hits": hits,
-            "mem_hits": hits,
+            "mem_hits": s.mem_hits,
+            "ssd_hits": s.ssd_hits,
             "misses": misses,
             "hit_rate": (hits / lookups) if lookups else 0.0,
             "inserts": c["inserts"],
             "replaces": c["replaces"],
             "publishes": s.publishes,
+            "promotions": s.promotions,
+            "writebacks": s.writebacks,
+            "evict_writebacks": s.evict_writebacks,
+            "slots_lost": s.drops_lost,
+            "warmup_loaded_bytes": s.warmup_loaded_bytes,
+            "warmup_total_bytes": s.warmup_total_bytes,
+            "warmup_done": s.warmup_done,
             "removes": c["removes"],
             "evictions": c["evictions"],
             "eviction_runs": c["eviction_runs"],
@@ -436,6 +529,8 @@ class MemosOperations(pyfuse3.Operations):
             "requests_refused": self._refused,
             "uptime_s": round(time.monotonic() - self._started, 3),
         }
+        if self.store.ssd is not None:
+            out.update(self.store.ssd.statistics())
         return out
 
     # ---- helpers ----
@@ -504,6 +599,17 @@ class MemosOperations(pyfuse3.Operations):
     def _maybe_forget(self, node: Node) -> None:
         if node.detached and node.lookups <= 0 and node.handles <= 0:
             self.inodes.pop(node.ino, None)
+
+    def _slot_dropped_any_thread(self, key: bytes, reason: str) -> None:
+        """Drops can come from the store's threads: apply them on the trio thread."""
+        token = self.trio_token
+        if token is None or threading.current_thread() is threading.main_thread():
+            self._slot_dropped(key, reason)
+            return
+        try:
+            trio.from_thread.run_sync(self._slot_dropped, key, reason, trio_token=token)
+        except trio.RunFinishedError:
+            pass
 
     def _slot_dropped(self, key: bytes, reason: str) -> None:
         """The store let a slot go (eviction, ring, reset): remove its name."""
@@ -581,7 +687,19 @@ class MemosOperations(pyfuse3.Operations):
             for h in self._writer_handles(node):
                 h.mtime_ns = attr.st_mtime_ns
         node.ctime_ns = now
+        self._metadata_changed(node, fields.update_mode or fields.update_uid
+                               or fields.update_gid or fields.update_mtime)
         return self._attr(node)
+
+    def _metadata_changed(self, node: Node, persisted: bool = True) -> None:
+        """Owner, mode, times or xattrs changed: the SSD tier must learn it."""
+        if not persisted:
+            return
+        if isinstance(node, Slot) and node.version and not node.detached \
+                and node.successor is None:
+            self.store.mark_dirty(node.key)
+        elif isinstance(node, Dir) and node.level in (AGENT, SESSION):
+            self.store.namespace_changed()
 
     def _writer_handles(self, node: Node) -> Iterator[Handle]:
         if isinstance(node, Slot) and node.writers:
@@ -601,7 +719,7 @@ class MemosOperations(pyfuse3.Operations):
         if h is not None and h.kind == "pseudo":
             return
         # truncate(2) by path: a new version at once.
-        base = self.store.peek(node.key) if node.version else None
+        base = self._native_call(self.store.load, node.key) if node.version else None
         try:
             d = self._native_call(self.store.draft, base)
         finally:
@@ -642,6 +760,7 @@ class MemosOperations(pyfuse3.Operations):
         parent.mtime_ns = parent.ctime_ns = _now()
         self.inodes[d.ino] = d
         self.trace.emit("MKDIR", level=level, name=n, uid=ctx.uid)
+        self.store.namespace_changed()
         return self._entry(d)
 
     async def rmdir(self, parent_inode, name, ctx):
@@ -658,6 +777,7 @@ class MemosOperations(pyfuse3.Operations):
         if node.children:
             raise refuse(errno.ENOTEMPTY, "rmdir %s: not empty", n, level=logging.DEBUG)
         self._detach(node, "rmdir")
+        self.store.namespace_changed()
 
     async def opendir(self, inode, ctx):
         self._dir(inode)
@@ -761,6 +881,8 @@ class MemosOperations(pyfuse3.Operations):
         now = _now()
         node.ctime_ns = src_dir.mtime_ns = src_dir.ctime_ns = now
         dst_dir.mtime_ns = dst_dir.ctime_ns = now
+        if isinstance(node, Dir):
+            self.store.namespace_changed()
 
     async def link(self, inode, new_parent_inode, new_name, ctx):
         raise refuse(errno.EPERM, "link: slots have one name")
@@ -797,7 +919,7 @@ class MemosOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EEXIST)
         elif not isinstance(node, Slot):
             raise refuse(errno.EISDIR, "create %s: a directory", n)
-        fi = self._open_slot(node, flags | os.O_TRUNC)
+        fi = self._open_slot(node, flags | os.O_TRUNC, None)
         return fi, self._entry(node)
 
     async def open(self, inode, flags, ctx):
@@ -807,7 +929,39 @@ class MemosOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if isinstance(node, Pseudo):
             return self._open_pseudo(node, flags)
-        return self._open_slot(node, flags)
+        self._check_current(node)
+        acc = flags & os.O_ACCMODE
+        ref = None
+        if node.version and (acc == os.O_RDONLY or not flags & os.O_TRUNC):
+            # readers pin the current version (a lookup: hit or SSD hit); a
+            # writer that keeps the content starts from it
+            fn = self.store.get if acc == os.O_RDONLY else self.store.load
+            if self.store.tier_of(node.key) == "ssd":
+                ref = await self._off_loop(fn, node.key)     # read back from SSD
+                if ref is not None and (node.detached or node.successor is not None):
+                    ref.release()
+                    self._check_current(node)
+            else:
+                ref = self._native_call(fn, node.key)
+            if ref is None:
+                raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
+        return self._open_slot(node, flags, ref)
+
+    def _check_current(self, node: "Slot") -> None:
+        if node.detached or node.successor is not None:
+            raise refuse(errno.ESTALE, "open %s: a newer inode holds this name", node.name,
+                         level=logging.DEBUG)
+
+    async def _off_loop(self, fn, *args):
+        """Run blocking store work (SSD I/O) in a worker thread while the loop
+        serves other requests; inline when not mounted (tests)."""
+        try:
+            if self.mounted:
+                return await trio.to_thread.run_sync(fn, *args)
+            return fn(*args)
+        except OSError as e:
+            self._refused += 1
+            raise refuse(e.errno or errno.EIO, "%s", e, level=logging.WARNING) from None
 
     def _open_pseudo(self, node: Pseudo, flags: int) -> pyfuse3.FileInfo:
         acc = flags & os.O_ACCMODE
@@ -824,17 +978,14 @@ class MemosOperations(pyfuse3.Operations):
         fi.keep_cache = False
         return fi
 
-    def _open_slot(self, node: Slot, flags: int) -> pyfuse3.FileInfo:
-        if node.detached or node.successor is not None:
-            raise refuse(errno.ESTALE, "open %s: a newer inode holds this name", node.name,
-                         level=logging.DEBUG)
+    def _open_slot(self, node: Slot, flags: int,
+                   ref: Optional["_native.Ref"]) -> pyfuse3.FileInfo:
+        """A handle on node; `ref` (pinned, taken over) is the reader's
+        version or the writer's base."""
         acc = flags & os.O_ACCMODE
         fh = self._fh()
         fi = pyfuse3.FileInfo(fh=fh)
         if acc == os.O_RDONLY:
-            ref = self.store.get(node.key) if node.version else None
-            if node.version and ref is None:
-                raise refuse(errno.ENOENT, "open %s: slot left the cache", node.name)
             h = Handle(fh, node, flags, "read")
             h.ref = ref
             version = ref.version if ref is not None else 0
@@ -846,12 +997,14 @@ class MemosOperations(pyfuse3.Operations):
         else:
             h = Handle(fh, node, flags, "write")
             if flags & os.O_TRUNC:
+                if ref is not None:
+                    ref.release()
                 h.draft = self._native_call(self.store.draft)
                 h.unpublished = True
                 h.mtime_ns = _now()
                 node.draft_size = 0
-            elif node.version:
-                h.base = self.store.peek(node.key)
+            else:
+                h.base = ref
             fi.direct_io = True
             node.writers += 1
         self.handles[fh] = h
@@ -924,12 +1077,19 @@ class MemosOperations(pyfuse3.Operations):
                 await self.pusher.run(job)
 
     async def fsync(self, fh, datasync):
-        """Publish; durability beyond memory comes with the SSD tier."""
+        """Publish, then return once this slot's version is durable on the SSD."""
         h = self.handles[fh]
+        if h.kind == "pseudo":
+            return
+        node = h.node
         if h.kind == "write" and h.unpublished:
             job = self._publish(h)
             if job is not None:
                 await self.pusher.run(job)
+        while isinstance(node, Slot) and node.successor is not None:
+            node = node.successor
+        if isinstance(node, Slot) and node.version and not node.detached:
+            await self._off_loop(self.store.persist, node.key)
 
     async def release(self, fh):
         """The last descriptor is gone: publish anything left, unpin, free."""
@@ -1043,8 +1203,14 @@ class MemosOperations(pyfuse3.Operations):
     def _memos_attr(self, node: Slot, name: bytes) -> bytes:
         ref = self.store.peek(node.key) if node.version else None
         if ref is None:
-            return {b"user.memos.tier": b"none", b"user.memos.version": b"0"}.get(
-                name, b"0")
+            entry = self.store.ssd_entry(node.key) if node.version else None
+            if entry is None:
+                return {b"user.memos.tier": b"none", b"user.memos.version": b"0"}.get(
+                    name, b"0")
+            return {b"user.memos.tier": b"ssd",
+                    b"user.memos.version": str(entry.version).encode(),
+                    b"user.memos.stored_bytes": str(entry.file_bytes).encode()}.get(
+                        name, b"0")
         try:
             values = {
                 b"user.memos.tier": b"mem",
@@ -1092,6 +1258,7 @@ class MemosOperations(pyfuse3.Operations):
                          name.decode("utf-8", "replace"))
         node.xattrs[name] = bytes(value)
         node.ctime_ns = _now()
+        self._metadata_changed(node)
 
     async def removexattr(self, inode, name, ctx):
         node = self._node(inode)
@@ -1100,6 +1267,7 @@ class MemosOperations(pyfuse3.Operations):
         if node.xattrs.pop(name, None) is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         node.ctime_ns = _now()
+        self._metadata_changed(node)
 
     # ---- consistency (tests) ----
 
@@ -1107,6 +1275,8 @@ class MemosOperations(pyfuse3.Operations):
         """Namespace, handles and store agree; raises AssertionError if not."""
         self.store.cache.check()
         live = set(self.store.cache.keys())
+        if self.store.ssd is not None:
+            live |= set(self.store.ssd.keys())
         named = set()
         for slot in self._walk_slots(self.root):
             if slot.version:

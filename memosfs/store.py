@@ -1,17 +1,29 @@
 """The store: slot keys, versions and tiers, over the C core.
 
 The store knows slots by key, `b"agent/session/name"`; it knows nothing of
-inodes or handles (that is fs.py).  Today it has one tier, memory, held by
-`memosfs._native.Cache`; the SSD tier plugs in behind the eviction callback.
+inodes or handles (that is fs.py).  Two tiers: memory (`memosfs._native.Cache`)
+in front, and an optional SSD tier (`ssd.SSDTier`) behind it.
 
 Publish: a writer's bytes live in a draft (`Store.draft`); `Store.publish`
-makes the draft the slot's new version, atomically, and returns a pinned
-reference to it.  Readers pin the version they open (`Store.get`); a newer
-publish never changes bytes a reader has pinned.
+makes the draft the slot's new version, atomically, marks it dirty (not yet
+on SSD), and returns a pinned reference to it.  Readers pin the version they
+open (`Store.get`); a newer publish never changes bytes a reader has pinned.
 
-Drops: a slot can leave the store on its own (eviction, a ring recycling the
-oldest slot of a session, reset_context).  Whoever shows the namespace
-registers `on_drop(key, reason)` to hear of it.
+Write-back: a dirty version reaches the SSD (1) through the C core's
+eviction callback, before its pages are freed, (2) from the background
+writer, `writeback_delay_ms` after it was published, (3) on `persist` (fsync
+of the slot) and `flush`, and (4) at close.  A clean version is on the SSD
+already, so evicting it only frees memory; the slot stays listed and is
+promoted back on its next read (an SSD hit).
+
+Drops: a slot leaves the namespace only when no tier holds it any more
+(eviction with no SSD tier, the SSD tier's own capacity eviction, a ring
+recycling the oldest slot of a session, reset_context).  Whoever shows the
+namespace registers `on_drop(key, reason)` to hear of it.
+
+Threads: the trio thread calls in; the background writer and the warm-up
+thread run beside it.  `self.lock` guards the Python-side maps and is never
+held across file I/O; the C core has its own lock.
 """
 
 from __future__ import annotations
@@ -19,11 +31,13 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from . import _native
 from .control import Trace
+from .ssd import CorruptSlot, SSDEntry, SSDFull, SSDTier
 
 log = logging.getLogger("memosfs.store")
 
@@ -43,79 +57,188 @@ def _session_of(key: bytes) -> bytes:
     return key.rsplit(b"/", 1)[0]
 
 
+def _k(key: bytes) -> str:
+    return key.decode("utf-8", "replace")
+
+
 @dataclass(frozen=True)
 class StoreStats:
     """Counters kept above the C core."""
+    lookups: int
+    mem_hits: int
+    ssd_hits: int
+    misses: int
+    promotions: int
     publishes: int
     ring_recycles: int
     resets: int
     flushes: int
-    drops_evicted: int
+    writebacks: int
+    evict_writebacks: int
+    drops_lost: int
+    warmup_loaded_bytes: int
+    warmup_total_bytes: int
+    warmup_done: int
 
 
 class Store:
-    """Slots by key over the memory tier.  Not thread-safe: one caller (the
-    trio loop) at a time; the C core has its own lock for background work."""
+    """Slots by key over the memory tier and, if given, the SSD tier."""
 
     def __init__(self, capacity: int, evict_batch: int = 16, ring_slots: int = 0,
-                 trace: Optional[Trace] = None) -> None:
+                 trace: Optional[Trace] = None, ssd: Optional[SSDTier] = None,
+                 writeback_delay_ms: int = 1000) -> None:
         self.trace = trace or Trace()
         self.ring_slots = ring_slots
+        self.ssd = ssd
+        self.writeback_delay_ms = writeback_delay_ms
         self.cache = _native.Cache(capacity, evict_batch, on_evict=self._on_evict)
+        self.lock = threading.RLock()
         # Per session, its keys in order of first publish (the ring's order).
         self._order: dict[bytes, collections.OrderedDict[bytes, None]] = {}
+        # Every key, least recently used first (the warm-up order, persisted).
+        self._recency: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._dirty_since: dict[bytes, float] = {}   # key -> monotonic publish time
         self._drop_listeners: list[Callable[[bytes, str], None]] = []
-        self._lock = threading.RLock()
-        self._publishes = 0
-        self._ring_recycles = 0
-        self._resets = 0
-        self._flushes = 0
-        self._drops_evicted = 0
+        self.meta_of: Callable[[bytes], dict[str, Any]] = lambda key: {}
+        self.namespace_of: Callable[[], Any] = lambda: []
+        self._namespace_dirty = False
+        self._recency_dirty = False
+        self._c = collections.Counter()
+        self._warm_total = 0
+        self._warm_done = 0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._threads: list[threading.Thread] = []
 
     # ---- listeners ----
 
     def on_drop(self, fn: Callable[[bytes, str], None]) -> None:
-        """Call fn(key, reason) whenever a slot leaves the store by itself."""
+        """Call fn(key, reason) whenever a slot leaves every tier by itself."""
         self._drop_listeners.append(fn)
 
+    def _forget(self, key: bytes) -> None:
+        with self.lock:
+            order = self._order.get(_session_of(key))
+            if order is not None:
+                order.pop(key, None)
+            self._recency.pop(key, None)
+            self._dirty_since.pop(key, None)
+            self._recency_dirty = True
+
     def _dropped(self, key: bytes, reason: str) -> None:
-        order = self._order.get(_session_of(key))
-        if order is not None:
-            order.pop(key, None)
+        self._forget(key)
         for fn in self._drop_listeners:
             try:
                 fn(key, reason)
             except Exception:  # a listener must never break the store
                 log.exception("drop listener failed for %r", key)
 
+    def _touch(self, key: bytes) -> None:
+        with self.lock:
+            self._recency.pop(key, None)
+            self._recency[key] = None
+            self._recency_dirty = True
+
+    # ---- the eviction callback ----
+
     def _on_evict(self, ref: "_native.Ref") -> bool:
-        """Eviction callback from the C core (the victim is pinned)."""
+        """From the C core, victim pinned: write it back if dirty, then let it go."""
         key = ref.key
-        self.trace.emit("EVICT", key=key.decode("utf-8", "replace"), bytes=ref.size,
-                        version=ref.version, dirty=int(ref.dirty))
-        if ref.dirty:
-            log.info("evicting dirty slot %s (%d bytes): no SSD tier holds it",
-                     key.decode("utf-8", "replace"), ref.size)
-        self._drops_evicted += 1
-        self._dropped(key, "evicted")
+        if ref.dirty and self.ssd is not None:
+            try:
+                self._write_back(ref, durable=False)
+                self._c["evict_writebacks"] += 1
+            except OSError as e:
+                log.error("eviction kept %s in memory: write-back failed: %s", _k(key), e)
+                return False
+        self.trace.emit("EVICT", key=_k(key), bytes=ref.size, version=ref.version,
+                        to="ssd" if self.ssd is not None else "none")
+        if self.ssd is None or key not in self.ssd:
+            if ref.dirty:
+                log.warning("evicting %s (%d bytes): no SSD tier holds it", _k(key), ref.size)
+            self._c["drops_lost"] += 1
+            self._dropped(key, "evicted")
         return True
 
     # ---- reads ----
 
     def get(self, key: bytes) -> Optional["_native.Ref"]:
-        """Open a slot for reading: a pinned reference, counted as a hit, or None."""
-        return self.cache.get(key)
+        """Open a slot for reading: a pinned reference to its current version,
+        promoted from the SSD if memory lacks it, or None (a miss)."""
+        self._c["lookups"] += 1
+        ref = self.cache.get(key)
+        if ref is not None:
+            self._c["mem_hits"] += 1
+            self._touch(key)
+            return ref
+        ref = self._promote(key)
+        if ref is not None:
+            self._c["ssd_hits"] += 1
+            self._touch(key)
+            return ref
+        self._c["misses"] += 1
+        return None
+
+    def _promote(self, key: bytes) -> Optional["_native.Ref"]:
+        """Read the SSD's version of key into memory (clean); None if absent
+        or corrupt (then the slot is gone and the reason logged)."""
+        entry = self.ssd.get(key) if self.ssd is not None else None
+        if entry is None:
+            return None
+        draft = self.cache.draft()
+        try:
+            self.ssd.load_into(entry, draft)
+        except CorruptSlot as e:
+            draft.free()
+            self.ssd.report_corrupt(entry, str(e))
+            if not self._in_memory(key):
+                self._dropped(key, "corrupt")
+            return None
+        except BaseException:
+            draft.free()
+            raise
+        with self.lock:
+            ref = self.cache.peek(key)
+            if ref is not None:                     # someone published meanwhile
+                draft.free()
+                return ref
+            if self.ssd.get(key) is not entry:      # replaced or removed meanwhile
+                draft.free()
+                return None
+            ref = self.cache.publish(draft, key, dirty=False, version=entry.version)
+        self._c["promotions"] += 1
+        self.trace.emit("PROMOTE", key=_k(key), bytes=entry.size, version=entry.version)
+        return ref
 
     def peek(self, key: bytes) -> Optional["_native.Ref"]:
-        """A pinned reference without counting or touching the policy."""
+        """A pinned reference to the in-memory version, without counting."""
         return self.cache.peek(key)
 
-    def __contains__(self, key: bytes) -> bool:
+    def _in_memory(self, key: bytes) -> bool:
         ref = self.cache.peek(key)
         if ref is None:
             return False
         ref.release()
         return True
+
+    def load(self, key: bytes) -> Optional["_native.Ref"]:
+        """A pinned reference to the current version, promoted from the SSD
+        if need be, without counting a lookup (a writer's base)."""
+        ref = self.cache.peek(key)
+        return ref if ref is not None else self._promote(key)
+
+    def tier_of(self, key: bytes) -> str:
+        if self._in_memory(key):
+            return "mem"
+        if self.ssd is not None and key in self.ssd:
+            return "ssd"
+        return "none"
+
+    def ssd_entry(self, key: bytes) -> Optional[SSDEntry]:
+        return self.ssd.get(key) if self.ssd is not None else None
+
+    def __contains__(self, key: bytes) -> bool:
+        return self._in_memory(key) or (self.ssd is not None and key in self.ssd)
 
     # ---- writes ----
 
@@ -123,74 +246,326 @@ class Store:
         return self.cache.draft(base)
 
     def publish(self, draft: "_native.Draft", key: bytes) -> "_native.Ref":
-        """Make `draft` the slot's new version; returns a pinned reference."""
-        ref = self.cache.publish(draft, key, dirty=True)
-        self._publishes += 1
-        sess = _session_of(key)
-        order = self._order.setdefault(sess, collections.OrderedDict())
-        if key not in order:
-            order[key] = None
-            self._recycle(sess, order, keep=key)
-        self.trace.emit("PUBLISH", key=key.decode("utf-8", "replace"), bytes=ref.size,
-                        version=ref.version)
+        """Make `draft` the slot's new version (dirty); returns a pinned reference."""
+        with self.lock:
+            # versions only grow, whichever tier holds the newest
+            on_ssd = self.ssd.get(key) if self.ssd is not None else None
+            cur = self.cache.peek(key)
+            newest = max(on_ssd.version if on_ssd else 0, cur.version if cur else 0)
+            if cur is not None:
+                cur.release()
+            ref = self.cache.publish(draft, key, dirty=True, version=newest + 1)
+            self._dirty_since[key] = time.monotonic()
+            self._c["publishes"] += 1
+            sess = _session_of(key)
+            order = self._order.setdefault(sess, collections.OrderedDict())
+            new_key = key not in order
+            order[key] = order.get(key)
+        self._touch(key)
+        if new_key:
+            self._recycle(sess, keep=key)
+        self.trace.emit("PUBLISH", key=_k(key), bytes=ref.size, version=ref.version)
         return ref
 
-    def _recycle(self, sess: bytes, order: "collections.OrderedDict[bytes, None]",
-                 keep: bytes) -> None:
+    def _recycle(self, sess: bytes, keep: bytes) -> None:
         limit = self.ring_slots
-        while limit and len(order) > limit:
-            oldest = next(iter(order))
+        while limit:
+            with self.lock:
+                order = self._order.get(sess)
+                if order is None or len(order) <= limit:
+                    return
+                oldest = next(iter(order))
             if oldest == keep:
-                break
-            self._ring_recycles += 1
-            self.cache.remove(oldest)
-            self.trace.emit("RING_RECYCLE", key=oldest.decode("utf-8", "replace"))
+                return
+            self._c["ring_recycles"] += 1
+            self._remove_everywhere(oldest)
+            self.trace.emit("RING_RECYCLE", key=_k(oldest))
             self._dropped(oldest, "ring")
 
-    def remove(self, key: bytes) -> bool:
-        order = self._order.get(_session_of(key))
-        if order is not None:
-            order.pop(key, None)
+    def _remove_everywhere(self, key: bytes) -> bool:
         removed = self.cache.remove(key)
+        if self.ssd is not None:
+            removed = self.ssd.remove(key) or removed
+        return removed
+
+    def remove(self, key: bytes) -> bool:
+        self._forget(key)
+        removed = self._remove_everywhere(key)
         if removed:
-            self.trace.emit("REMOVE", key=key.decode("utf-8", "replace"))
+            self.trace.emit("REMOVE", key=_k(key))
         return removed
 
     def rename(self, old: bytes, new: bytes) -> bool:
-        """Move a slot to a new key, replacing what was there."""
-        ok = self.cache.rename(old, new)
-        src = self._order.get(_session_of(old))
-        if src is not None:
-            src.pop(old, None)
-        dst = self._order.get(_session_of(new))
-        if dst is not None:
-            dst.pop(new, None)
-        if ok:
-            sess = _session_of(new)
-            self._order.setdefault(sess, collections.OrderedDict())[new] = None
-            self.trace.emit("RENAME", src=old.decode("utf-8", "replace"),
-                            dst=new.decode("utf-8", "replace"))
-        return ok
+        """Move a slot to a new key in every tier, replacing what was there."""
+        in_mem = self.cache.rename(old, new)
+        on_ssd = False
+        if self.ssd is not None:
+            if in_mem:
+                # the memory copy is the one to keep: write it under its new key
+                self.ssd.remove(old)
+                self.ssd.remove(new)
+                ref = self.cache.peek(new)
+                if ref is not None:
+                    ref.dirty = True
+                    ref.release()
+                    with self.lock:
+                        self._dirty_since[new] = time.monotonic()
+            else:
+                self.cache.remove(new)
+                on_ssd = self.ssd.rename(old, new, self.meta_of(new))
+        with self.lock:
+            src = self._order.get(_session_of(old))
+            if src is not None:
+                src.pop(old, None)
+            dst = self._order.get(_session_of(new))
+            if dst is not None:
+                dst.pop(new, None)
+            self._dirty_since.pop(old, None)
+            self._recency.pop(old, None)
+            if in_mem or on_ssd:
+                self._order.setdefault(_session_of(new), collections.OrderedDict())[new] = None
+        if in_mem or on_ssd:
+            self._touch(new)
+            self.trace.emit("RENAME", src=_k(old), dst=_k(new))
+        return in_mem or on_ssd
+
+    def mark_dirty(self, key: bytes) -> None:
+        """The slot's metadata changed: write it back again."""
+        ref = self.cache.peek(key)
+        if ref is None:
+            ref = self._promote(key)
+        if ref is not None:
+            ref.dirty = True
+            ref.release()
+            with self.lock:
+                self._dirty_since[key] = time.monotonic()
 
     def session_keys(self, agent: str, session: str) -> list[bytes]:
-        order = self._order.get(f"{agent}/{session}".encode("utf-8", "surrogateescape"))
-        return list(order) if order else []
+        with self.lock:
+            order = self._order.get(make_key(agent, session, "")[:-1])
+            return list(order) if order else []
 
     def reset_session(self, agent: str, session: str) -> int:
         """Drop every slot of a session (all tiers); returns how many."""
         keys = self.session_keys(agent, session)
         for key in keys:
-            self.cache.remove(key)
+            self._remove_everywhere(key)
             self._dropped(key, "reset")
-        self._resets += 1
+        self._c["resets"] += 1
         self.trace.emit("RESET", session=f"{agent}/{session}", slots=len(keys))
         return len(keys)
 
-    def flush(self) -> None:
-        """Persist every dirty slot, then reclaim memory.  With the memory
-        tier alone there is nothing to persist to; the reclaim still runs."""
-        self._flushes += 1
-        self.trace.emit("FLUSH")
+    # ---- write-back ----
+
+    def _write_back(self, ref: "_native.Ref", durable: bool) -> None:
+        """Write the version ref pins to the SSD and mark it clean if it is
+        still the current one."""
+        key = ref.key
+        meta = self.meta_of(key)
+        try:
+            self.ssd.put(ref, meta, durable)
+        except SSDFull as full:
+            self._make_ssd_room(full.excess, keep=key)
+            self.ssd.put(ref, meta, durable)
+        with self.lock:
+            if ref.live:
+                ref.dirty = False
+                self._dirty_since.pop(key, None)
+        self._c["writebacks"] += 1
+        self.trace.emit("WRITEBACK", key=_k(key), bytes=ref.size, version=ref.version)
+
+    def _make_ssd_room(self, excess: int, keep: bytes) -> None:
+        """Evict SSD versions, least recently used first: those memory does
+        not hold are lost (the slot is dropped); those it holds become dirty."""
+        with self.lock:
+            order = list(reversed(self._recency))     # most recent first
+        freed = 0
+        for entry in self.ssd.lru_candidates(order):
+            if freed >= excess:
+                break
+            if entry.key == keep:
+                continue
+            self.ssd.remove(entry.key)
+            freed += entry.file_bytes
+            ref = self.cache.peek(entry.key)
+            if ref is not None:
+                ref.dirty = True
+                ref.release()
+                with self.lock:
+                    self._dirty_since.setdefault(entry.key, time.monotonic())
+            else:
+                self._c["drops_lost"] += 1
+                self.trace.emit("SSD_EVICT", key=_k(entry.key), bytes=entry.size)
+                self._dropped(entry.key, "ssd-evicted")
+
+    def persist(self, key: bytes) -> None:
+        """Make the slot's current version durable on the SSD (fsync of a slot)."""
+        if self.ssd is None:
+            return
+        ref = self.cache.peek(key)
+        if ref is None:
+            return                                  # only on the SSD: durable already
+        try:
+            if ref.dirty:
+                self._write_back(ref, durable=True)
+            self.ssd.sync()
+        finally:
+            ref.release()
+
+    def flush(self) -> int:
+        """Persist every dirty slot (durably), save the order and namespace,
+        then reclaim memory.  Returns the number of slots written."""
+        self._c["flushes"] += 1
+        written = 0
+        if self.ssd is not None:
+            for key in self.cache.keys():
+                ref = self.cache.peek(key)
+                if ref is None:
+                    continue
+                try:
+                    if ref.dirty:
+                        self._write_back(ref, durable=False)
+                        written += 1
+                except OSError as e:
+                    log.error("flush could not write %s: %s", _k(key), e)
+                    raise
+                finally:
+                    ref.release()
+            self.ssd.sync()
+            self.save_metadata(durable=True)
+        self.trace.emit("FLUSH", written=written)
+        return written
+
+    def save_metadata(self, durable: bool) -> None:
+        """order.json (keys, most recent first) and namespace.json."""
+        if self.ssd is None:
+            return
+        with self.lock:
+            recency = [k.decode("utf-8", "surrogateescape") for k in reversed(self._recency)]
+            self._recency_dirty = False
+            self._namespace_dirty = False
+        self.ssd.write_json("order.json", recency, durable)
+        self.ssd.write_json("namespace.json", self.namespace_of(), durable)
+
+    def namespace_changed(self) -> None:
+        self._namespace_dirty = True
+
+    # ---- background work ----
+
+    def start_background(self) -> None:
+        """The background writer (and nothing else without an SSD tier)."""
+        if self.ssd is None:
+            return
+        t = threading.Thread(target=self._writer_loop, name="memosfs-writeback", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _writer_loop(self) -> None:
+        while not self._stop.is_set():
+            delay = self.writeback_delay_ms / 1000.0
+            self._wake.wait(timeout=max(0.05, min(delay / 2, 0.5)))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._write_back_due(time.monotonic() - delay)
+                if self._recency_dirty or self._namespace_dirty:
+                    self.save_metadata(durable=False)
+            except Exception:
+                log.exception("background writer")
+
+    def _write_back_due(self, before: float) -> None:
+        with self.lock:
+            due = [k for k, t in self._dirty_since.items() if t <= before]
+        for key in due:
+            if self._stop.is_set():
+                return
+            ref = self.cache.peek(key)
+            if ref is None:
+                with self.lock:
+                    self._dirty_since.pop(key, None)
+                continue
+            try:
+                if ref.dirty:
+                    self._write_back(ref, durable=False)
+                else:
+                    with self.lock:
+                        self._dirty_since.pop(key, None)
+            except OSError as e:
+                log.error("background write-back of %s failed: %s", _k(key), e)
+            finally:
+                ref.release()
+
+    def restore(self) -> list:
+        """At mount: rebuild the SSD index and the recency order; returns the
+        namespace saved last time and the SSD entries."""
+        if self.ssd is None:
+            return []
+        entries = self.ssd.scan()
+        saved = [k.encode("utf-8", "surrogateescape")
+                 for k in self.ssd.read_json("order.json", [])]
+        present = {e.key: e for e in entries}
+        rank = {k: i for i, k in enumerate(saved)}
+        # least recent first: saved order reversed, unknown keys (newer than
+        # the last save) by file time as the most recent
+        unknown = sorted((k for k in present if k not in rank),
+                         key=lambda k: _mtime(present[k].path))
+        known = sorted((k for k in present if k in rank), key=lambda k: -rank[k])
+        with self.lock:
+            for k in known + unknown:
+                self._recency[k] = None
+                self._order.setdefault(_session_of(k), collections.OrderedDict())[k] = None
+        return entries
+
+    def start_warmup(self, ratio: float, progress: Optional[Callable[[int, int], None]] = None
+                     ) -> None:
+        """Preload the most recently used SSD slots, up to ratio × capacity,
+        in a background thread."""
+        if self.ssd is None or ratio <= 0:
+            self._warm_done = 1
+            return
+        budget = int(ratio * self.cache.capacity)
+        with self.lock:
+            keys = list(reversed(self._recency))
+        plan, total = [], 0
+        for key in keys:
+            e = self.ssd.get(key)
+            if e is None or total + e.size > budget:
+                continue
+            plan.append(e)
+            total += e.size
+        self._warm_total = total
+        t = threading.Thread(target=self._warmup, args=(plan, progress),
+                             name="memosfs-warmup", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _warmup(self, plan: list[SSDEntry], progress) -> None:
+        loaded = 0
+        try:
+            for entry in plan:
+                if self._stop.is_set():
+                    return
+                if self._in_memory(entry.key):
+                    loaded += entry.size
+                    continue
+                if self.cache.stats()["free_pages"] * _native.PAGE_SIZE < entry.size:
+                    log.info("warm-up stops: memory is full")
+                    break
+                ref = self._promote(entry.key)
+                if ref is not None:
+                    ref.release()
+                loaded += entry.size
+                self._c["warmup_loaded_bytes"] = loaded
+                if progress:
+                    progress(loaded, self._warm_total)
+        except Exception:
+            log.exception("warm-up failed")
+        finally:
+            self._warm_done = 1
+            if progress:
+                progress(loaded, self._warm_total)
+            log.info("warm-up done: %d of %d bytes", loaded, self._warm_total)
 
     # ---- knobs and stats ----
 
@@ -201,8 +576,28 @@ class Store:
         self.cache.set_evict_batch(n)
 
     def statistics(self) -> StoreStats:
-        return StoreStats(self._publishes, self._ring_recycles, self._resets,
-                          self._flushes, self._drops_evicted)
+        c = self._c
+        return StoreStats(c["lookups"], c["mem_hits"], c["ssd_hits"], c["misses"],
+                          c["promotions"], c["publishes"], c["ring_recycles"], c["resets"],
+                          c["flushes"], c["writebacks"], c["evict_writebacks"],
+                          c["drops_lost"], c["warmup_loaded_bytes"], self._warm_total,
+                          self._warm_done)
 
     def close(self) -> None:
-        self.cache.close()
+        """Stop the threads, persist everything, free memory."""
+        self._stop.set()
+        self._wake.set()
+        for t in self._threads:
+            t.join(timeout=30)
+        try:
+            self.flush()
+        finally:
+            self.cache.close()
+
+
+def _mtime(path: str) -> float:
+    import os
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0

@@ -179,6 +179,14 @@ size_t   memos_entry_read(const memos_entry *e, uint64_t off, void *dst, size_t 
 int      memos_entry_iov(const memos_entry *e, uint64_t off, size_t n,
                          struct iovec *iov, int max);
 
+/* ---- checksums ---- */
+
+/* CRC-32C (Castagnoli) of n bytes, continuing from a previous result `crc`
+ * (0 to start): memos_crc32c(memos_crc32c(0, a, na), b, nb) is the CRC of a
+ * followed by b; memos_crc32c(0, "123456789", 9) == 0xE3069283.  Uses the
+ * SSE4.2 crc32 instruction when the CPU has it.  Thread-safe, no lock. */
+uint32_t memos_crc32c(uint32_t crc, const void *buf, size_t n);
+
 /* ---- testing ---- */
 
 /* Make the n-th next page or metadata allocation fail (0 = never). */

@@ -21,8 +21,8 @@
  * Ref.release() while another thread copies out of the same Ref (`busy`)
  * is deferred to the end of the copy.
  *
- * The GIL.  Copies over GIL_COPY_MIN bytes run between Py_BEGIN/END_ALLOW_
- * THREADS.  The eviction callback may thus be reached from a thread without
+ * The GIL.  Copies and checksums (crc32c) over GIL_COPY_MIN bytes run
+ * between Py_BEGIN/END_ALLOW_THREADS.  The eviction callback may thus be reached from a thread without
  * the GIL: the trampoline takes it with PyGILState_Ensure.  Nothing here
  * holds the cache mutex while running Python code or allocating Python
  * objects (a dealloc could re-enter the cache), so lock order is always
@@ -94,6 +94,7 @@ static int  ref_usable(RefObject *self);
 static int  draft_usable(DraftObject *self);
 static int  evict_trampoline(void *ctx, memos_entry *victim);
 static PyObject *entry_read_bytes(const memos_entry *e, long long off, long long n, int *busy);
+static PyObject *entry_crc32c(const memos_entry *e, long long off, long long n);
 
 /* ---- errors: the one place ---- */
 
@@ -830,6 +831,34 @@ static PyObject *entry_read_bytes(const memos_entry *e, long long off, long long
     return out;
 }
 
+/* CRC-32C of entry bytes [off, off+n) (n < 0: to the end), extent by
+ * extent.  The caller holds the entry (pin or draft) and has raised its
+ * busy count; the GIL is released for more than GIL_COPY_MIN bytes. */
+static PyObject *entry_crc32c(const memos_entry *e, long long off, long long n)
+{
+    if (off < 0)
+        return memos_error(MEMOS_EINVAL, "offset must be >= 0", NULL);
+    uint64_t size = memos_entry_size(e);
+    uint64_t avail = (uint64_t)off >= size ? 0 : size - (uint64_t)off;
+    uint64_t want = (n < 0 || (uint64_t)n > avail) ? avail : (uint64_t)n;
+    uint32_t crc = 0;
+    PyThreadState *ts = want > GIL_COPY_MIN ? PyEval_SaveThread() : NULL;
+    struct iovec iov[IOV_BATCH];
+    uint64_t done = 0;
+    while (done < want) {
+        int cnt = memos_entry_iov(e, (uint64_t)off + done, (size_t)(want - done), iov, IOV_BATCH);
+        if (cnt <= 0)
+            break;
+        for (int i = 0; i < cnt; i++) {
+            crc = memos_crc32c(crc, iov[i].iov_base, iov[i].iov_len);
+            done += iov[i].iov_len;
+        }
+    }
+    if (ts)
+        PyEval_RestoreThread(ts);
+    return PyLong_FromUnsignedLong(crc);
+}
+
 static PyObject *Ref_read(RefObject *self, PyObject *args)
 {
     long long off, n;
@@ -911,6 +940,19 @@ static PyObject *Ref_write_to_fd(RefObject *self, PyObject *args, PyObject *kw)
     return PyLong_FromUnsignedLongLong(done);
 }
 
+static PyObject *Ref_crc32c(RefObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "off", "n", NULL };
+    long long off = 0, n = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|LL:crc32c", kwlist, &off, &n) ||
+        ref_usable(self) < 0)
+        return NULL;
+    self->busy++;
+    PyObject *out = entry_crc32c(self->e, off, n);
+    ref_unbusy(self);
+    return out;
+}
+
 static PyObject *ref_key(RefObject *self, void *c)
 {
     if (ref_usable(self) < 0)
@@ -961,6 +1003,8 @@ static PyMethodDef Ref_methods[] = {
     { "readinto", (PyCFunction)Ref_readinto, METH_VARARGS, "readinto(off, buffer) -> int" },
     { "write_to_fd", (PyCFunction)(void (*)(void))Ref_write_to_fd, METH_VARARGS | METH_KEYWORDS,
       "write_to_fd(fd, off=0, n=-1) -> int: pwritev bytes [off, off+n) at file offset off" },
+    { "crc32c", (PyCFunction)(void (*)(void))Ref_crc32c, METH_VARARGS | METH_KEYWORDS,
+      "crc32c(off=0, n=-1) -> int: CRC-32C of bytes [off, off+n) (n < 0: to the end)" },
     { "view", (PyCFunction)Ref_view, METH_VARARGS,
       "view(off, max) -> memoryview: the contiguous bytes at off (at most max), no copy; "
       "the pin lasts while the view does" },
@@ -1067,6 +1111,19 @@ static PyObject *Draft_read(DraftObject *self, PyObject *args)
     return entry_read_bytes(self->d, off, n, &self->busy);
 }
 
+static PyObject *Draft_crc32c(DraftObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "off", "n", NULL };
+    long long off = 0, n = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|LL:crc32c", kwlist, &off, &n) ||
+        draft_usable(self) < 0)
+        return NULL;
+    self->busy++;
+    PyObject *out = entry_crc32c(self->d, off, n);
+    self->busy--;
+    return out;
+}
+
 static PyObject *Draft_truncate(DraftObject *self, PyObject *arg)
 {
     long long size = PyLong_AsLongLong(arg);
@@ -1114,6 +1171,8 @@ static PyObject *draft_size(DraftObject *self, void *c)
 static PyMethodDef Draft_methods[] = {
     { "write", (PyCFunction)Draft_write, METH_VARARGS, "write(off, data) -> int" },
     { "read", (PyCFunction)Draft_read, METH_VARARGS, "read(off, n) -> bytes" },
+    { "crc32c", (PyCFunction)(void (*)(void))Draft_crc32c, METH_VARARGS | METH_KEYWORDS,
+      "crc32c(off=0, n=-1) -> int: CRC-32C of bytes [off, off+n) (n < 0: to the end)" },
     { "truncate", (PyCFunction)Draft_truncate, METH_O, "truncate(size)" },
     { "free", (PyCFunction)Draft_free, METH_NOARGS, "free(): abort the draft" },
     { NULL }
@@ -1145,7 +1204,40 @@ static PyObject *mod_tune_malloc(PyObject *m, PyObject *noarg)
     Py_RETURN_NONE;
 }
 
+static PyObject *mod_crc32c(PyObject *m, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "data", "crc", NULL };
+    Py_buffer view;
+    PyObject *seed = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|O!:crc32c", kwlist, &view,
+                                     &PyLong_Type, &seed))
+        return NULL;
+    unsigned long crc = 0;
+    if (seed) {
+        crc = PyLong_AsUnsignedLong(seed);
+        if ((crc == (unsigned long)-1 && PyErr_Occurred()) || crc > 0xFFFFFFFFul) {
+            PyBuffer_Release(&view);
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "crc must be in 0..2**32-1");
+            return NULL;
+        }
+    }
+    uint32_t out;
+    if (view.len > GIL_COPY_MIN) {
+        Py_BEGIN_ALLOW_THREADS
+        out = memos_crc32c((uint32_t)crc, view.buf, (size_t)view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        out = memos_crc32c((uint32_t)crc, view.buf, (size_t)view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(out);
+}
+
 static PyMethodDef module_methods[] = {
+    { "crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
+      "crc32c(data, crc=0) -> int: CRC-32C (Castagnoli) of a contiguous buffer, "
+      "continuing from crc" },
     { "tune_malloc", mod_tune_malloc, METH_NOARGS,
       "tune_malloc(): large bytes objects come from the heap, not one mmap each" },
     { NULL }

@@ -248,8 +248,8 @@ def test_xattrs(mnt):
 # ---------------------------------------------------------------- capacity
 
 
-def test_capacity_overflow_evicts_by_lru(make_mount):
-    m = make_mount(capacity="8M", evict_batch=1)
+def test_capacity_overflow_evicts_by_lru_without_ssd(make_mount):
+    m = make_mount(capacity="8M", evict_batch=1, ssd="none")
     s = session(m)
     for i in range(7):
         (s / f"s{i}").write_bytes(bytes([i]) * MiB)
@@ -267,6 +267,29 @@ def test_capacity_overflow_evicts_by_lru(make_mount):
         assert (s / n).read_bytes() == bytes([i]) * MiB
     # 8 MiB hold eight 1 MiB slots: s8 and s9 each took one victim (evict_batch=1)
     assert m.stats()["evictions"] == 2
+
+
+def test_capacity_overflow_goes_to_ssd_by_lru(make_mount):
+    m = make_mount(capacity="8M", evict_batch=1, writeback_delay_ms=3600000)
+    s = session(m)
+    for i in range(7):
+        (s / f"s{i}").write_bytes(bytes([i]) * MiB)
+    assert (s / "s0").read_bytes() == b"\0" * MiB       # s0 is now the most recent
+    for i in range(7, 10):
+        (s / f"s{i}").write_bytes(bytes([i]) * MiB)
+    st = m.stats()
+    assert st["evictions"] == 2 and st["evict_writebacks"] == 2
+    assert sorted(os.listdir(s)) == [f"s{i}" for i in range(10)]   # both tiers listed
+    tier = {n: os.getxattr(s / n, "user.memos.tier").decode() for n in os.listdir(s)}
+    assert tier["s1"] == tier["s2"] == "ssd"
+    assert tier["s0"] == tier["s9"] == "mem"
+    before = m.stats()
+    for i in range(10):
+        assert (s / f"s{i}").read_bytes() == bytes([i]) * MiB   # SSD hits promote
+    after = m.stats()
+    assert after["ssd_hits"] - before["ssd_hits"] >= 2
+    assert after["promotions"] - before["promotions"] >= 2
+    assert after["slots_lost"] == 0
 
 
 def test_slot_larger_than_memory_is_efbig(make_mount):

@@ -1,0 +1,439 @@
+"""The SSD tier: one self-describing, checksummed file per slot.
+
+Format (one file per slot, named by a hash of its key, in 256 shard folders):
+
+    [0, size)            the slot's bytes (the payload), so a file maps as the slot
+    [size, size+H)       trailer: version u64, size u64, payload crc32c u32,
+                         flags u32, key length u32, meta length u32, key, meta (JSON)
+    [size+H, size+H+16)  footer: H u32, trailer crc32c u32, magic "MEMOSLT1"
+
+Crash safety: a version is written to a temporary name in the same folder,
+fsync'd, then renamed over the old file, so after a crash at any point the
+name holds either the old version or the new one, never a mix.  A durable
+write (fsync of a slot, flush, unmount) also fsyncs the folder, so the
+rename itself survives.  Temporary files left by a crash are removed at
+mount.  A file whose footer, trailer or size does not check out is reported
+(log and `ssd_corrupt`) and moved aside into `corrupt/` at mount; a payload
+whose checksum fails is caught when it is read, reported the same way, and
+never served.
+
+Besides the slots, the folder holds `order.json` (keys, most recently used
+first: the warm-up order) and `namespace.json` (agents and sessions with
+their owners and modes), each replaced atomically.
+
+The tier interface is small — put, load, remove, rename, keys, sizes — so
+that another tier (a shared remote one) can stand beside it.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import itertools
+import json
+import logging
+import mmap
+import os
+import shutil
+import struct
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+from . import _native
+
+log = logging.getLogger("memosfs.ssd")
+
+__all__ = ["SSDTier", "SSDEntry", "CorruptSlot", "MAGIC"]
+
+MAGIC = b"MEMOSLT1"
+_FOOTER = struct.Struct("<II8s")          # trailer length, trailer crc, magic
+_FIXED = struct.Struct("<QQIIII")         # version, size, crc, flags, klen, mlen
+MAX_TRAILER = 1 << 20
+
+
+class CorruptSlot(Exception):
+    """A slot file that does not check out; the message says how."""
+
+
+@dataclass
+class SSDEntry:
+    """A slot version on the SSD."""
+    key: bytes
+    version: int
+    size: int                   # payload bytes
+    crc: int                    # payload crc32c
+    path: str
+    file_bytes: int             # bytes the file takes
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _name_of(key: bytes) -> str:
+    return hashlib.sha256(key).hexdigest()[:40]
+
+
+def encode_trailer(key: bytes, version: int, size: int, crc: int,
+                   meta: dict[str, Any]) -> bytes:
+    m = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
+    trailer = _FIXED.pack(version, size, crc, 0, len(key), len(m)) + key + m
+    return trailer + _FOOTER.pack(len(trailer), _native.crc32c(trailer), MAGIC)
+
+
+def read_trailer(fd: int, path: str) -> SSDEntry:
+    """Parse and check a slot file's footer and trailer (not the payload)."""
+    total = os.fstat(fd).st_size
+    if total < _FOOTER.size:
+        raise CorruptSlot(f"{path}: {total} bytes, shorter than a footer")
+    tlen, tcrc, magic = _FOOTER.unpack(os.pread(fd, _FOOTER.size, total - _FOOTER.size))
+    if magic != MAGIC:
+        raise CorruptSlot(f"{path}: no footer magic (truncated or not a slot file)")
+    if tlen < _FIXED.size or tlen > MAX_TRAILER or tlen > total - _FOOTER.size:
+        raise CorruptSlot(f"{path}: trailer length {tlen} does not fit the file")
+    start = total - _FOOTER.size - tlen
+    trailer = os.pread(fd, tlen, start)
+    if len(trailer) != tlen or _native.crc32c(trailer) != tcrc:
+        raise CorruptSlot(f"{path}: trailer checksum mismatch")
+    version, size, crc, _flags, klen, mlen = _FIXED.unpack_from(trailer)
+    if _FIXED.size + klen + mlen != tlen or size != start:
+        raise CorruptSlot(f"{path}: sizes disagree (payload {size}, file {total})")
+    key = trailer[_FIXED.size:_FIXED.size + klen]
+    try:
+        meta = json.loads(trailer[_FIXED.size + klen:])
+    except ValueError as e:
+        raise CorruptSlot(f"{path}: bad metadata: {e}") from None
+    return SSDEntry(key, version, size, crc, path, total, meta)
+
+
+class SSDTier:
+    """Slots as files under `root`.  Thread-safe: one lock guards the index;
+    file I/O runs outside it, and one writer lock orders the writes."""
+
+    def __init__(self, root: str, capacity: int = 0) -> None:
+        self.root = os.path.abspath(root)
+        self.capacity = capacity                # bytes; 0 = the disk's free space
+        self.slots_dir = os.path.join(self.root, "slots")
+        self.corrupt_dir = os.path.join(self.root, "corrupt")
+        os.makedirs(self.slots_dir, exist_ok=True)
+        self.index: dict[bytes, SSDEntry] = {}
+        self.lock = threading.RLock()           # guards index and counters
+        self.write_lock = threading.Lock()      # one writer at a time
+        self._seq = itertools.count()
+        self.used_bytes = 0                     # file bytes of indexed slots
+        self.corrupt = 0                        # files found bad
+        self.writes = 0                         # versions written
+        self.write_bytes = 0                    # payload bytes written
+        self.write_errors = 0                   # writes that failed (ENOSPC, EIO)
+        self.reads = 0                          # versions read back
+        self.read_bytes = 0
+        self._dirty_dirs: set[str] = set()      # folders with renames not yet fsync'd
+
+    # ---- mount ----
+
+    def scan(self) -> list[SSDEntry]:
+        """Rebuild the index from the files; returns the entries found."""
+        found: dict[bytes, SSDEntry] = {}
+        for shard in sorted(os.listdir(self.slots_dir)):
+            sdir = os.path.join(self.slots_dir, shard)
+            if not os.path.isdir(sdir):
+                continue
+            for name in os.listdir(sdir):
+                path = os.path.join(sdir, name)
+                if name.startswith("."):
+                    os.unlink(path)                 # a write a crash cut short
+                    continue
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        entry = read_trailer(fd, path)
+                    finally:
+                        os.close(fd)
+                    if _name_of(entry.key) + ".slot" != name:
+                        raise CorruptSlot(f"{path}: holds key {entry.key!r} of another name")
+                except CorruptSlot as e:
+                    self._set_aside(path, str(e))
+                    continue
+                except OSError as e:
+                    log.error("ssd: cannot read %s: %s", path, e)
+                    continue
+                found[entry.key] = entry
+        with self.lock:
+            self.index = found
+            self.used_bytes = sum(e.file_bytes for e in found.values())
+        return list(found.values())
+
+    def _set_aside(self, path: str, why: str) -> None:
+        with self.lock:
+            self.corrupt += 1
+        log.error("ssd: corrupt slot file set aside: %s", why)
+        try:
+            os.makedirs(self.corrupt_dir, exist_ok=True)
+            os.replace(path, os.path.join(self.corrupt_dir, os.path.basename(path)))
+        except OSError as e:
+            log.error("ssd: cannot move %s aside (%s); removing it", path, e)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    # ---- the tier interface ----
+
+    def get(self, key: bytes) -> Optional[SSDEntry]:
+        with self.lock:
+            return self.index.get(key)
+
+    def keys(self) -> list[bytes]:
+        with self.lock:
+            return list(self.index)
+
+    def entries(self) -> list[SSDEntry]:
+        with self.lock:
+            return list(self.index.values())
+
+    def __contains__(self, key: bytes) -> bool:
+        with self.lock:
+            return key in self.index
+
+    def put(self, ref: "_native.Ref", meta: dict[str, Any], durable: bool) -> SSDEntry:
+        """Write the version `ref` pins; returns its entry.  OSError (ENOSPC,
+        EIO) leaves the previous version in place and the index unchanged."""
+        key = ref.key
+        size = ref.size
+        crc = ref.crc32c()
+        trailer = encode_trailer(key, ref.version, size, crc, meta)
+        total = size + len(trailer)
+        self._check_room(key, total)
+        name = _name_of(key)
+        sdir = os.path.join(self.slots_dir, name[:2])
+        final = os.path.join(sdir, name + ".slot")
+        with self.write_lock:
+            os.makedirs(sdir, exist_ok=True)
+            tmp = os.path.join(sdir, f".{name}.{os.getpid()}.{next(self._seq)}.tmp")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                try:
+                    if size:
+                        written = ref.write_to_fd(fd)
+                        if written != size:
+                            raise OSError(errno.EIO, f"short write ({written} of {size})")
+                    _pwrite_all(fd, trailer, size)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.rename(tmp, final)
+            except OSError:
+                with self.lock:
+                    self.write_errors += 1
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+            if durable:
+                _fsync_dir(sdir)
+            else:
+                with self.lock:
+                    self._dirty_dirs.add(sdir)
+        entry = SSDEntry(key, ref.version, size, crc, final, total, dict(meta))
+        with self.lock:
+            old = self.index.get(key)
+            self.used_bytes += total - (old.file_bytes if old else 0)
+            self.index[key] = entry
+            self.writes += 1
+            self.write_bytes += size
+        return entry
+
+    def _check_room(self, key: bytes, total: int) -> None:
+        if not self.capacity:
+            return
+        with self.lock:
+            old = self.index.get(key)
+            after = self.used_bytes - (old.file_bytes if old else 0) + total
+        if total > self.capacity:
+            raise OSError(errno.ENOSPC, f"slot of {total} bytes exceeds ssd_capacity "
+                          f"{self.capacity}")
+        if after > self.capacity:
+            raise SSDFull(after - self.capacity)
+
+    def load_into(self, entry: SSDEntry, draft: "_native.Draft") -> None:
+        """Read a version into a draft, checking its payload checksum."""
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise CorruptSlot(f"{entry.path}: gone") from None
+        try:
+            if os.fstat(fd).st_size != entry.file_bytes:
+                raise CorruptSlot(f"{entry.path}: size changed on disk")
+            if entry.size:
+                with mmap.mmap(fd, entry.size, access=mmap.ACCESS_READ) as mm:
+                    mm.madvise(mmap.MADV_SEQUENTIAL)
+                    draft.write(0, mm)
+        finally:
+            os.close(fd)
+        if draft.crc32c() != entry.crc:
+            raise CorruptSlot(f"{entry.path}: payload checksum mismatch")
+        with self.lock:
+            self.reads += 1
+            self.read_bytes += entry.size
+
+    def report_corrupt(self, entry: SSDEntry, why: str) -> None:
+        """A version failed its check when read: forget it, set the file aside."""
+        with self.lock:
+            if self.index.get(entry.key) is entry:
+                del self.index[entry.key]
+                self.used_bytes -= entry.file_bytes
+        self._set_aside(entry.path, why)
+
+    def remove(self, key: bytes) -> bool:
+        with self.lock:
+            entry = self.index.pop(key, None)
+            if entry is None:
+                return False
+            self.used_bytes -= entry.file_bytes
+        try:
+            os.unlink(entry.path)
+            with self.lock:
+                self._dirty_dirs.add(os.path.dirname(entry.path))
+        except FileNotFoundError:
+            pass
+        return True
+
+    def rename(self, old: bytes, new: bytes, meta: dict[str, Any]) -> bool:
+        """Give a stored version a new key: the file is rewritten under the
+        new name (the key lives in the file), then the old one goes."""
+        entry = self.get(old)
+        if entry is None:
+            return False
+        name = _name_of(new)
+        sdir = os.path.join(self.slots_dir, name[:2])
+        final = os.path.join(sdir, name + ".slot")
+        trailer = encode_trailer(new, entry.version, entry.size, entry.crc, meta)
+        with self.write_lock:
+            os.makedirs(sdir, exist_ok=True)
+            tmp = os.path.join(sdir, f".{name}.{os.getpid()}.{next(self._seq)}.tmp")
+            try:
+                with open(entry.path, "rb") as src, open(tmp, "xb") as dst:
+                    _copy_range(src.fileno(), dst.fileno(), entry.size)
+                    _pwrite_all(dst.fileno(), trailer, entry.size)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+                os.rename(tmp, final)
+            except OSError:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        total = entry.size + len(trailer)
+        moved = SSDEntry(new, entry.version, entry.size, entry.crc, final, total, dict(meta))
+        with self.lock:
+            replaced = self.index.pop(new, None)
+            if replaced is not None:
+                self.used_bytes -= replaced.file_bytes
+            self.index[new] = moved
+            self.used_bytes += total
+            self._dirty_dirs.add(sdir)
+        self.remove(old)
+        return True
+
+    # ---- durability ----
+
+    def sync(self) -> None:
+        """fsync every folder with a rename or unlink not yet durable."""
+        with self.lock:
+            dirs, self._dirty_dirs = self._dirty_dirs, set()
+        for d in dirs:
+            try:
+                _fsync_dir(d)
+            except FileNotFoundError:
+                pass
+
+    def write_json(self, name: str, obj: Any, durable: bool) -> None:
+        """Replace root/name atomically with obj as JSON."""
+        path = os.path.join(self.root, name)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        data = json.dumps(obj, separators=(",", ":")).encode()
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+        if durable:
+            _fsync_dir(self.root)
+
+    def read_json(self, name: str, default: Any) -> Any:
+        path = os.path.join(self.root, name)
+        try:
+            with open(path, "rb") as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return default
+        except (OSError, ValueError) as e:
+            log.error("ssd: %s unreadable (%s); using defaults", path, e)
+            return default
+
+    def disk_free(self) -> int:
+        return shutil.disk_usage(self.root).free
+
+    def statistics(self) -> dict[str, int]:
+        with self.lock:
+            return {
+                "ssd_slots": len(self.index),
+                "ssd_bytes": self.used_bytes,
+                "ssd_capacity": self.capacity,
+                "ssd_corrupt": self.corrupt,
+                "ssd_writes": self.writes,
+                "ssd_write_bytes": self.write_bytes,
+                "ssd_write_errors": self.write_errors,
+                "ssd_reads": self.reads,
+                "ssd_read_bytes": self.read_bytes,
+            }
+
+    def lru_candidates(self, order: list[bytes]) -> Iterator[SSDEntry]:
+        """Entries, least recently used first, given keys most recent first."""
+        with self.lock:
+            rank = {k: i for i, k in enumerate(order)}
+            entries = sorted(self.index.values(), key=lambda e: -rank.get(e.key, -1))
+        return iter(entries)
+
+
+class SSDFull(OSError):
+    """The SSD tier is over ssd_capacity by `excess` bytes (room can be made)."""
+
+    def __init__(self, excess: int) -> None:
+        super().__init__(errno.ENOSPC, f"ssd tier {excess} bytes over ssd_capacity")
+        self.excess = excess
+
+
+def _pwrite_all(fd: int, data: bytes, off: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, off)
+        view = view[n:]
+        off += n
+
+
+def _copy_range(src: int, dst: int, n: int) -> None:
+    off = 0
+    while off < n:
+        try:
+            done = os.copy_file_range(src, dst, n - off, off, off)
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            done = 0
+        if done == 0:
+            chunk = os.pread(src, min(n - off, 1 << 20), off)
+            if not chunk:
+                raise OSError(errno.EIO, "source file shorter than its trailer says")
+            _pwrite_all(dst, chunk, off)
+            done = len(chunk)
+        off += done
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
