@@ -40,7 +40,8 @@ class Mount:
     def __init__(self, tmp: Path, opts: dict[str, object], name: str) -> None:
         self.tmp = tmp
         self.path = tmp / name
-        self.ssd = tmp / (name + "-ssd")
+        opts = dict(opts)
+        self.ssd = Path(str(opts.pop("ssd", tmp / (name + "-ssd"))))
         self.log = tmp / (name + ".log")
         self.path.mkdir()
         optlist = [f"ssd={self.ssd}", f"log={self.log}"]

@@ -1,0 +1,324 @@
+"""The SSD tier: its file format alone, then restarts of real mounts."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import is_mounted
+from memosfs import _native
+from memosfs.ssd import MAGIC, CorruptSlot, SSDTier
+from memosfs.store import Store
+
+MiB = 1 << 20
+
+
+# ---------------------------------------------------------------- format
+
+
+def _publish(cache, key: bytes, data: bytes):
+    d = cache.draft()
+    d.write(0, data)
+    return cache.publish(d, key)
+
+
+@pytest.fixture
+def cache():
+    c = _native.Cache(32 * MiB)
+    yield c
+    c.close()
+
+
+def slot_files(root: Path) -> list[Path]:
+    return sorted((root / "slots").glob("*/*.slot"))
+
+
+def test_put_scan_load_roundtrip(tmp_path, cache):
+    tier = SSDTier(str(tmp_path))
+    payload = os.urandom(3 * 131072 + 5)
+    ref = _publish(cache, b"a/s/x", payload)
+    entry = tier.put(ref, {"mode": 0o600}, durable=True)
+    ref.release()
+    assert entry.size == len(payload) and entry.version == 1
+    [f] = slot_files(tmp_path)
+    assert f.read_bytes()[:len(payload)] == payload       # the file maps as the slot
+    assert f.read_bytes()[-8:] == MAGIC
+    again = SSDTier(str(tmp_path))
+    [e] = again.scan()
+    assert (e.key, e.version, e.size, e.meta) == (b"a/s/x", 1, len(payload), {"mode": 0o600})
+    d = cache.draft()
+    again.load_into(e, d)
+    assert d.read(0, len(payload) + 1) == payload
+    d.free()
+
+
+def test_empty_slot_roundtrip(tmp_path, cache):
+    tier = SSDTier(str(tmp_path))
+    ref = _publish(cache, b"a/s/empty", b"")
+    tier.put(ref, {}, durable=False)
+    ref.release()
+    [e] = SSDTier(str(tmp_path)).scan()
+    assert e.size == 0
+
+
+@pytest.mark.parametrize("damage", ["truncate", "trailer", "footer", "empty", "foreign"])
+def test_bad_files_are_set_aside_at_scan(tmp_path, cache, damage, caplog):
+    tier = SSDTier(str(tmp_path))
+    ref = _publish(cache, b"a/s/x", os.urandom(10000))
+    tier.put(ref, {}, durable=True)
+    ref.release()
+    [f] = slot_files(tmp_path)
+    raw = bytearray(f.read_bytes())
+    if damage == "truncate":
+        raw = raw[:7000]
+    elif damage == "trailer":
+        raw[10000 + 3] ^= 0xFF
+    elif damage == "footer":
+        raw[-1] ^= 0xFF
+    elif damage == "empty":
+        raw = bytearray()
+    elif damage == "foreign":                # a valid file under another key's name
+        other = SSDTier(str(tmp_path / "other"))
+        r2 = _publish(cache, b"b/s/y", b"y" * 10)
+        other.put(r2, {}, durable=True)
+        r2.release()
+        raw = bytearray(slot_files(tmp_path / "other")[0].read_bytes())
+    f.write_bytes(bytes(raw))
+    again = SSDTier(str(tmp_path))
+    assert again.scan() == []
+    assert again.corrupt == 1
+    assert list((tmp_path / "corrupt").iterdir())
+    assert "corrupt slot file set aside" in caplog.text
+
+
+def test_payload_damage_is_caught_on_read_and_never_served(tmp_path, cache):
+    tier = SSDTier(str(tmp_path))
+    ref = _publish(cache, b"a/s/x", os.urandom(50000))
+    tier.put(ref, {}, durable=True)
+    ref.release()
+    [f] = slot_files(tmp_path)
+    raw = bytearray(f.read_bytes())
+    raw[1234] ^= 0x01
+    f.write_bytes(bytes(raw))
+    again = SSDTier(str(tmp_path))
+    [e] = again.scan()                       # the trailer checks out ...
+    d = cache.draft()
+    with pytest.raises(CorruptSlot, match="payload checksum mismatch"):
+        again.load_into(e, d)                # ... the payload does not
+    d.free()
+
+
+def test_leftover_temporary_files_are_removed(tmp_path):
+    (tmp_path / "slots" / "ab").mkdir(parents=True)
+    tmp = tmp_path / "slots" / "ab" / ".abcdef.123.0.tmp"
+    tmp.write_bytes(b"half a write")
+    assert SSDTier(str(tmp_path)).scan() == []
+    assert not tmp.exists()
+
+
+def test_store_promotes_and_drops_corrupt(tmp_path):
+    store = Store(16 * MiB, ssd=SSDTier(str(tmp_path)))
+    dropped = []
+    store.on_drop(lambda key, why: dropped.append((key, why)))
+    d = store.draft()
+    d.write(0, b"x" * 5000)
+    store.publish(d, b"a/s/x").release()
+    assert store.flush() == 1
+    store.cache.remove(b"a/s/x")             # as if evicted (clean)
+    ref = store.get(b"a/s/x")
+    assert ref is not None and ref.read(0, 10) == b"x" * 10 and not ref.dirty
+    ref.release()
+    assert store.statistics().ssd_hits == 1
+    store.cache.remove(b"a/s/x")
+    [f] = slot_files(tmp_path)
+    raw = bytearray(f.read_bytes())
+    raw[0] ^= 0xFF
+    f.write_bytes(bytes(raw))
+    assert store.get(b"a/s/x") is None
+    assert dropped == [(b"a/s/x", "corrupt")]
+    assert store.ssd.corrupt == 1
+    store.close()
+
+
+def test_ssd_capacity_evicts_least_recent_ssd_slots(tmp_path):
+    store = Store(64 * MiB, ssd=SSDTier(str(tmp_path), capacity=3 * MiB + 4096))
+    dropped = []
+    store.on_drop(lambda key, why: dropped.append(key))
+    for i in range(4):
+        d = store.draft()
+        d.write(0, bytes([i]) * MiB)
+        store.publish(d, f"a/s/{i}".encode()).release()
+        store.flush()
+        store.cache.remove(f"a/s/{i}".encode())  # keep only the SSD copy
+    assert dropped == [b"a/s/0"]                  # the least recent went
+    assert sorted(store.ssd.keys()) == [b"a/s/1", b"a/s/2", b"a/s/3"]
+    store.close()
+
+
+# ---------------------------------------------------------------- mounted
+
+
+def session(m, agent="agent", sess="s1"):
+    m.p(agent).mkdir(exist_ok=True)
+    m.p(agent, sess).mkdir(exist_ok=True)
+    return m.p(agent, sess)
+
+
+def remount(make_mount, m, **opts):
+    """Unmount m cleanly, then mount its SSD directory again."""
+    m.stop()
+    assert m.proc.returncode == 0
+    return make_mount(ssd=str(m.ssd), **opts)
+
+
+def wait_warm(m, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = json.loads(m.ctl("stats.json").read_text())
+        if st["warmup_done"]:
+            return st
+        time.sleep(0.05)
+    raise AssertionError("warm-up did not finish")
+
+
+def test_restart_keeps_slots_dirs_and_metadata(make_mount):
+    m = make_mount(capacity="16M")
+    s = session(m, "alice", "chat")
+    os.chmod(m.p("alice"), 0o750)
+    data = {f"t{i}": os.urandom(200_000 * (i + 1)) for i in range(4)}
+    for name, payload in data.items():
+        (s / name).write_bytes(payload)
+    os.chmod(s / "t1", 0o600)
+    os.setxattr(s / "t2", "user.note", b"kept")
+    os.utime(s / "t3", ns=(5_000_000_000, 6_000_000_000))
+    m.p("alice", "empty-session").mkdir()
+    m2 = remount(make_mount, m, capacity="16M")
+    s2 = m2.p("alice", "chat")
+    assert sorted(os.listdir(s2)) == sorted(data)
+    for name, payload in data.items():
+        assert (s2 / name).read_bytes() == payload
+    assert stat.S_IMODE(os.stat(m2.p("alice")).st_mode) == 0o750
+    assert stat.S_IMODE(os.stat(s2 / "t1").st_mode) == 0o600
+    assert os.getxattr(s2 / "t2", "user.note") == b"kept"
+    assert os.stat(s2 / "t3").st_mtime_ns == 6_000_000_000
+    assert m2.p("alice", "empty-session").is_dir()
+    assert os.getxattr(s2 / "t0", "user.memos.version") == b"1"
+    (s2 / "t0").write_bytes(b"v2")
+    assert os.getxattr(s2 / "t0", "user.memos.version") == b"2"   # versions go on
+
+
+def test_warmup_loads_most_recent_first(make_mount):
+    m = make_mount(capacity="8M")
+    s = session(m)
+    for i in range(6):
+        (s / f"s{i}").write_bytes(bytes([i]) * MiB)
+    (s / "s2").read_bytes()                  # most recent, then s5, s4 ...
+    (s / "s0").read_bytes()                  # ... no: s0 is the most recent now
+    # 2 MiB of warm-up budget: exactly the two most recently used slots
+    m2 = remount(make_mount, m, capacity="8M", warmup_ratio="0.25")
+    st = wait_warm(m2)
+    assert st["warmup_total_bytes"] == 2 * MiB
+    s2 = m2.p("agent", "s1")
+    tiers = {n: os.getxattr(s2 / n, "user.memos.tier").decode() for n in os.listdir(s2)}
+    assert {n for n, t in tiers.items() if t == "mem"} == {"s0", "s2"}
+    assert all(t == "ssd" for n, t in tiers.items() if n not in ("s0", "s2"))
+
+
+def test_fsync_is_durable_across_kill_9(make_mount):
+    m = make_mount(capacity="16M", writeback_delay_ms=3600000)
+    s = session(m)
+    payload = os.urandom(3 * MiB)
+    with open(s / "durable", "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    (s / "volatile").write_bytes(b"not fsync'd")   # dirty, only in memory
+    m.proc.send_signal(signal.SIGKILL)
+    m.proc.wait(timeout=10)
+    m.umount(lazy=True)
+    assert not is_mounted(m.path)
+    m2 = make_mount(ssd=str(m.ssd), capacity="16M")
+    assert m2.p("agent", "s1", "durable").read_bytes() == payload
+    assert not m2.p("agent", "s1", "volatile").exists()
+
+
+def test_flush_and_clean_unmount_persist_everything(make_mount):
+    m = make_mount(capacity="16M", writeback_delay_ms=3600000)
+    s = session(m)
+    (s / "a").write_bytes(b"a" * 1000)
+    assert os.getxattr(s / "a", "user.memos.dirty") == b"1"
+    assert subprocess.run(["sh", "-c", f"echo 1 > {m.ctl('flush')}"]).returncode == 0
+    assert os.getxattr(s / "a", "user.memos.dirty") == b"0"
+    (s / "b").write_bytes(b"b" * 1000)                # persisted by the unmount
+    m2 = remount(make_mount, m)
+    assert m2.p("agent", "s1", "a").read_bytes() == b"a" * 1000
+    assert m2.p("agent", "s1", "b").read_bytes() == b"b" * 1000
+
+
+def test_background_writer_persists_after_the_delay(make_mount):
+    m = make_mount(writeback_delay_ms=100)
+    s = session(m)
+    (s / "a").write_bytes(b"z" * 4096)
+    deadline = time.monotonic() + 10
+    while os.getxattr(s / "a", "user.memos.dirty") != b"0":
+        assert time.monotonic() < deadline, "never written back"
+        time.sleep(0.05)
+    assert len(slot_files(m.ssd)) == 1
+
+
+def test_unlink_rename_and_reset_reach_the_ssd(make_mount):
+    m = make_mount(capacity="16M")
+    s = session(m)
+    for n in ("gone", "moved", "r1", "r2"):
+        (s / n).write_bytes(n.encode() * 100)
+    m.p("agent", "other").mkdir()
+    m2 = remount(make_mount, m, warmup_ratio="0")     # everything on SSD only
+    s2 = m2.p("agent", "s1")
+    assert os.getxattr(s2 / "moved", "user.memos.tier") == b"ssd"
+    os.unlink(s2 / "gone")
+    os.rename(s2 / "moved", m2.p("agent", "other", "moved"))
+    assert m2.p("agent", "other", "moved").read_bytes() == b"moved" * 100
+    m3 = remount(make_mount, m2)
+    assert sorted(os.listdir(m3.p("agent", "s1"))) == ["r1", "r2"]
+    assert m3.p("agent", "other", "moved").read_bytes() == b"moved" * 100
+    assert subprocess.run(["sh", "-c", f"echo agent/s1 > {m3.ctl('reset_context')}"]
+                          ).returncode == 0
+    m4 = remount(make_mount, m3)
+    assert os.listdir(m4.p("agent", "s1")) == []
+    assert len(slot_files(m4.ssd)) == 1
+
+
+def test_corrupt_files_found_at_mount_are_reported_and_skipped(make_mount):
+    m = make_mount()
+    s = session(m)
+    (s / "good").write_bytes(b"g" * 5000)
+    (s / "bad").write_bytes(b"b" * 5000)
+    (s / "rotten").write_bytes(b"r" * 5000)
+    m.stop()
+    files = {}
+    for f in slot_files(m.ssd):
+        files[f.read_bytes()[:1]] = f
+    files[b"b"].write_bytes(files[b"b"].read_bytes()[:3000])          # truncated
+    raw = bytearray(files[b"r"].read_bytes())
+    raw[100] ^= 0xFF                                                   # payload rot
+    files[b"r"].write_bytes(bytes(raw))
+    m2 = make_mount(ssd=str(m.ssd), warmup_ratio="0")
+    s2 = m2.p("agent", "s1")
+    assert sorted(os.listdir(s2)) == ["good", "rotten"]
+    assert m2.stats()["ssd_corrupt"] == 1
+    with pytest.raises(OSError) as e:
+        (s2 / "rotten").read_bytes()
+    assert e.value.errno == errno.ENOENT
+    assert m2.stats()["ssd_corrupt"] == 2
+    assert "rotten" not in os.listdir(s2)
+    assert (s2 / "good").read_bytes() == b"g" * 5000
+    assert "payload checksum mismatch" in m2.logtext()
+    assert "truncated" in m2.logtext() or "footer" in m2.logtext()
