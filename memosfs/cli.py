@@ -171,6 +171,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     bar = _ProgressBar("warm-up") if foreground and sys.stdout.isatty() else None
     store.start_warmup(float(knob("warmup_ratio")), bar.update if bar else None)
     unmount = True
+    status = 0
     try:
         unmount = trio.run(_serve, ops)
     except BaseException:
@@ -180,12 +181,15 @@ def cmd_mount(args: argparse.Namespace) -> int:
         ops.stop_kernel_notifications()
         try:
             store.close()               # persists every dirty slot
+        except OSError as e:
+            log.error("unmount: could not persist every dirty slot: %s", e)
+            status = 1
         finally:
             pyfuse3.close(unmount=unmount)
         log.info("unmounted %s", mountpoint)
         if foreground:
             print(f"memosfs: unmounted {mountpoint}", flush=True)
-    return 0
+    return status
 
 
 async def _serve(ops) -> bool:

@@ -404,7 +404,8 @@ class Store:
             return
         ref = self.cache.peek(key)
         if ref is None:
-            return                                  # only on the SSD: durable already
+            self.ssd.sync()                         # only on the SSD: make its rename durable
+            return
         try:
             if ref.dirty:
                 self._write_back(ref, durable=True)
@@ -417,6 +418,7 @@ class Store:
         then reclaim memory.  Returns the number of slots written."""
         self._c["flushes"] += 1
         written = 0
+        failed: Optional[OSError] = None
         if self.ssd is not None:
             for key in self.cache.keys():
                 ref = self.cache.peek(key)
@@ -428,11 +430,13 @@ class Store:
                         written += 1
                 except OSError as e:
                     log.error("flush could not write %s: %s", _k(key), e)
-                    raise
+                    failed = failed or e
                 finally:
                     ref.release()
             self.ssd.sync()
             self.save_metadata(durable=True)
+            if failed is not None:
+                raise failed
         self.trace.emit("FLUSH", written=written)
         return written
 
