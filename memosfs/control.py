@@ -92,6 +92,19 @@ def _size_or_zero(text: str) -> int:
     return v
 
 
+def _error_max(text: str) -> str:
+    t = text.strip()
+    if t == "auto":
+        return t
+    try:
+        v = float(t)
+    except ValueError:
+        raise KnobError(f"not a number or auto: {t!r}") from None
+    if not 0.0 < v <= 1.0:
+        raise KnobError(f"{v} is out of range (0, 1]")
+    return repr(v)
+
+
 def _choice(*names: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         t = text.strip()
@@ -133,6 +146,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("warmup_ratio", _ratio, 0.5,
          "share of capacity preloaded from the SSD tier at mount, most recently used "
          "first, in the background", "at the next mount"),
+    Knob("quantize", _choice("off", "int8", "int8-layer", "int4"), "off",
+         "store safetensors slots' float tensors quantized: int8 (keys per channel, values "
+         "per token), int8-layer (one scale per tensor), int4 (groups of 32); reads return "
+         "the dequantized tensors in their dtype and layout", "on the next publish"),
+    Knob("quant_error_max", _error_max, "auto",
+         "relative error ||x-x^||/||x|| above which a tensor stays at full precision; auto "
+         "= 0.03 for int8 schemes, 0.12 for int4", "on the next publish"),
     Knob("page_cache_push", _choice("0", "1"), "1",
          "1: copy each published version into the kernel page cache, so local readers "
          "and mmap find it without a request (as after a write on a local filesystem); "

@@ -24,6 +24,7 @@ and no open handles.
 
 from __future__ import annotations
 
+import collections
 import errno
 import functools
 import logging
@@ -36,7 +37,7 @@ from typing import Callable, Iterator, Optional
 import pyfuse3
 import trio
 
-from . import _native
+from . import _native, kvfile
 from .control import (KNOB_BY_NAME, KNOBS, KnobError, Trace, format_metrics,
                       format_stats, stats_json)
 from .store import Store, split_key
@@ -51,6 +52,7 @@ SLOT_BLKSIZE = 1 << 20          # st_blksize: cp/cat size their buffers by it
 ENTRY_TIMEOUT = 1.0
 ATTR_TIMEOUT = 1.0
 FIRST_DYNAMIC_INO = 1000
+DECODED_CACHE_BYTES = 512 << 20   # logical bytes of quantized versions kept decoded
 
 ROOT, AGENT, SESSION, CTL = "root", "agent", "session", "ctl"
 
@@ -252,11 +254,35 @@ class PageCachePusher:
         self._stopping = True
 
 
+class _BytesSource:
+    """A version's logical bytes as the pusher reads them (quantized slots):
+    the pin keeps the version current for the pusher's checks."""
+
+    def __init__(self, data: bytes, pin: "_native.Ref") -> None:
+        self._data = memoryview(data)
+        self._pin = pin
+        self.version = pin.version
+        self.size = len(data)
+
+    def view(self, off: int, n: int) -> memoryview:
+        return self._data[off:off + n]
+
+    def release(self) -> None:
+        self._pin.release()
+
+
+def quant_error_limit(scheme: str, knob: str) -> float:
+    """quant_error_max: a number, or auto (0.03 for int8 schemes, 0.12 for int4)."""
+    if knob != "auto":
+        return float(knob)
+    return 0.12 if scheme == "int4" else 0.03
+
+
 class Handle:
     """An open file."""
 
     __slots__ = ("fh", "node", "flags", "kind", "ref", "draft", "base", "append",
-                 "unpublished", "data", "mtime_ns")
+                 "unpublished", "data", "mtime_ns", "decoded")
 
     def __init__(self, fh: int, node: Node, flags: int, kind: str) -> None:
         self.fh = fh
@@ -270,6 +296,7 @@ class Handle:
         self.unpublished = False        # writes since the last publish
         self.data = b""                 # pseudo-file snapshot / written text
         self.mtime_ns: Optional[int] = None  # mtime the next publish sets
+        self.decoded: Optional[bytes] = None  # logical bytes of a quantized version
 
 
 # ---------------------------------------------------------------- operations
@@ -297,6 +324,8 @@ class MemosOperations(pyfuse3.Operations):
         self._lookup_misses = 0
         self._refused = 0
         self._read_requests = 0
+        self._decoded: "collections.OrderedDict[tuple, bytes]" = collections.OrderedDict()
+        self._quant = collections.Counter()
         self.mounted = False            # set once pyfuse3.init succeeded: the
                                         # kernel can then be told of changes
         self.pusher: Optional[PageCachePusher] = None
@@ -317,6 +346,7 @@ class MemosOperations(pyfuse3.Operations):
         if node is None:
             return {}
         return {"mode": stat.S_IMODE(node.mode), "uid": node.uid, "gid": node.gid,
+                "logical_size": node.pub_size,
                 "mtime_ns": node.mtime_ns, "atime_ns": node.atime_ns,
                 "xattrs": {k.hex(): v.hex() for k, v in node.xattrs.items()}}
 
@@ -358,7 +388,8 @@ class MemosOperations(pyfuse3.Operations):
             sess = self._ensure_dirs([agent, session], m.get("uid", 0), m.get("gid", 0), 0o755)
             node = Slot(self._new_ino(), name, sess, int(m.get("mode", 0o644)),
                         int(m.get("uid", 0)), int(m.get("gid", 0)))
-            node.version, node.pub_size, node.stored = e.version, e.size, e.file_bytes
+            node.version, node.stored = e.version, e.file_bytes
+            node.pub_size = int(m.get("logical_size", e.size))
             node.mtime_ns = node.ctime_ns = int(m.get("mtime_ns", node.mtime_ns))
             node.atime_ns = int(m.get("atime_ns", node.mtime_ns))
             node.xattrs = {bytes.fromhex(k): bytes.fromhex(v)
@@ -524,6 +555,9 @@ class MemosOperations(pyfuse3.Operations):
                             if isinstance(s_, Dir)),
             "open_handles": len(self.handles),
             "read_requests": self._read_requests,
+            "quant_tensors": self._quant["tensors"],
+            "quant_fallbacks": self._quant["fallbacks"],
+            "quant_saved_bytes": self._quant["saved_bytes"],
             "page_cache_pushed_bytes": self.pusher.pushed_bytes if self.pusher else 0,
             "page_cache_pushes": self.pusher.pushes if self.pusher else 0,
             "requests_refused": self._refused,
@@ -721,7 +755,7 @@ class MemosOperations(pyfuse3.Operations):
         # truncate(2) by path: a new version at once.
         base = self._native_call(self.store.load, node.key) if node.version else None
         try:
-            d = self._native_call(self.store.draft, base)
+            d = self._draft_from(base, self._logical(base))
         finally:
             if base is not None:
                 base.release()
@@ -730,8 +764,9 @@ class MemosOperations(pyfuse3.Operations):
         except BaseException:
             d.free()
             raise
+        d, logical = self._maybe_quantize(d)
         ref = self._native_call(self.store.publish, d, node.key)
-        job = self._published(node, ref, _now())
+        job = self._published(node, ref, _now(), logical)
         ref.release()
         if job is not None:
             trio.lowlevel.spawn_system_task(self.pusher.run, job)
@@ -988,6 +1023,7 @@ class MemosOperations(pyfuse3.Operations):
         if acc == os.O_RDONLY:
             h = Handle(fh, node, flags, "read")
             h.ref = ref
+            h.decoded = self._logical(ref)
             version = ref.version if ref is not None else 0
             with PUSH_LOCK:
                 fi.keep_cache = node.cache_version in (version, -1)
@@ -1005,6 +1041,7 @@ class MemosOperations(pyfuse3.Operations):
                 node.draft_size = 0
             else:
                 h.base = ref
+                h.decoded = self._logical(ref)
             fi.direct_io = True
             node.writers += 1
         self.handles[fh] = h
@@ -1017,6 +1054,8 @@ class MemosOperations(pyfuse3.Operations):
         if h.kind == "pseudo":
             return h.data[off:off + size]
         self._read_requests += 1
+        if h.decoded is not None and (h.kind == "read" or h.draft is None):
+            return h.decoded[off:off + size]
         src = h.ref if h.kind == "read" else (h.draft or h.base)
         if src is None:
             return b""
@@ -1056,8 +1095,73 @@ class MemosOperations(pyfuse3.Operations):
 
     def _ensure_draft(self, h: Handle) -> "_native.Draft":
         if h.draft is None:
-            h.draft = self._native_call(self.store.draft, h.base)
+            h.draft = self._draft_from(h.base, h.decoded)
         return h.draft
+
+    def _draft_from(self, base: Optional["_native.Ref"],
+                    decoded: Optional[bytes]) -> "_native.Draft":
+        """A draft holding a version's logical bytes."""
+        if decoded is None:
+            return self._native_call(self.store.draft, base)
+        d = self._native_call(self.store.draft)
+        try:
+            self._native_call(d.write, 0, decoded)
+        except BaseException:
+            d.free()
+            raise
+        return d
+
+    # ---- quantized storage ----
+
+    def _logical(self, ref: Optional["_native.Ref"]) -> Optional[bytes]:
+        """The logical bytes of a quantized version (decoded once, shared by
+        its readers); None for a version stored as it was written."""
+        if ref is None or ref.size < 16 or not kvfile.is_container(ref.read(0, 16)):
+            return None
+        key = (ref.key, ref.version)
+        data = self._decoded.get(key)
+        if data is None:
+            view = ref.read(0, ref.size)
+            try:
+                data = kvfile.decode(memoryview(view))
+            except (ValueError, KeyError) as e:
+                log.error("slot %s v%d: quantized form unreadable: %s",
+                          ref.key.decode("utf-8", "replace"), ref.version, e)
+                raise refuse(errno.EIO, "slot %s cannot be decoded", ref.key) from None
+            self._remember_decoded(key, data)
+        return data
+
+    def _remember_decoded(self, key: tuple, data: bytes) -> None:
+        self._decoded[key] = data
+        self._decoded.move_to_end(key)
+        total = sum(len(v) for v in self._decoded.values())
+        while total > DECODED_CACHE_BYTES and len(self._decoded) > 1:
+            _, old = self._decoded.popitem(last=False)
+            total -= len(old)
+
+    def _maybe_quantize(self, d: "_native.Draft") -> tuple["_native.Draft", Optional[bytes]]:
+        """With `quantize` on, a safetensors draft becomes its quantized
+        container; returns (draft to publish, logical bytes or None)."""
+        scheme = self.knobs["quantize"]
+        if scheme == "off" or d.size < 16:
+            return d, None
+        result = kvfile.encode(memoryview(d.read(0, d.size)), scheme,
+                               quant_error_limit(scheme, self.knobs["quant_error_max"]))
+        if result is None:
+            return d, None
+        self._quant["fallbacks"] += result.fallbacks
+        if result.container is None:
+            return d, None
+        self._quant["tensors"] += result.quantized
+        self._quant["saved_bytes"] += len(result.logical) - len(result.container)
+        q = self._native_call(self.store.draft)
+        try:
+            self._native_call(q.write, 0, result.container)
+        except BaseException:
+            q.free()
+            raise
+        d.free()
+        return q, result.logical
 
     def _native_call(self, fn, *args):
         """Call into the store; its OSErrors become the caller's errno."""
@@ -1136,12 +1240,20 @@ class MemosOperations(pyfuse3.Operations):
                 h.draft = None
             return None
         d = self._ensure_draft(h)
-        key = node.key
-        ref = self._native_call(self.store.publish, d, key)
         h.draft = None
+        d, logical = self._maybe_quantize(d)
+        key = node.key
+        try:
+            ref = self._native_call(self.store.publish, d, key)
+        except BaseException:
+            d.free()
+            raise
         if h.base is not None:
             h.base.release()
         h.base = ref
+        h.decoded = logical
+        if logical is not None:
+            self._remember_decoded((key, ref.version), logical)
         h.unpublished = False
         parent = node.parent
         current = parent.children.get(node.name)
@@ -1151,9 +1263,10 @@ class MemosOperations(pyfuse3.Operations):
                 parent.children[node.name] = node
                 current = node
         target = current if isinstance(current, Slot) else node
-        return self._published(target, ref, h.mtime_ns or _now())
+        return self._published(target, ref, h.mtime_ns or _now(), logical)
 
-    def _published(self, node: Slot, ref: "_native.Ref", mtime_ns: int) -> Optional[tuple]:
+    def _published(self, node: Slot, ref: "_native.Ref", mtime_ns: int,
+                   logical: Optional[bytes] = None) -> Optional[tuple]:
         """Point the name at the new version: in place, or on a fresh inode
         when readers hold this one (they keep their snapshot)."""
         if node.readers > 0 or node.pushing > 0:
@@ -1167,14 +1280,15 @@ class MemosOperations(pyfuse3.Operations):
             self._forget_entry(node.parent, node.name)
             node = new
         node.version = ref.version
-        node.pub_size = ref.size
+        node.pub_size = len(logical) if logical is not None else ref.size
         node.stored = ref.stored
         node.mtime_ns = mtime_ns
         node.ctime_ns = _now()
-        if self.pusher is not None and self.knobs["page_cache_push"] == "1" and ref.size:
+        if self.pusher is not None and self.knobs["page_cache_push"] == "1" and node.pub_size:
             pin = self.store.peek(node.key)
             if pin is not None:
-                return self.pusher.claim(node, pin)
+                source = pin if logical is None else _BytesSource(logical, pin)
+                return self.pusher.claim(node, source)
         return None
 
     def start_kernel_notifications(self, mountpoint: str) -> None:
