@@ -555,6 +555,7 @@ class MemosOperations(pyfuse3.Operations):
                             if isinstance(s_, Dir)),
             "open_handles": len(self.handles),
             "read_requests": self._read_requests,
+            "direct_reads": self.store._c["direct_reads"],
             "quant_tensors": self._quant["tensors"],
             "quant_fallbacks": self._quant["fallbacks"],
             "quant_saved_bytes": self._quant["saved_bytes"],
@@ -1101,6 +1102,8 @@ class MemosOperations(pyfuse3.Operations):
     def _draft_from(self, base: Optional["_native.Ref"],
                     decoded: Optional[bytes]) -> "_native.Draft":
         """A draft holding a version's logical bytes."""
+        if decoded is None and base is not None and not isinstance(base, _native.Ref):
+            decoded = base.read(0, base.size)          # a version read from its file
         if decoded is None:
             return self._native_call(self.store.draft, base)
         d = self._native_call(self.store.draft)

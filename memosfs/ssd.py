@@ -397,6 +397,49 @@ class SSDTier:
         return iter(entries)
 
 
+class SSDReader:
+    """A version read straight from its file, for when memory cannot take it
+    (full of pinned or unwritable data, or the slot is larger than memory).
+    Quacks like a pinned `_native.Ref` for readers; the open descriptor keeps
+    this version readable even if a newer one replaces the file."""
+
+    dirty = False
+    live = True
+    hits = 0
+    sticky = False
+
+    def __init__(self, entry: SSDEntry) -> None:
+        self.key = entry.key
+        self.version = entry.version
+        self.size = entry.size
+        self.stored = entry.file_bytes
+        self._fd: Optional[int] = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            crc, off = 0, 0
+            while off < entry.size:
+                chunk = os.pread(self._fd, min(4 << 20, entry.size - off), off)
+                if not chunk:
+                    break
+                crc = _native.crc32c(chunk, crc)
+                off += len(chunk)
+            if off != entry.size or crc != entry.crc:
+                raise CorruptSlot(f"{entry.path}: payload checksum mismatch")
+        except BaseException:
+            self.release()
+            raise
+
+    def read(self, off: int, n: int) -> bytes:
+        if self._fd is None:
+            raise ValueError("reference was released")
+        n = max(0, min(n, self.size - off))
+        return os.pread(self._fd, n, off) if n else b""
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class SSDFull(OSError):
     """The SSD tier is over ssd_capacity by `excess` bytes (room can be made)."""
 

@@ -29,6 +29,7 @@ held across file I/O; the C core has its own lock.
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import threading
 import time
@@ -37,7 +38,7 @@ from typing import Any, Callable, Optional
 
 from . import _native
 from .control import Trace
-from .ssd import CorruptSlot, SSDEntry, SSDFull, SSDTier
+from .ssd import CorruptSlot, SSDEntry, SSDFull, SSDReader, SSDTier
 
 log = logging.getLogger("memosfs.store")
 
@@ -190,10 +191,21 @@ class Store:
             self.ssd.load_into(entry, draft)
         except CorruptSlot as e:
             draft.free()
-            self.ssd.report_corrupt(entry, str(e))
-            if not self._in_memory(key):
-                self._dropped(key, "corrupt")
+            self._corrupt(entry, str(e))
             return None
+        except OSError as e:
+            draft.free()
+            if e.errno not in (errno.ENOSPC, errno.EFBIG):
+                raise
+            # memory cannot take it now: serve it from its file
+            try:
+                reader = SSDReader(entry)
+            except CorruptSlot as c:
+                self._corrupt(entry, str(c))
+                return None
+            self._c["direct_reads"] += 1
+            log.info("%s served from the SSD tier directly: %s", _k(key), e.strerror)
+            return reader
         except BaseException:
             draft.free()
             raise
@@ -209,6 +221,11 @@ class Store:
         self._c["promotions"] += 1
         self.trace.emit("PROMOTE", key=_k(key), bytes=entry.size, version=entry.version)
         return ref
+
+    def _corrupt(self, entry: SSDEntry, why: str) -> None:
+        self.ssd.report_corrupt(entry, why)
+        if not self._in_memory(entry.key):
+            self._dropped(entry.key, "corrupt")
 
     def peek(self, key: bytes) -> Optional["_native.Ref"]:
         """A pinned reference to the in-memory version, without counting."""
