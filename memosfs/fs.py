@@ -316,6 +316,9 @@ class MemosOperations(pyfuse3.Operations):
         self.knobs: dict[str, object] = {k.name: k.default for k in KNOBS}
         self.knobs.update(knobs or {})
         self.knobs["capacity"] = store.cache.capacity
+        store.cache.set_policy(str(self.knobs["evict_policy"]))
+        store.cache.set_reclaim(float(self.knobs["reclaim_free_ratio"]),
+                                int(self.knobs["reclaim_fail_limit"]))
         self.inodes: dict[int, Node] = {}
         self.handles: dict[int, Handle] = {}
         self._next_ino = FIRST_DYNAMIC_INO
@@ -466,6 +469,12 @@ class MemosOperations(pyfuse3.Operations):
             value = self.store.cache.capacity
         elif name == "evict_batch":
             self.store.set_evict_batch(value)
+        elif name == "evict_policy":
+            self.store.cache.set_policy(value)
+        elif name in ("reclaim_free_ratio", "reclaim_fail_limit"):
+            ratio = value if name == "reclaim_free_ratio" else self.knobs["reclaim_free_ratio"]
+            limit = value if name == "reclaim_fail_limit" else self.knobs["reclaim_fail_limit"]
+            self.store.cache.set_reclaim(float(ratio), int(limit))
         elif name == "ring_slots":
             self.store.ring_slots = value
         elif name == "writeback_delay_ms":
@@ -544,11 +553,21 @@ class MemosOperations(pyfuse3.Operations):
             "index_entries": c["index_entries"],
             "index_buckets": c["index_buckets"],
             "alloc_failures": c["alloc_failures"],
+            "reclaim_runs": c.get("reclaim_runs", 0),
+            "fragmentation": c.get("fragmentation", 0.0),
+            "pages_pending": c.get("pages_pending", 0),
+            "sweep_ns_max": c.get("sweep_ns_max", 0),
             "drafts": c["drafts"],
             "bytes_draft": c["bytes_draft"],
             "pinned": c["pinned"],
             "dead_pinned": c["dead_pinned"],
             "evict_batch": c["evict_batch"],
+            "evict_policy": self.store.cache.policy,
+            "ghost_hits_recency": c.get("ghost_hits_recency", 0),
+            "ghost_hits_frequency": c.get("ghost_hits_frequency", 0),
+            "policy_recency": c.get("policy_recency", 0.0),
+            "policy_probation": c.get("policy_probation", 0),
+            "policy_protected": c.get("policy_protected", 0),
             "ring_slots": self.store.ring_slots,
             "agents": len(agents),
             "sessions": sum(1 for a in agents for s_ in a.children.values()

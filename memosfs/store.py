@@ -454,7 +454,8 @@ class Store:
             self.save_metadata(durable=True)
             if failed is not None:
                 raise failed
-        self.trace.emit("FLUSH", written=written)
+        swept = self.cache.sweep()              # then reclaim memory
+        self.trace.emit("FLUSH", written=written, swept_pages=swept)
         return written
 
     def save_metadata(self, durable: bool) -> None:

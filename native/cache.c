@@ -168,7 +168,7 @@ memos_cache *memos_cache_new(uint64_t capacity, unsigned evict_batch,
     }
     c->idx.fail_hook = index_fail_hook;
     c->idx.fail_ctx = c;
-    policy_init(&c->pol, "lru", evictable, c);
+    policy_init(&c->pol, "lru_lfu", evictable, c);
     dir_init(&c->dir);
     pf_init(&c->pf);
     pthread_mutex_init(&c->lock, NULL);
@@ -193,6 +193,7 @@ void memos_cache_free(memos_cache *c)
     pf_free(&c->pf);
     dir_free(&c->dir);
     index_destroy(&c->idx);
+    policy_destroy(&c->pol);
     arena_destroy(&c->ar);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -217,6 +218,22 @@ int memos_set_capacity(memos_cache *c, uint64_t capacity)
     int rc = arena_set_capacity(&c->ar, bytes);
     unlock(c);
     return rc;
+}
+
+int memos_set_policy(memos_cache *c, const char *name)
+{
+    lock(c);
+    int rc = policy_select(&c->pol, name);
+    unlock(c);
+    return rc;
+}
+
+const char *memos_policy_name(memos_cache *c)
+{
+    lock(c);
+    enum policy_kind k = c->pol.kind;
+    unlock(c);
+    return k == POLICY_LRU ? "lru" : k == POLICY_LFU ? "lfu" : "lru_lfu";
 }
 
 int memos_set_evict_batch(memos_cache *c, unsigned n)
@@ -247,7 +264,38 @@ void memos_get_stats(memos_cache *c, memos_stats *out)
     out->index_buckets = index_buckets(&c->idx);
     out->index_entries = index_entries(&c->idx);
     out->index_load_factor = index_load(&c->idx);
+    policy_stats ps;
+    policy_get_stats(&c->pol, &ps);
+    out->ghost_hits_recency = ps.ghost_hits_recency;
+    out->ghost_hits_frequency = ps.ghost_hits_frequency;
+    out->ghost_entries = ps.ghost_entries;
+    out->policy_probation = ps.probation;
+    out->policy_protected = ps.protected_;
+    out->policy_recency = ps.recency;
+    out->reclaim_runs = c->ar.reclaim_runs;
+    out->fragmentation = arena_fragmentation(&c->ar);
+    out->pages_pending = arena_pages_pending(&c->ar);
+    out->sweep_ns = c->ar.sweep_ns;
+    out->sweep_ns_max = c->ar.sweep_ns_max;
+    out->reclaim_free_ratio = c->ar.reclaim_free_ratio;
+    out->reclaim_fail_limit = c->ar.reclaim_fail_limit;
     unlock(c);
+}
+
+int memos_set_reclaim(memos_cache *c, double free_ratio, unsigned fail_limit)
+{
+    lock(c);
+    int rc = arena_set_reclaim(&c->ar, free_ratio, fail_limit);
+    unlock(c);
+    return rc;
+}
+
+long memos_sweep(memos_cache *c)
+{
+    lock(c);
+    uint64_t n = arena_reclaim(&c->ar);
+    unlock(c);
+    return (long)n;
 }
 
 /* ---- API: lookups ---- */
@@ -411,7 +459,7 @@ int memos_publish(memos_cache *c, memos_entry *d, const void *key, size_t klen,
     c->st.bytes_draft -= d->size;
     c->st.slots++;
     c->st.bytes_used += d->size;
-    policy_admit(&c->pol, &d->pnode);
+    policy_admit(&c->pol, &d->pnode, h);
     unlock(c);
     return MEMOS_OK;
 }
@@ -476,6 +524,7 @@ int memos_rename(memos_cache *c, const void *from, size_t flen,
         unlock(c);
         return MEMOS_ENOMEM;
     }
+    policy_rekey(&e->pnode, th);
     free((void *)saved.key);
     unlock(c);
     return MEMOS_OK;
@@ -700,7 +749,8 @@ static int do_alloc(memos_cache *c, unsigned k, uint32_t gen, extent *out)
             return MEMOS_ENOMEM;
         size_t picked = 0;
         do_evict_run(c, gen, &picked);
-        if (picked == 0)
+        /* No victim left: pages still awaiting the sweep are the last resort. */
+        if (picked == 0 && arena_reclaim(&c->ar) == 0)
             return MEMOS_ENOMEM;
     }
 }
@@ -739,6 +789,7 @@ static int do_evict_run(memos_cache *c, uint32_t gen, size_t *picked)
             e->evicting = 0;
             if (rcs[i] == MEMOS_OK) {
                 if (e->live) {
+                    policy_note_evict(&c->pol, &e->pnode);
                     kill_entry(c, e, 1);
                     c->st.evictions++;
                     evicted++;

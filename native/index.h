@@ -51,5 +51,10 @@ uint64_t    index_entries(const index_table *t);
 double      index_load(const index_table *t);
 
 int         index_check(const index_table *t, char *why, size_t whylen); /* MEMOS_OK, MEMOS_EINVAL */
+/* The tag compare of a bucket pair: bit s = slot s of b1 holds tag, bit 4 + s
+ * = slot s of b2.  index_tag_match uses SIMD where built with it; the
+ * portable one is the SWAR fallback (both exported for the tests). */
+unsigned    index_tag_match(const index_bucket *b1, const index_bucket *b2, uint16_t tag);
+unsigned    index_tag_match_portable(const index_bucket *b1, const index_bucket *b2, uint16_t tag);
 
 #endif /* MEMOS_INDEX_H */

@@ -87,6 +87,19 @@ typedef struct memos_stats {
     uint64_t index_buckets;    /* buckets in the index */
     uint64_t index_entries;    /* entries in the index */
     double   index_load_factor;/* index_entries / (index_buckets * 4) */
+    uint64_t reclaim_runs;     /* arena sweeps (lazy mark-sweep reclaim passes) */
+    double   fragmentation;    /* allocatable pages not in a whole free block / allocatable pages */
+    uint64_t pages_pending;    /* pages freed, awaiting the sweep */
+    uint64_t sweep_ns;         /* duration of the last sweep, ns */
+    uint64_t sweep_ns_max;     /* longest sweep, ns */
+    double   reclaim_free_ratio; /* knob: sweep when allocatable / capacity falls below it */
+    uint64_t reclaim_fail_limit; /* knob: sweep after more allocation failures in a row */
+    uint64_t ghost_hits_recency;   /* lru_lfu: admits found in the probation ghost */
+    uint64_t ghost_hits_frequency; /* lru_lfu: admits found in the protected ghost */
+    uint64_t ghost_entries;    /* lru_lfu: evicted key hashes remembered */
+    uint64_t policy_probation; /* lru_lfu: entries in probation (seen once) */
+    uint64_t policy_protected; /* lru_lfu: entries in protected (seen again) */
+    double   policy_recency;   /* recency/frequency balance: probation target share (lru 1, lfu 0) */
 } memos_stats;
 
 /* ---- cache lifetime and knobs ---- */
@@ -106,6 +119,21 @@ int memos_set_capacity(memos_cache *c, uint64_t capacity);
 int memos_set_evict_batch(memos_cache *c, unsigned n);
 /* Snapshot of the counters. */
 void memos_get_stats(memos_cache *c, memos_stats *out);
+/* Switch the eviction policy live: "lru_lfu" (the default: adaptive
+ * recency/frequency hybrid, see policy.c), "lru" or "lfu".
+ * MEMOS_OK or MEMOS_EINVAL (unknown name: nothing changes). */
+int memos_set_policy(memos_cache *c, const char *name);
+/* The current policy's name (a static string). */
+const char *memos_policy_name(memos_cache *c);
+/* Lazy reclaim triggers of the arena: a sweep runs when the allocatable part
+ * of the capacity falls below `free_ratio` (0..1, default 0.20; 0 = never for
+ * this reason) and after more than `fail_limit` (default 3) allocation
+ * failures in a row.  MEMOS_OK or MEMOS_EINVAL (ratio outside 0..1). */
+int memos_set_reclaim(memos_cache *c, double free_ratio, unsigned fail_limit);
+/* Sweep now (flush): every freed page becomes allocatable again, free
+ * superblocks over the capacity go back to the OS.  Returns the pages
+ * reclaimed (>= 0). */
+long memos_sweep(memos_cache *c);
 
 /* ---- lookups ---- */
 

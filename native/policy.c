@@ -1,34 +1,73 @@
 /*
- * policy.c — the eviction policy.
+ * policy.c — the eviction policy: lru_lfu (the default), lru and lfu.
  *
- * Every live entry embeds a policy_node.  Two orders are kept:
+ * Every live entry embeds a policy_node (48 bytes).  One order is always
+ * kept, whatever the policy:
  *
- *   recency    one circular doubly-linked list through prev/next with a
+ *   recency    a circular doubly-linked list through prev/next with a
  *              sentinel: head.next is the most recently used, head.prev the
- *              least.  Always maintained: it gives memos_foreach its order
- *              and is the victim order of "lru".
+ *              least.  It gives memos_foreach its order and is the victim
+ *              order of "lru".
  *
- *   frequency  (only for "lfu") POLICY_LEVELS lists through fprev/fnext;
- *              a node sits in level = bit length of its touch count (capped),
- *              so level 0 holds never-touched entries, level 1 once-touched,
- *              level 2 two or three times, ...  A touch may lift a node one
- *              level; each list is kept MRU-first so ties go LRU.
+ * A second list, through fprev/fnext, depends on the policy:
  *
- *     lru victims:  head.prev, head.prev.prev, ...           (oldest first)
- *     lfu victims:  lvl[0].fprev ..., then lvl[1].fprev ...  (rarest, oldest)
+ *   lfu        POLICY_LEVELS lists; a node sits in level = bit length of its
+ *              touch count (capped): level 0 never touched, 1 once, 2 two or
+ *              three times...  Victims: rarest level first, oldest first.
+ *
+ *   lru_lfu    two segments, after ARC, 2Q and S3-FIFO:
+ *
+ *        admit ──► probation (FIFO) ──hit──► protected (LRU + aging clock)
+ *                     │ evict                     │ evict (ref == 0)
+ *                     ▼                           ▼
+ *              ghost 0 (2 × count hashes)   ghost 1 (1 × count hashes)
+ *                     │                           │
+ *                     └──── an admit whose key hash is in a ghost goes
+ *                           straight to protected ◄┘
+ *
+ *     A hit in probation promotes to protected (ref = 0); a hit in protected
+ *     moves the node to the front and adds 1 to its 2-bit `ref` (max 3).
+ *     Victims come from probation while it holds more than its target
+ *     (pfrac × count), else from protected: its oldest node with ref == 0;
+ *     a node with ref > 0 passed on the way loses 1 and goes back to the
+ *     front (a clock: frequency that ages, so old popularity fades).
+ *
+ *     Adaptation.  pfrac (the recency/frequency balance, stat
+ *     policy_recency) starts at 0.5 and moves by 1/count on each ghost hit
+ *     that a slightly larger segment would have turned into a hit: a key
+ *     found in ghost g among its W = count/4 most recent insertions.  Ghost 0
+ *     → probation too small (recency matters) → pfrac up; ghost 1 → protected
+ *     too small (frequency matters) → pfrac down; clamped to [0.01, 0.9].
+ *     This is ARC's rule with a marginal window: ARC credits every ghost hit,
+ *     and on the Mooncake trace that drives it to LRU where LIRS-like
+ *     protection wins (see docs/benchmarks.md).
+ *
+ *     Ghosts remember key hashes only, independent of the freed entries: two
+ *     FIFO rings of (hash, seq) and one open-addressing table hash → (seq,
+ *     ring).  A ghost hit deletes the table slot and leaves its ring slot
+ *     stale (recognised by its seq when it reaches the tail).  About 48
+ *     bytes per ghost, at most 3 × count live ghosts (6 × count ring slots).
+ *
+ * Cost: admit, touch and remove are O(1); a victim is O(skipped) (pinned
+ * nodes, and at most 3 clock passes per protected node); ghost upkeep is
+ * amortized O(1).  Segments count entries, not bytes.
  *
  * Victims are filtered by the owner's evictable() predicate (the cache skips
- * pinned, sticky, evicting and just-refused entries); the walk is O(skipped).
- * "lru_lfu" is left to a later issue and is refused with MEMOS_EINVAL.
+ * pinned, sticky, evicting and just-refused entries) and are not removed
+ * here: the cache calls policy_note_evict then policy_remove for each one
+ * that it really evicts.
  *
  * Invariants (policy_check): the recency list is well linked and holds
  * `count` nodes, each marked linked; under lfu each node is on the level list
- * its freq says, and the level lists hold `count` nodes together.
+ * its freq says; under lru_lfu each node is on the segment its seg says and
+ * the segment counts add up to count; every ghost in the table is live in
+ * its ring.
  *
  * Locking: none here; the cache lock guards every call.
  */
 #include <assert.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "policy.h"
@@ -36,6 +75,11 @@
 /* ---- types and constants ---- */
 
 #define POLICY_FREQ_MAX 0xffffu
+#define REF_MAX         3u
+#define PFRAC_INIT      0.5
+#define PFRAC_MIN       0.01
+#define PFRAC_MAX       0.9
+#define GHOST_MIN       16u     /* ring capacity floor */
 
 /* ---- private prototypes ---- */
 
@@ -46,6 +90,16 @@ static void     flink_after(policy_node *h, policy_node *n);
 static void     funlink(policy_node *n);
 static unsigned level_of(uint32_t freq);
 static int      kind_of(const char *name, enum policy_kind *out);
+static int      ok(policy *p, policy_node *x);
+static size_t   take_probation(policy *p, policy_node **out, size_t n, policy_node **cur);
+static size_t   take_protected(policy *p, policy_node **out, size_t n);
+static uint64_t norm_hash(uint64_t h);
+static long     ghost_find(const policy *p, uint64_t h);
+static void     ghost_del(policy *p, size_t i);
+static void     ghost_add(policy *p, unsigned r, uint64_t h);
+static int      ghost_grow_table(policy *p);
+static int      ghost_grow_ring(ghost_ring *g);
+static size_t   ghost_target(const policy *p, unsigned r);
 
 /* ---- API ---- */
 
@@ -55,40 +109,93 @@ int policy_init(policy *p, const char *name, policy_evictable_fn fn, void *ctx)
     list_init(&p->head, 0);
     for (unsigned i = 0; i < POLICY_LEVELS; i++)
         list_init(&p->lvl[i], 1);
+    list_init(&p->seg[0], 1);
+    list_init(&p->seg[1], 1);
+    p->pfrac = PFRAC_INIT;
     p->evictable = fn;
     p->ctx = ctx;
-    return policy_select(p, name ? name : "lru");
+    p->kind = (enum policy_kind)-1;
+    return policy_select(p, name ? name : "lru_lfu");
 }
 
-/* Switch the victim order; the level lists are rebuilt from the recency
- * list (LRU first, so each level stays MRU-first). */
+void policy_destroy(policy *p)
+{
+    for (unsigned r = 0; r < 2; r++) {
+        free(p->ring[r].hash);
+        free(p->ring[r].seq);
+        memset(&p->ring[r], 0, sizeof p->ring[r]);
+    }
+    free(p->gtab);
+    p->gtab = NULL;
+    p->gmask = p->gused = 0;
+}
+
+/* Switch the victim order.  The second lists are rebuilt from the recency
+ * list, LRU first so each stays MRU-first; switching to lru_lfu puts every
+ * node in protected (they have earned their place), ref 0.  Ghosts and the
+ * balance survive a switch. */
 int policy_select(policy *p, const char *name)
 {
     enum policy_kind k;
     if (kind_of(name, &k) != MEMOS_OK)
         return MEMOS_EINVAL;
+    if (k == p->kind)
+        return MEMOS_OK;
     for (unsigned i = 0; i < POLICY_LEVELS; i++)
         list_init(&p->lvl[i], 1);
+    list_init(&p->seg[0], 1);
+    list_init(&p->seg[1], 1);
+    p->nseg[0] = p->nseg[1] = 0;
     p->kind = k;
     snprintf(p->name, sizeof p->name, "%s", name);
-    if (k == POLICY_LFU)
-        for (policy_node *n = p->head.prev; n != &p->head; n = n->prev) {
+    for (policy_node *n = p->head.prev; n != &p->head; n = n->prev) {
+        if (k == POLICY_LFU) {
             n->level = (uint8_t)level_of(n->freq);
             flink_after(&p->lvl[n->level], n);
+        } else if (k == POLICY_LRU_LFU) {
+            n->seg = POLICY_PROTECTED;
+            n->ref = 0;
+            flink_after(&p->seg[POLICY_PROTECTED], n);
+            p->nseg[POLICY_PROTECTED]++;
         }
+    }
     return MEMOS_OK;
 }
 
-void policy_admit(policy *p, policy_node *n)
+void policy_admit(policy *p, policy_node *n, uint64_t hash)
 {
     assert(!n->linked);
+    n->hash = norm_hash(hash);
     n->freq = 0;
     n->level = 0;
+    n->ref = 0;
     n->linked = 1;
     link_after(&p->head, n);
-    if (p->kind == POLICY_LFU)
-        flink_after(&p->lvl[0], n);
     p->count++;
+    if (p->kind == POLICY_LFU) {
+        flink_after(&p->lvl[0], n);
+        return;
+    }
+    if (p->kind != POLICY_LRU_LFU)
+        return;
+    n->seg = POLICY_PROBATION;
+    long i = ghost_find(p, n->hash);
+    if (i >= 0) {
+        unsigned r = (unsigned)(p->gtab[i].seq & 1);
+        uint64_t age = p->ring[r].next_seq - (p->gtab[i].seq >> 1);
+        uint64_t w = p->count / 4 ? p->count / 4 : 1;
+        if (age <= w) {
+            double step = 1.0 / (double)p->count;
+            p->pfrac += r == 0 ? step : -step;
+            p->pfrac = p->pfrac < PFRAC_MIN ? PFRAC_MIN : p->pfrac > PFRAC_MAX ? PFRAC_MAX : p->pfrac;
+        }
+        p->ghits[r]++;
+        p->ring[r].live--;
+        ghost_del(p, (size_t)i);
+        n->seg = POLICY_PROTECTED;
+    }
+    flink_after(&p->seg[n->seg], n);
+    p->nseg[n->seg]++;
 }
 
 void policy_touch(policy *p, policy_node *n)
@@ -102,6 +209,17 @@ void policy_touch(policy *p, policy_node *n)
         funlink(n);
         n->level = (uint8_t)level_of(n->freq);
         flink_after(&p->lvl[n->level], n);
+    } else if (p->kind == POLICY_LRU_LFU) {
+        funlink(n);
+        if (n->seg == POLICY_PROBATION) {
+            p->nseg[POLICY_PROBATION]--;
+            p->nseg[POLICY_PROTECTED]++;
+            n->seg = POLICY_PROTECTED;
+            n->ref = 0;
+        } else if (n->ref < REF_MAX) {
+            n->ref++;
+        }
+        flink_after(&p->seg[POLICY_PROTECTED], n);
     }
 }
 
@@ -109,11 +227,25 @@ void policy_remove(policy *p, policy_node *n)
 {
     assert(n->linked && p->count > 0);
     unlink_node(n);
-    if (p->kind == POLICY_LFU)
+    if (p->kind == POLICY_LFU) {
         funlink(n);
+    } else if (p->kind == POLICY_LRU_LFU) {
+        funlink(n);
+        p->nseg[n->seg]--;
+    }
     n->linked = 0;
     p->count--;
 }
+
+/* A victim is going: remember its key hash in the ghost of its segment. */
+void policy_note_evict(policy *p, policy_node *n)
+{
+    assert(n->linked);
+    if (p->kind == POLICY_LRU_LFU)
+        ghost_add(p, n->seg, n->hash);
+}
+
+void policy_rekey(policy_node *n, uint64_t hash) { n->hash = norm_hash(hash); }
 
 /* Up to n evictable nodes, best victim first. */
 size_t policy_victims(policy *p, policy_node **out, size_t n)
@@ -121,14 +253,25 @@ size_t policy_victims(policy *p, policy_node **out, size_t n)
     size_t got = 0;
     if (p->kind == POLICY_LRU) {
         for (policy_node *x = p->head.prev; x != &p->head && got < n; x = x->prev)
-            if (!p->evictable || p->evictable(x, p->ctx))
+            if (ok(p, x))
                 out[got++] = x;
         return got;
     }
-    for (unsigned l = 0; l < POLICY_LEVELS && got < n; l++)
-        for (policy_node *x = p->lvl[l].fprev; x != &p->lvl[l] && got < n; x = x->fprev)
-            if (!p->evictable || p->evictable(x, p->ctx))
-                out[got++] = x;
+    if (p->kind == POLICY_LFU) {
+        for (unsigned l = 0; l < POLICY_LEVELS && got < n; l++)
+            for (policy_node *x = p->lvl[l].fprev; x != &p->lvl[l] && got < n; x = x->fprev)
+                if (ok(p, x))
+                    out[got++] = x;
+        return got;
+    }
+    uint64_t target = (uint64_t)(p->pfrac * (double)p->count);
+    uint64_t over = p->nseg[POLICY_PROBATION] > target ? p->nseg[POLICY_PROBATION] - target : 0;
+    policy_node *cur = p->seg[POLICY_PROBATION].fprev;
+    got = take_probation(p, out, over < n ? (size_t)over : n, &cur);
+    if (got < n)
+        got += take_protected(p, out + got, n - got);
+    if (got < n)
+        got += take_probation(p, out + got, n - got, &cur);
     return got;
 }
 
@@ -143,6 +286,115 @@ void policy_foreach(policy *p, void (*fn)(void *ctx, policy_node *n), void *ctx)
 
 uint64_t policy_count(const policy *p) { return p->count; }
 
+void policy_get_stats(const policy *p, policy_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    out->ghost_hits_recency = p->ghits[0];
+    out->ghost_hits_frequency = p->ghits[1];
+    out->ghost_entries = p->gused;
+    out->probation = p->nseg[POLICY_PROBATION];
+    out->protected_ = p->nseg[POLICY_PROTECTED];
+    out->recency = p->kind == POLICY_LRU ? 1.0 : p->kind == POLICY_LFU ? 0.0 : p->pfrac;
+}
+
+/* ---- simulation (bench policy): unit-size blocks, no arena ---- */
+
+typedef struct sim_node {
+    policy_node pn;   /* first: the policy links */
+    uint64_t    key;  /* block id */
+} sim_node;
+
+typedef struct sim_table {
+    uint32_t *slot;   /* node index + 1, 0 = empty */
+    size_t    mask;   /* slots - 1 */
+} sim_table;
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27; x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static size_t sim_find(const sim_table *t, const sim_node *nodes, uint64_t key, uint64_t h)
+{
+    size_t i = h & t->mask;
+    while (t->slot[i] && nodes[t->slot[i] - 1].key != key)
+        i = (i + 1) & t->mask;
+    return i;
+}
+
+static void sim_delete(sim_table *t, const sim_node *nodes, size_t i)
+{
+    t->slot[i] = 0;
+    for (size_t j = (i + 1) & t->mask; t->slot[j]; j = (j + 1) & t->mask) {
+        size_t home = mix64(nodes[t->slot[j] - 1].key) & t->mask;
+        if (((j - home) & t->mask) >= ((j - i) & t->mask)) {
+            t->slot[i] = t->slot[j];
+            t->slot[j] = 0;
+            i = j;
+        }
+    }
+}
+
+long long policy_simulate(const char *name, const uint64_t *keys, size_t n,
+                          size_t capacity, unsigned batch, policy_stats *st)
+{
+    enum policy_kind k;
+    if (capacity == 0 || batch == 0 || capacity > UINT32_MAX / 4 || kind_of(name, &k) != MEMOS_OK)
+        return -1;
+    size_t slots = 16;
+    while (slots < 2 * (capacity + 1))
+        slots *= 2;
+    sim_table t = { calloc(slots, sizeof *t.slot), slots - 1 };
+    sim_node *nodes = calloc(capacity, sizeof *nodes);
+    uint32_t *freelist = malloc(capacity * sizeof *freelist);
+    policy_node **v = malloc(batch * sizeof *v);
+    policy p;
+    long long hits = -1;
+    if (!t.slot || !nodes || !freelist || !v || policy_init(&p, name, NULL, NULL) != MEMOS_OK)
+        goto out;
+    size_t nfree = capacity;
+    for (size_t i = 0; i < capacity; i++)
+        freelist[i] = (uint32_t)(capacity - 1 - i);
+    hits = 0;
+    for (size_t r = 0; r < n; r++) {
+        uint64_t h = mix64(keys[r]);
+        size_t i = sim_find(&t, nodes, keys[r], h);
+        if (t.slot[i]) {
+            policy_touch(&p, &nodes[t.slot[i] - 1].pn);
+            hits++;
+            continue;
+        }
+        if (nfree == 0) {
+            size_t got = policy_victims(&p, v, batch);
+            for (size_t j = 0; j < got; j++) {
+                sim_node *x = (sim_node *)v[j];
+                policy_note_evict(&p, &x->pn);
+                policy_remove(&p, &x->pn);
+                sim_delete(&t, nodes, sim_find(&t, nodes, x->key, mix64(x->key)));
+                freelist[nfree++] = (uint32_t)(x - nodes);
+            }
+            if (nfree == 0)
+                continue;
+            i = sim_find(&t, nodes, keys[r], h);
+        }
+        uint32_t idx = freelist[--nfree];
+        nodes[idx].key = keys[r];
+        t.slot[i] = idx + 1;
+        policy_admit(&p, &nodes[idx].pn, h);
+    }
+    if (st)
+        policy_get_stats(&p, st);
+    policy_destroy(&p);
+out:
+    free(t.slot);
+    free(nodes);
+    free(freelist);
+    free(v);
+    return hits;
+}
+
 /* ---- private helpers ---- */
 
 static int kind_of(const char *name, enum policy_kind *out)
@@ -153,9 +405,56 @@ static int kind_of(const char *name, enum policy_kind *out)
         *out = POLICY_LRU;
     else if (strcmp(name, "lfu") == 0)
         *out = POLICY_LFU;
+    else if (strcmp(name, "lru_lfu") == 0)
+        *out = POLICY_LRU_LFU;
     else
-        return MEMOS_EINVAL;   /* "lru_lfu": a later issue */
+        return MEMOS_EINVAL;
     return MEMOS_OK;
+}
+
+static int ok(policy *p, policy_node *x)
+{
+    return !p->evictable || p->evictable(x, p->ctx);
+}
+
+/* Oldest evictable probation nodes, walking from *cur towards the front. */
+static size_t take_probation(policy *p, policy_node **out, size_t n, policy_node **cur)
+{
+    size_t got = 0;
+    policy_node *h = &p->seg[POLICY_PROBATION];
+    while (*cur != h && got < n) {
+        policy_node *x = *cur;
+        *cur = x->fprev;
+        if (ok(p, x))
+            out[got++] = x;
+    }
+    return got;
+}
+
+/* The clock over protected: from the oldest, a node with ref > 0 loses one
+ * and goes to the front; one with ref 0 is a victim.  Each node is passed at
+ * most REF_MAX + 1 times, so the walk ends. */
+static size_t take_protected(policy *p, policy_node **out, size_t n)
+{
+    size_t got = 0;
+    policy_node *h = &p->seg[POLICY_PROTECTED];
+    uint64_t budget = (REF_MAX + 1) * p->nseg[POLICY_PROTECTED] + 1;
+    for (policy_node *x = h->fprev; x != h && got < n && budget > 0; budget--) {
+        policy_node *prev = x->fprev;
+        if (x->ref > 0) {
+            x->ref--;
+            if (prev == h) {   /* already the front: pass it again */
+                prev = x;
+            } else {
+                funlink(x);
+                flink_after(h, x);
+            }
+        } else if (ok(p, x)) {
+            out[got++] = x;
+        }
+        x = prev;
+    }
+    return got;
 }
 
 static unsigned level_of(uint32_t freq)
@@ -202,49 +501,210 @@ static void funlink(policy_node *n)
     n->fprev = n->fnext = NULL;
 }
 
+/* ---- private helpers: ghosts ---- */
+
+static uint64_t norm_hash(uint64_t h) { return h ? h : 1; }
+
+static long ghost_find(const policy *p, uint64_t h)
+{
+    if (!p->gtab)
+        return -1;
+    for (size_t i = h & p->gmask;; i = (i + 1) & p->gmask) {
+        if (p->gtab[i].hash == h)
+            return (long)i;
+        if (p->gtab[i].hash == 0)
+            return -1;
+    }
+}
+
+/* Linear probing with backward-shift deletion: no tombstones. */
+static void ghost_del(policy *p, size_t i)
+{
+    p->gtab[i].hash = 0;
+    p->gused--;
+    for (size_t j = (i + 1) & p->gmask; p->gtab[j].hash; j = (j + 1) & p->gmask) {
+        size_t home = p->gtab[j].hash & p->gmask;
+        if (((j - home) & p->gmask) >= ((j - i) & p->gmask)) {
+            p->gtab[i] = p->gtab[j];
+            p->gtab[j].hash = 0;
+            i = j;
+        }
+    }
+}
+
+static size_t ghost_target(const policy *p, unsigned r)
+{
+    size_t t = (size_t)(r == 0 ? 2 * p->count : p->count);
+    return t < GHOST_MIN ? GHOST_MIN : t;
+}
+
+/* Remember h in ring r (replacing any ghost of the same hash), then drop the
+ * oldest ring slots while the live ghosts exceed the ring's target (stale
+ * slots, left by ghost hits, are bounded by a second target).  On no memory the ghosts
+ * stay as they are (the policy still works, it adapts less). */
+static void ghost_add(policy *p, unsigned r, uint64_t h)
+{
+    ghost_ring *g = &p->ring[r];
+    if ((g->len == g->cap && ghost_grow_ring(g) != MEMOS_OK) ||
+        ((p->gused + 1) * 2 > p->gmask + 1 && ghost_grow_table(p) != MEMOS_OK)) {
+        p->oom = 1;
+        return;
+    }
+    long old = ghost_find(p, h);
+    if (old >= 0) {
+        p->ring[p->gtab[old].seq & 1].live--;
+        ghost_del(p, (size_t)old);
+    }
+    uint64_t seq = ++g->next_seq;
+    size_t at = (g->tail + g->len) % g->cap;
+    g->hash[at] = h;
+    g->seq[at] = seq;
+    g->len++;
+    g->live++;
+    size_t i = h & p->gmask;
+    while (p->gtab[i].hash)
+        i = (i + 1) & p->gmask;
+    p->gtab[i] = (ghost_slot){ h, (seq << 1) | r };
+    p->gused++;
+    size_t target = ghost_target(p, r);
+    while (g->live > target || g->len > 2 * target) {
+        long j = ghost_find(p, g->hash[g->tail]);
+        if (j >= 0 && p->gtab[j].seq == ((g->seq[g->tail] << 1) | r)) {
+            ghost_del(p, (size_t)j);
+            g->live--;
+        }
+        g->tail = (g->tail + 1) % g->cap;
+        g->len--;
+    }
+}
+
+static int ghost_grow_ring(ghost_ring *g)
+{
+    size_t cap = g->cap ? g->cap * 2 : 64;
+    uint64_t *hs = malloc(cap * sizeof *hs), *ss = malloc(cap * sizeof *ss);
+    if (!hs || !ss) {
+        free(hs);
+        free(ss);
+        return MEMOS_ENOMEM;
+    }
+    for (size_t i = 0; i < g->len; i++) {
+        hs[i] = g->hash[(g->tail + i) % g->cap];
+        ss[i] = g->seq[(g->tail + i) % g->cap];
+    }
+    free(g->hash);
+    free(g->seq);
+    g->hash = hs;
+    g->seq = ss;
+    g->cap = cap;
+    g->tail = 0;
+    return MEMOS_OK;
+}
+
+static int ghost_grow_table(policy *p)
+{
+    size_t n = p->gtab ? (p->gmask + 1) * 2 : 128;
+    ghost_slot *t = calloc(n, sizeof *t);
+    if (!t)
+        return MEMOS_ENOMEM;
+    for (size_t i = 0; p->gtab && i <= p->gmask; i++) {
+        if (!p->gtab[i].hash)
+            continue;
+        size_t j = p->gtab[i].hash & (n - 1);
+        while (t[j].hash)
+            j = (j + 1) & (n - 1);
+        t[j] = p->gtab[i];
+    }
+    free(p->gtab);
+    p->gtab = t;
+    p->gmask = n - 1;
+    return MEMOS_OK;
+}
+
 /* ---- debugging ---- */
+
+#define FAIL(...) do { snprintf(why, whylen, __VA_ARGS__); return MEMOS_EINVAL; } while (0)
+
+static int check_second_lists(const policy *p, char *why, size_t whylen)
+{
+    uint64_t m = 0;
+    if (p->kind == POLICY_LFU) {
+        for (unsigned l = 0; l < POLICY_LEVELS; l++)
+            for (const policy_node *x = p->lvl[l].fnext; x != &p->lvl[l]; x = x->fnext) {
+                if (x->level != l || level_of(x->freq) != l || x->fnext->fprev != x)
+                    FAIL("policy: node on wrong lfu level %u", l);
+                if (++m > p->count)
+                    break;
+            }
+        if (m != p->count)
+            FAIL("policy: lfu levels hold %llu, count says %llu",
+                 (unsigned long long)m, (unsigned long long)p->count);
+        return MEMOS_OK;
+    }
+    if (p->kind != POLICY_LRU_LFU)
+        return MEMOS_OK;
+    for (unsigned s = 0; s < 2; s++) {
+        uint64_t k = 0;
+        for (const policy_node *x = p->seg[s].fnext; x != &p->seg[s]; x = x->fnext) {
+            if (x->seg != s || x->fnext->fprev != x || !x->linked || x->ref > REF_MAX)
+                FAIL("policy: node on wrong lru_lfu segment %u", s);
+            if (++k > p->count)
+                break;
+        }
+        if (k != p->nseg[s])
+            FAIL("policy: segment %u holds %llu, counter says %llu", s,
+                 (unsigned long long)k, (unsigned long long)p->nseg[s]);
+        m += k;
+    }
+    if (m != p->count)
+        FAIL("policy: segments hold %llu, count says %llu",
+             (unsigned long long)m, (unsigned long long)p->count);
+    if (p->pfrac < PFRAC_MIN || p->pfrac > PFRAC_MAX)
+        FAIL("policy: balance %g out of range", p->pfrac);
+    return MEMOS_OK;
+}
+
+static int check_ghosts(const policy *p, char *why, size_t whylen)
+{
+    size_t used = 0;
+    for (size_t i = 0; p->gtab && i <= p->gmask; i++) {
+        const ghost_slot *s = &p->gtab[i];
+        if (!s->hash)
+            continue;
+        used++;
+        if (ghost_find(p, s->hash) != (long)i)
+            FAIL("policy: ghost %zu unreachable or twice in the table", i);
+        const ghost_ring *g = &p->ring[s->seq & 1];
+        uint64_t seq = s->seq >> 1;
+        if (seq == 0 || seq > g->next_seq || g->next_seq - seq >= g->len)
+            FAIL("policy: ghost %zu is outside its ring", i);
+        size_t at = (g->tail + g->len - 1 - (size_t)(g->next_seq - seq)) % g->cap;
+        if (g->hash[at] != s->hash || g->seq[at] != seq)
+            FAIL("policy: ghost %zu disagrees with its ring", i);
+    }
+    if (used != p->gused || used != p->ring[0].live + p->ring[1].live)
+        FAIL("policy: ghost table holds %zu, counters say %zu, rings %zu + %zu", used,
+             p->gused, p->ring[0].live, p->ring[1].live);
+    for (unsigned r = 0; r < 2; r++)
+        if (p->ring[r].len > p->ring[r].cap)
+            FAIL("policy: ghost ring %u overfull", r);
+    return MEMOS_OK;
+}
 
 int policy_check(const policy *p, char *why, size_t whylen)
 {
     uint64_t n = 0;
     const policy_node *h = &p->head;
     for (const policy_node *x = h->next; x != h; x = x->next) {
-        if (x->next->prev != x || x->prev->next != x) {
-            snprintf(why, whylen, "policy: recency list broken at node %llu",
-                     (unsigned long long)n);
-            return MEMOS_EINVAL;
-        }
-        if (!x->linked) {
-            snprintf(why, whylen, "policy: unlinked node on the list");
-            return MEMOS_EINVAL;
-        }
-        if (++n > p->count) {
-            snprintf(why, whylen, "policy: list longer than count %llu",
-                     (unsigned long long)p->count);
-            return MEMOS_EINVAL;
-        }
+        if (x->next->prev != x || x->prev->next != x)
+            FAIL("policy: recency list broken at node %llu", (unsigned long long)n);
+        if (!x->linked)
+            FAIL("policy: unlinked node on the list");
+        if (++n > p->count)
+            FAIL("policy: list longer than count %llu", (unsigned long long)p->count);
     }
-    if (n != p->count) {
-        snprintf(why, whylen, "policy: list holds %llu, count says %llu",
-                 (unsigned long long)n, (unsigned long long)p->count);
-        return MEMOS_EINVAL;
-    }
-    if (p->kind != POLICY_LFU)
-        return MEMOS_OK;
-    uint64_t m = 0;
-    for (unsigned l = 0; l < POLICY_LEVELS; l++)
-        for (const policy_node *x = p->lvl[l].fnext; x != &p->lvl[l]; x = x->fnext) {
-            if (x->level != l || level_of(x->freq) != l || x->fnext->fprev != x) {
-                snprintf(why, whylen, "policy: node on wrong lfu level %u", l);
-                return MEMOS_EINVAL;
-            }
-            if (++m > p->count)
-                break;
-        }
-    if (m != p->count) {
-        snprintf(why, whylen, "policy: lfu levels hold %llu, count says %llu",
-                 (unsigned long long)m, (unsigned long long)p->count);
-        return MEMOS_EINVAL;
-    }
-    return MEMOS_OK;
+    if (n != p->count)
+        FAIL("policy: list holds %llu, count says %llu",
+             (unsigned long long)n, (unsigned long long)p->count);
+    int rc = check_second_lists(p, why, whylen);
+    return rc != MEMOS_OK ? rc : check_ghosts(p, why, whylen);
 }

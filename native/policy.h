@@ -12,37 +12,85 @@
 
 #define POLICY_LEVELS 9   /* LFU frequency buckets: level = bit length of freq, capped */
 
+/* Embedded in every live entry: 48 bytes on x86-64. */
 typedef struct policy_node {
     struct policy_node *prev, *next;    /* recency list, MRU at head.next (cache lock) */
-    struct policy_node *fprev, *fnext;  /* LFU level list, MRU first (cache lock) */
+    struct policy_node *fprev, *fnext;  /* lfu: level list; lru_lfu: segment list, MRU first (cache lock) */
+    uint64_t hash;                      /* key hash, recorded in a ghost on eviction (cache lock) */
     uint32_t freq;                      /* touches since admit, saturating (cache lock) */
-    uint8_t  level;                     /* LFU level the node is linked in (cache lock) */
+    uint8_t  level;                     /* lfu: level the node is linked in (cache lock) */
     uint8_t  linked;                    /* 1 while admitted (cache lock) */
+    uint8_t  seg;                       /* lru_lfu: POLICY_PROBATION or POLICY_PROTECTED (cache lock) */
+    uint8_t  ref;                       /* lru_lfu: aging frequency 0..3, +1 a hit, -1 a clock pass (cache lock) */
 } policy_node;
 
-enum policy_kind { POLICY_LRU = 0, POLICY_LFU = 1 };
+enum policy_kind { POLICY_LRU = 0, POLICY_LFU = 1, POLICY_LRU_LFU = 2 };
+enum { POLICY_PROBATION = 0, POLICY_PROTECTED = 1 };
 
 /* Returns 1 if the node may be a victim now (not pinned, not evicting...). */
 typedef int (*policy_evictable_fn)(const policy_node *n, void *ctx);
 
+/* Ghosts: key hashes of evicted entries, in two FIFO rings (0: evicted from
+ * probation, 1: from protected), found through one open-addressing table. */
+typedef struct ghost_ring {
+    uint64_t *hash;                     /* ring of hashes, oldest at tail (malloc) */
+    uint64_t *seq;                      /* ring: sequence number of each insertion (malloc) */
+    size_t    cap, len, tail;           /* allocated, used, index of the oldest */
+    size_t    live;                     /* slots still in the table (not stale) */
+    uint64_t  next_seq;                 /* insertions so far (the ring's clock) */
+} ghost_ring;
+
+typedef struct ghost_slot {
+    uint64_t hash;                      /* 0 = empty */
+    uint64_t seq;                       /* (insertion seq << 1) | ring */
+} ghost_slot;
+
+typedef struct policy_stats {
+    uint64_t ghost_hits_recency;        /* admits found in the probation ghost */
+    uint64_t ghost_hits_frequency;      /* admits found in the protected ghost */
+    uint64_t ghost_entries;             /* hashes in both ghosts */
+    uint64_t probation;                 /* nodes in probation (lru_lfu) */
+    uint64_t protected_;                /* nodes in protected (lru_lfu) */
+    double   recency;                   /* probation target / nodes, 0..1 (lru 1, lfu 0) */
+} policy_stats;
+
 typedef struct policy {
-    char             name[16];          /* "lru" or "lfu" */
+    char             name[16];          /* "lru_lfu", "lru" or "lfu" */
     enum policy_kind kind;              /* which victim order */
     policy_node      head;              /* recency sentinel */
-    policy_node      lvl[POLICY_LEVELS];/* LFU level sentinels */
+    policy_node      lvl[POLICY_LEVELS];/* lfu: level sentinels */
+    policy_node      seg[2];            /* lru_lfu: probation (FIFO) and protected (LRU + clock) */
+    uint64_t         nseg[2];           /* nodes in each segment */
     uint64_t         count;             /* nodes admitted */
+    double           pfrac;             /* lru_lfu: probation target, share of count */
+    ghost_ring       ring[2];           /* lru_lfu: ghost FIFOs */
+    ghost_slot      *gtab;              /* ghost table, gmask + 1 slots (malloc) */
+    size_t           gmask, gused;      /* table size - 1, slots used */
+    uint64_t         ghits[2];          /* ghost hits per ring */
+    int              oom;               /* a ghost allocation failed: ghosts stay as they are */
     policy_evictable_fn evictable;      /* victim filter, may be NULL */
     void            *ctx;               /* argument of evictable */
 } policy;
 
 int    policy_init(policy *p, const char *name, policy_evictable_fn fn, void *ctx); /* MEMOS_OK, MEMOS_EINVAL */
+void   policy_destroy(policy *p);                    /* frees the ghosts */
 int    policy_select(policy *p, const char *name);   /* MEMOS_OK, MEMOS_EINVAL */
-void   policy_admit(policy *p, policy_node *n);
+void   policy_admit(policy *p, policy_node *n, uint64_t hash);
 void   policy_touch(policy *p, policy_node *n);
 void   policy_remove(policy *p, policy_node *n);
+void   policy_note_evict(policy *p, policy_node *n); /* before policy_remove of a victim */
+void   policy_rekey(policy_node *n, uint64_t hash);  /* the entry was renamed */
 size_t policy_victims(policy *p, policy_node **out, size_t n);
 void   policy_foreach(policy *p, void (*fn)(void *ctx, policy_node *n), void *ctx); /* MRU first */
 uint64_t policy_count(const policy *p);
+void   policy_get_stats(const policy *p, policy_stats *out);
 int    policy_check(const policy *p, char *why, size_t whylen); /* MEMOS_OK, MEMOS_EINVAL */
+
+/* Replay `n` keys through a cache of `capacity` unit-size blocks run by the
+ * named policy (lookup; a miss inserts, evicting `batch` victims when full),
+ * with the same policy_* calls the cache makes.  Returns the hits, or -1
+ * (MEMOS_EINVAL name / capacity 0, or no memory). */
+long long policy_simulate(const char *name, const uint64_t *keys, size_t n,
+                          size_t capacity, unsigned batch, policy_stats *st);
 
 #endif /* MEMOS_POLICY_H */

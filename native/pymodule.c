@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "memos.h"
+#include "policy.h"
 
 /* ---- types and constants ---- */
 
@@ -478,6 +479,34 @@ static PyObject *Cache_set_evict_batch(CacheObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *Cache_set_reclaim(CacheObject *self, PyObject *args)
+{
+    double ratio;
+    long limit;
+    if (!PyArg_ParseTuple(args, "dl:set_reclaim", &ratio, &limit))
+        return NULL;
+    if (!(ratio >= 0.0 && ratio <= 1.0) || limit < 0 || limit > 1000000)
+        return memos_error(MEMOS_EINVAL,
+                           "reclaim_free_ratio must be in 0..1, reclaim_fail_limit in 0..1000000",
+                           NULL);
+    if (cache_enter(self) < 0)
+        return NULL;
+    int rc = memos_set_reclaim(self->c, ratio, (unsigned)limit);
+    cache_leave(self);
+    if (rc != MEMOS_OK)
+        return memos_error(rc, "reclaim_free_ratio must be in 0..1", NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Cache_sweep(CacheObject *self, PyObject *noarg)
+{
+    if (cache_enter(self) < 0)
+        return NULL;
+    long n = memos_sweep(self->c);
+    cache_leave(self);
+    return PyLong_FromLong(n);
+}
+
 static int get_stats(CacheObject *self, memos_stats *s)
 {
     if (cache_enter(self) < 0)
@@ -487,21 +516,78 @@ static int get_stats(CacheObject *self, memos_stats *s)
     return 0;
 }
 
-static PyObject *Cache_stats(CacheObject *self, PyObject *noarg)
+static PyObject *cache_stats_core(CacheObject *self, PyObject *noarg)
 {
     memos_stats s;
     if (get_stats(self, &s) < 0)
         return NULL;
 #define U(f) #f, (unsigned long long)s.f
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsd}",
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsdsKsdsKsKsKsdsK}",
         U(lookups), U(hits), U(misses), U(inserts), U(replaces), U(removes),
         U(evictions), U(eviction_runs), U(evict_refused), U(alloc_failures),
         U(slots), U(drafts), U(dead_pinned), U(pinned), U(bytes_used),
         U(bytes_draft), U(pages_used), U(free_pages), U(capacity),
         U(superblocks), U(huge_pages), U(evict_batch), U(index_buckets),
-        U(index_entries), "index_load_factor", s.index_load_factor);
+        U(index_entries), "index_load_factor", s.index_load_factor,
+        U(reclaim_runs), "fragmentation", s.fragmentation, U(pages_pending),
+        U(sweep_ns), U(sweep_ns_max), "reclaim_free_ratio", s.reclaim_free_ratio,
+        U(reclaim_fail_limit));
 #undef U
+}
+
+/* stats() = the core counters plus the policy's (policy.c). */
+static PyObject *Cache_stats(CacheObject *self, PyObject *noarg)
+{
+    PyObject *d = cache_stats_core(self, noarg);
+    memos_stats s;
+    if (!d || get_stats(self, &s) < 0) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    PyObject *pol = PyUnicode_FromString(memos_policy_name(self->c));
+    PyObject *more = Py_BuildValue("{sKsKsKsKsKsdsN}",
+        "ghost_hits_recency", (unsigned long long)s.ghost_hits_recency,
+        "ghost_hits_frequency", (unsigned long long)s.ghost_hits_frequency,
+        "ghost_entries", (unsigned long long)s.ghost_entries,
+        "policy_probation", (unsigned long long)s.policy_probation,
+        "policy_protected", (unsigned long long)s.policy_protected,
+        "policy_recency", s.policy_recency, "evict_policy", pol);
+    if (!more || PyDict_Update(d, more) < 0) {
+        Py_XDECREF(more);
+        Py_DECREF(d);
+        return NULL;
+    }
+    Py_DECREF(more);
+    return d;
+}
+
+static PyObject *Cache_set_policy(CacheObject *self, PyObject *arg)
+{
+    const char *name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    if (!name) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "policy name must be a str");
+        return NULL;
+    }
+    if (cache_enter(self) < 0)
+        return NULL;
+    int rc = memos_set_policy(self->c, name);
+    cache_leave(self);
+    if (rc != MEMOS_OK) {
+        PyErr_Format(PyExc_ValueError, "unknown eviction policy %R (lru_lfu, lru, lfu)", arg);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Cache_get_policy(CacheObject *self, void *closure)
+{
+    if (cache_enter(self) < 0)
+        return NULL;
+    PyObject *out = PyUnicode_FromString(memos_policy_name(self->c));
+    cache_leave(self);
+    return out;
 }
 
 static PyObject *Cache_get_capacity(CacheObject *self, void *closure)
@@ -614,7 +700,13 @@ static PyMethodDef Cache_methods[] = {
     { "evict_run", (PyCFunction)Cache_evict_run, METH_NOARGS, "evict_run() -> int" },
     { "set_capacity", (PyCFunction)Cache_set_capacity, METH_O, "set_capacity(n)" },
     { "set_evict_batch", (PyCFunction)Cache_set_evict_batch, METH_O, "set_evict_batch(n)" },
+    { "set_policy", (PyCFunction)Cache_set_policy, METH_O,
+      "set_policy(name): lru_lfu | lru | lfu, live (ValueError otherwise)" },
     { "stats", (PyCFunction)Cache_stats, METH_NOARGS, "stats() -> dict" },
+    { "set_reclaim", (PyCFunction)Cache_set_reclaim, METH_VARARGS,
+      "set_reclaim(free_ratio, fail_limit): lazy reclaim triggers of the arena" },
+    { "sweep", (PyCFunction)Cache_sweep, METH_NOARGS,
+      "sweep() -> int: reclaim every freed page now (flush); pages reclaimed" },
     { "keys", (PyCFunction)Cache_keys, METH_NOARGS, "keys() -> list[bytes], MRU first" },
     { "fail_after", (PyCFunction)Cache_fail_after, METH_O, "fail_after(n): test hook" },
     { "check", (PyCFunction)Cache_check, METH_NOARGS, "check(): AssertionError on damage" },
@@ -625,6 +717,7 @@ static PyMethodDef Cache_methods[] = {
 static PyGetSetDef Cache_getset[] = {
     { "capacity", (getter)Cache_get_capacity, NULL, "bytes", NULL },
     { "evict_batch", (getter)Cache_get_evict_batch, NULL, "victims per run", NULL },
+    { "policy", (getter)Cache_get_policy, NULL, "eviction policy name", NULL },
     { "closed", (getter)Cache_get_closed, NULL, "close() was called", NULL },
     { NULL }
 };
@@ -1234,7 +1327,45 @@ static PyObject *mod_crc32c(PyObject *m, PyObject *args, PyObject *kw)
     return PyLong_FromUnsignedLong(out);
 }
 
+/* policy_simulate(name, keys, capacity, evict_batch=1): replay a buffer of
+ * uint64 block ids through the C policy over unit-size blocks (policy.c). */
+static PyObject *mod_policy_simulate(PyObject *m, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "policy", "keys", "capacity", "evict_batch", NULL };
+    const char *name;
+    Py_buffer view;
+    long long capacity;
+    int batch = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sy*L|i:policy_simulate", kwlist, &name,
+                                     &view, &capacity, &batch))
+        return NULL;
+    if (view.len % 8 || capacity <= 0 || capacity > (1LL << 29) || batch <= 0 || batch > 4096) {
+        PyBuffer_Release(&view);
+        return memos_error(MEMOS_EINVAL, "keys must be uint64s, capacity in 1..2**29, "
+                                         "evict_batch in 1..4096", NULL);
+    }
+    policy_stats st;
+    long long hits;
+    Py_BEGIN_ALLOW_THREADS
+    hits = policy_simulate(name, view.buf, (size_t)view.len / 8, (size_t)capacity,
+                           (unsigned)batch, &st);
+    Py_END_ALLOW_THREADS
+    Py_ssize_t n = view.len / 8;
+    PyBuffer_Release(&view);
+    if (hits < 0)
+        return memos_error(MEMOS_EINVAL, "unknown policy (lru_lfu, lru, lfu) or no memory", NULL);
+    return Py_BuildValue("{sLsnsKsKsKsd}", "hits", hits, "lookups", n,
+                         "ghost_hits_recency", (unsigned long long)st.ghost_hits_recency,
+                         "ghost_hits_frequency", (unsigned long long)st.ghost_hits_frequency,
+                         "ghost_entries", (unsigned long long)st.ghost_entries,
+                         "policy_recency", st.recency);
+}
+
 static PyMethodDef module_methods[] = {
+    { "policy_simulate", (PyCFunction)(void (*)(void))mod_policy_simulate,
+      METH_VARARGS | METH_KEYWORDS,
+      "policy_simulate(policy, keys, capacity, evict_batch=1) -> dict: replay uint64 "
+      "block ids (a buffer) through the C policy over `capacity` unit-size blocks" },
     { "crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
       "crc32c(data, crc=0) -> int: CRC-32C (Castagnoli) of a contiguous buffer, "
       "continuing from crc" },

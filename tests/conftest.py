@@ -67,7 +67,10 @@ class Mount:
         out = {}
         for line in self.ctl("stats").read_text().splitlines():
             k, v = line.split()
-            out[k] = float(v)
+            try:
+                out[k] = float(v)
+            except ValueError:          # a name, such as evict_policy
+                pass
         return out
 
     def logtext(self) -> str:

@@ -75,8 +75,35 @@ def test_stats_has_every_field():
         "dead_pinned", "pinned", "bytes_used", "bytes_draft", "pages_used",
         "free_pages", "capacity", "superblocks", "huge_pages", "evict_batch",
         "index_buckets", "index_entries", "index_load_factor",
+        "reclaim_runs", "fragmentation", "pages_pending", "sweep_ns", "sweep_ns_max",
+        "reclaim_free_ratio", "reclaim_fail_limit",
+        "evict_policy", "ghost_hits_recency", "ghost_hits_frequency", "ghost_entries",
+        "policy_probation", "policy_protected", "policy_recency",
     }
     assert set(c.stats()) == fields
+    c.close()
+
+
+def test_lazy_reclaim_knobs_and_sweep():
+    c = N.Cache(4 * MiB)
+    s = c.stats()
+    assert (s["reclaim_free_ratio"], s["reclaim_fail_limit"]) == (0.2, 3)
+    with pytest.raises(ValueError, match="^reclaim_free_ratio must be in 0..1, "
+                       "reclaim_fail_limit in 0..1000000$"):
+        c.set_reclaim(1.5, 3)
+    with pytest.raises(ValueError):
+        c.set_reclaim(0.5, -1)
+    c.set_reclaim(0.0, 1000)        # sweeps only on flush (or as a last resort)
+    for i in range(8):
+        put(c, b"r%d" % i, bytes(256 * KiB)).release()
+    for i in range(8):
+        c.remove(b"r%d" % i)
+    s = c.stats()
+    assert s["pages_pending"] == 8 * 64 and s["reclaim_runs"] == 0
+    assert c.sweep() == 8 * 64 and c.sweep() == 0
+    s = c.stats()
+    assert s["pages_pending"] == 0 and s["reclaim_runs"] == 1 and s["fragmentation"] == 0.0
+    c.check()
     c.close()
 
 

@@ -154,7 +154,7 @@ def test_quantized_slot_on_the_mount(make_mount):
 
 
 def test_quantized_slot_survives_restart_and_eviction(make_mount):
-    m = make_mount(capacity="8M", quantize="int4", evict_batch=1)
+    m = make_mount(capacity="8M", quantize="int4", evict_batch=1, evict_policy="lru")
     s = session(m)
     tensors, raw = kv_file(dtype=np.float32, tokens=256)
     (s / "kv").write_bytes(raw)

@@ -1,0 +1,564 @@
+"""Crash testing: kill -9 the daemon in the middle of write loops, remount,
+check what the SSD tier kept.  Shared by `tests/test_faults.py` and
+`memosfs bench persist`.
+
+One cycle: mount (the same SSD directory every time) -> check every slot
+against what the writer ever wrote -> start the writer -> after a random
+50-500 ms, SIGKILL the daemon by its pid -> wait for it, lazily unmount.
+After the last cycle: mount, check, a short write burst, a clean unmount,
+mount again and check that every slot holds exactly its newest version.
+
+The writer (`python -m memosfs.faults writer ...`, a separate process so that
+nothing in the checker can block on the dead mount) loops over a small pool
+of keys (agent `fault`, sessions s0.., slots k00..), writing whole slots of
+random sizes (1 KiB - 3 MiB) whose bytes are a function of (key, version)
+(`slot_bytes`), so the checker can recompute any version.  Versions are
+unique per key and grow from cycle to cycle (`base` + a counter).  Before
+each write it journals `W key version size`; after an fsync that returned,
+`A key version` (acknowledged: durable); after a close that returned,
+`C key version`; on the first error, `X errno monotonic_ns stage: error`
+and it stops (an error before the kill is a failure of its own).
+
+The rules the checker applies, per key:
+  - a slot present must be byte for byte one version the writer wrote
+    (header, size and every byte; never torn, never a mix) — else corrupted;
+  - the newest version known durable (fsync-acknowledged, or read back after
+    an earlier restart) must be present, as that version or a later one —
+    else lost (absent, or an older version came back);
+  - files the mount set aside as corrupt (`ssd_corrupt`) count as corrupted.
+
+A kill -9 that does not end the daemon (a thread of it waits, unkillably, on
+a request to its own mount) is counted as `kills_stuck`; `kill9` then aborts
+the FUSE connection through fusectl so that nothing hangs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import signal
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Protocol
+
+MiB = 1 << 20
+AGENT = "fault"
+HEADER = struct.Struct("<8sQQ16s")       # magic, version, size, key digest
+MAGIC = b"FLTSLOT1"
+MIN_SIZE = 1024
+MAX_SIZE = 3 * MiB
+
+
+# ---------------------------------------------------------------- content
+
+def _digest(key: str) -> bytes:
+    return hashlib.blake2b(key.encode(), digest_size=16).digest()
+
+
+def slot_bytes(key: str, version: int, size: int) -> bytes:
+    """The bytes of `version` of `key`: a header, then bytes seeded by both."""
+    assert size >= HEADER.size
+    head = HEADER.pack(MAGIC, version, size, _digest(key))
+    return head + random.Random(f"{key}:{version}").randbytes(size - HEADER.size)
+
+
+def parse_slot(key: str, data: bytes) -> int:
+    """The version `data` is, or ValueError saying why it is none."""
+    if len(data) < HEADER.size:
+        raise ValueError(f"{len(data)} bytes, shorter than the header")
+    magic, version, size, digest = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise ValueError(f"no header magic ({magic!r})")
+    if digest != _digest(key):
+        raise ValueError("header of another key")
+    if size != len(data):
+        raise ValueError(f"header says {size} bytes, slot has {len(data)}")
+    if data != slot_bytes(key, version, size):
+        raise ValueError(f"bytes differ from version {version} (torn or mixed)")
+    return version
+
+
+def slot_keys(sessions: int, per_session: int) -> list[str]:
+    return [f"s{s}/k{i:02d}" for s in range(sessions) for i in range(per_session)]
+
+
+# ---------------------------------------------------------------- mounts
+
+def is_mounted(path: str | os.PathLike) -> bool:
+    p = os.path.realpath(path)
+    with open("/proc/mounts") as f:
+        return any(line.split()[1] == p for line in f)
+
+
+class MountLike(Protocol):
+    path: Any                       # the mountpoint
+    proc: subprocess.Popen          # the daemon (memosfs ... -f)
+
+    def stop(self) -> None: ...
+
+
+class Daemon:
+    """`memosfs memos MNT -f -o ...` as a child process, mounted when built;
+    stopped by unmounting (stop) or by SIGKILL to its pid (kill9)."""
+
+    def __init__(self, mnt: str, ssd: str, log: str, opts: dict[str, object],
+                 timeout: float = 30) -> None:
+        self.path = mnt
+        self.ssd = ssd
+        self.log = log
+        os.makedirs(mnt, exist_ok=True)
+        options = ",".join([f"ssd={ssd}", f"log={log}"] + [f"{k}={v}" for k, v in opts.items()])
+        self.t_start = time.perf_counter()
+        self.proc = subprocess.Popen([sys.executable, "-m", "memosfs", "memos", mnt, "-f",
+                                      "-o", options], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while not is_mounted(mnt):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"memosfs did not mount at {mnt} (see {log})")
+            time.sleep(0.005)
+        self.t_mounted = time.perf_counter()
+
+    def stats(self) -> dict[str, float]:
+        return read_stats(self.path)
+
+    def logtext(self) -> str:
+        try:
+            with open(self.log, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """Unmount cleanly (the daemon persists everything) and wait for it;
+        lazily, then SIGTERM, then SIGKILL by pid only if it hangs."""
+        if is_mounted(self.path):
+            subprocess.run(["fusermount3", "-u", self.path], stderr=subprocess.DEVNULL)
+        if is_mounted(self.path):
+            subprocess.run(["fusermount3", "-u", "-z", self.path], stderr=subprocess.DEVNULL)
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+
+    def kill9(self) -> None:
+        kill9(self)
+
+
+def read_stats(mnt: str | os.PathLike) -> dict[str, float]:
+    with open(os.path.join(mnt, ".memos", "cache", "stats.json")) as f:
+        return json.load(f)
+
+
+FUSECTL = "/sys/fs/fuse/connections"
+
+
+def fuse_connection(path: str | os.PathLike) -> Optional[str]:
+    """The fusectl connection number of the FUSE mount at path (its device
+    minor, from mountinfo: no request to the mount itself)."""
+    p = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4] == p and " - fuse" in line:
+                return fields[2].split(":")[1]
+    return None
+
+
+def abort_connection(conn: str) -> bool:
+    """echo 1 > /sys/fs/fuse/connections/N/abort (mounting fusectl for the
+    moment if it is not); True if it was written."""
+    ours = False
+    if not os.path.isdir(os.path.join(FUSECTL, conn)) and not is_mounted(FUSECTL):
+        ours = subprocess.run(["mount", "-t", "fusectl", "none", FUSECTL],
+                              stderr=subprocess.DEVNULL).returncode == 0
+    try:
+        with open(os.path.join(FUSECTL, conn, "abort"), "w") as f:
+            f.write("1")
+        return True
+    except OSError:
+        return False
+    finally:
+        if ours:
+            subprocess.run(["umount", FUSECTL], stderr=subprocess.DEVNULL)
+
+
+def kill9(m: MountLike, timeout: float = 15, grace: float = 3) -> bool:
+    """SIGKILL the daemon by pid, reap it, lazily unmount the dead mount;
+    raises if a mount or the process is left behind.
+
+    Returns True when kill -9 alone did not end the daemon: a thread of it
+    was waiting, uninterruptibly, on a request to its own mount that the
+    dead main thread had read and will never answer, so /dev/fuse stayed
+    open and the mount hung; the connection had to be aborted (fusectl)."""
+    path = str(m.path)
+    conn = fuse_connection(path)
+    stuck = False
+    if m.proc.poll() is None:
+        os.kill(m.proc.pid, signal.SIGKILL)
+    try:
+        m.proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        stuck = True
+        if conn is None or not abort_connection(conn):
+            raise RuntimeError(f"daemon {m.proc.pid} survives kill -9 and the FUSE "
+                               f"connection {conn} of {path} cannot be aborted")
+        m.proc.wait(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while is_mounted(path):
+        subprocess.run(["fusermount3", "-u", "-z", path], stderr=subprocess.DEVNULL)
+        if not is_mounted(path):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path} is still mounted after kill -9 and fusermount3 -u -z")
+        time.sleep(0.05)
+    return stuck
+
+
+# ---------------------------------------------------------------- the writer
+
+def writer_main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m memosfs.faults writer")
+    ap.add_argument("mnt")
+    ap.add_argument("journal")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--base", type=int, default=0, help="first version number - 1")
+    ap.add_argument("--sessions", type=int, default=3)
+    ap.add_argument("--per-session", type=int, default=16)
+    ap.add_argument("--fsync", type=float, default=0.3, help="share of writes fsync'd")
+    ap.add_argument("--min-size", type=int, default=MIN_SIZE)
+    ap.add_argument("--max-size", type=int, default=MAX_SIZE)
+    ap.add_argument("--count", type=int, default=0, help="stop after this many (0: never)")
+    ap.add_argument("--max-seconds", type=float, default=60)
+    a = ap.parse_args(argv)
+    rng = random.Random(a.seed)
+    keys = slot_keys(a.sessions, a.per_session)
+    jfd = os.open(a.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def journal(line: str) -> None:
+        os.write(jfd, (line + "\n").encode())
+
+    version = a.base
+    deadline = time.monotonic() + a.max_seconds
+    done = 0
+    stage = "mkdir"
+    try:
+        for s in range(a.sessions):
+            os.makedirs(os.path.join(a.mnt, AGENT, f"s{s}"), exist_ok=True)
+        journal("R")
+        while time.monotonic() < deadline and (not a.count or done < a.count):
+            key = rng.choice(keys)
+            size = rng.randint(a.min_size, a.max_size)
+            sync = rng.random() < a.fsync
+            version += 1
+            data = slot_bytes(key, version, size)
+            journal(f"W {key} {version} {size}")
+            stage = "open"
+            fd = os.open(os.path.join(a.mnt, AGENT, key),
+                         os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                stage = "write"
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view[:MiB]):]
+                if sync:
+                    stage = "fsync"
+                    os.fsync(fd)
+                    journal(f"A {key} {version}")
+            except OSError:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                raise
+            stage = "close"
+            os.close(fd)
+            journal(f"C {key} {version}")
+            done += 1
+    except OSError as e:
+        journal(f"X {e.errno or 0} {time.monotonic_ns()} {stage}: {e}".replace("\n", " "))
+        return 0
+    finally:
+        journal("E")
+    return 0
+
+
+def start_writer(mnt: str | os.PathLike, journal: str, seed: int, base: int,
+                 **opts: object) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "memosfs.faults", "writer", str(mnt), journal,
+           "--seed", str(seed), "--base", str(base)]
+    for k, v in opts.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def read_journal(path: str) -> list[list[str]]:
+    try:
+        with open(path) as f:
+            return [line.split(" ", 3) for line in f.read().splitlines() if line]
+    except FileNotFoundError:
+        return []
+
+
+# ---------------------------------------------------------------- the checker
+
+@dataclass
+class History:
+    """What the writer ever did, per key, across cycles."""
+    written: dict[str, set[int]] = field(default_factory=dict)
+    floor: dict[str, int] = field(default_factory=dict)     # newest known durable
+    writes: int = 0
+    acked: int = 0
+
+    def apply(self, events: list[list[str]]) -> None:
+        for ev in events:
+            if ev[0] == "W":
+                self.written.setdefault(ev[1], set()).add(int(ev[2]))
+                self.writes += 1
+            elif ev[0] == "A":
+                v = int(ev[2])
+                self.floor[ev[1]] = max(self.floor.get(ev[1], 0), v)
+                self.acked += 1
+
+
+@dataclass
+class Check:
+    checked: int = 0
+    lost: int = 0
+    corrupted: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def check_mount(mnt: str | os.PathLike, hist: History, exact: bool = False) -> Check:
+    """Read every slot under mnt/fault and hold it against the history;
+    raise the floor of each slot read back whole.  exact: every key must
+    hold exactly its newest durable version (after a clean unmount)."""
+    res = Check()
+    root = os.path.join(mnt, AGENT)
+    present: dict[str, int] = {}
+    try:
+        sessions = sorted(os.listdir(root))
+    except FileNotFoundError:
+        sessions = []
+    for sess in sessions:
+        for name in sorted(os.listdir(os.path.join(root, sess))):
+            key = f"{sess}/{name}"
+            res.checked += 1
+            try:
+                with open(os.path.join(root, key), "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                res.corrupted += 1
+                res.problems.append(f"{key}: listed but unreadable: {e}")
+                continue
+            try:
+                v = parse_slot(key, data)
+            except ValueError as e:
+                res.corrupted += 1
+                res.problems.append(f"{key}: {e}")
+                continue
+            if v not in hist.written.get(key, ()):
+                res.corrupted += 1
+                res.problems.append(f"{key}: version {v} was never written")
+                continue
+            present[key] = v
+    for key, floor in sorted(hist.floor.items()):
+        v = present.get(key)
+        if v is None:
+            res.checked += 1
+            res.lost += 1
+            res.problems.append(f"{key}: version {floor} was durable, the slot is gone")
+        elif v < floor or (exact and v != floor):
+            res.lost += 1
+            res.problems.append(f"{key}: version {v} came back, {floor} was durable")
+    for key, v in present.items():
+        hist.floor[key] = max(hist.floor.get(key, 0), v)
+    return res
+
+
+# ---------------------------------------------------------------- cycles
+
+@dataclass
+class FaultReport:
+    cycles: int = 0
+    slots_checked: int = 0
+    slots_lost: int = 0
+    slots_corrupted: int = 0
+    ssd_corrupt: int = 0            # files the mounts set aside (in slots_corrupted too)
+    writes: int = 0                 # slot writes started
+    acked: int = 0                  # fsyncs acknowledged
+    writer_errors: int = 0          # errors before the kill (not the dead mount's)
+    kills_stuck: int = 0            # kill -9 alone did not end the daemon (see kill9)
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+
+    def add(self, c: Check, where: str) -> None:
+        self.slots_checked += c.checked
+        self.slots_lost += c.lost
+        self.slots_corrupted += c.corrupted
+        self.problems += [f"{where}: {p}" for p in c.problems]
+
+    def summary(self) -> dict[str, object]:
+        return {"cycles": self.cycles, "slots_checked": self.slots_checked,
+                "slots_lost": self.slots_lost, "slots_corrupted": self.slots_corrupted,
+                "ssd_corrupt": self.ssd_corrupt, "writes": self.writes,
+                "acked": self.acked, "writer_errors": self.writer_errors,
+                "kills_stuck": self.kills_stuck,
+                "seconds": round(self.seconds, 2)}
+
+
+MountFn = Callable[[str, dict], MountLike]
+
+
+def daemon_factory(workdir: str) -> MountFn:
+    """Mount with a Daemon: mountpoint and log under workdir, one per mount."""
+    n = [0]
+
+    def mount(ssd: str, opts: dict) -> Daemon:
+        n[0] += 1
+        return Daemon(os.path.join(workdir, f"mnt{n[0]}"), ssd,
+                      os.path.join(workdir, f"mnt{n[0]}.log"), opts)
+    return mount
+
+
+def run_cycles(workdir: str, cycles: int, seed: int = 0, mount: Optional[MountFn] = None,
+               capacity: str = "16M", writeback_delay_ms: int = 50,
+               delay_ms: tuple[int, int] = (50, 500), sessions: int = 3,
+               per_session: int = 16, fsync: float = 0.3,
+               progress: Optional[Callable[[str], None]] = None) -> FaultReport:
+    """`cycles` kill -9 cycles on one SSD directory under workdir, then the
+    clean-unmount round; every mount it makes is gone when it returns."""
+    mount = mount or daemon_factory(workdir)
+    ssd = os.path.join(workdir, "ssd")
+    os.makedirs(ssd, exist_ok=True)
+    opts = {"capacity": capacity, "writeback_delay_ms": writeback_delay_ms}
+    rng = random.Random(seed)
+    hist = History()
+    rep = FaultReport()
+    t0 = time.monotonic()
+    wopts = {"sessions": sessions, "per_session": per_session, "fsync": fsync}
+    live: list[MountLike] = []
+
+    def new_mount() -> MountLike:
+        m = mount(ssd, opts)
+        live.append(m)
+        stats = read_stats(m.path)
+        bad = int(stats.get("ssd_corrupt", 0))
+        rep.ssd_corrupt += bad
+        rep.slots_corrupted += bad
+        if bad:
+            rep.problems.append(f"mount {len(live)}: {bad} slot files set aside as corrupt")
+        return m
+
+    try:
+        for cycle in range(1, cycles + 1):
+            m = new_mount()
+            rep.add(check_mount(m.path, hist), f"cycle {cycle}")
+            journal = os.path.join(workdir, f"journal{cycle}")
+            w = start_writer(m.path, journal, seed=rng.getrandbits(32),
+                             base=cycle * 1_000_000, **wopts)
+            try:
+                deadline = time.monotonic() + 20
+                while not read_journal(journal) and w.poll() is None \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                time.sleep(rng.uniform(*delay_ms) / 1000)
+                killed_ns = time.monotonic_ns()
+                if kill9(m):
+                    rep.kills_stuck += 1
+                    rep.stuck.append(f"cycle {cycle}: kill -9 left daemon {m.proc.pid} "
+                                     "hanging in a request to its own mount; aborted "
+                                     "the FUSE connection")
+            finally:
+                try:
+                    w.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    w.kill()
+                    w.wait()
+                    rep.problems.append(f"cycle {cycle}: the writer hung on the dead mount")
+                err = w.stderr.read().decode(errors="replace") if w.stderr else ""
+                if w.stderr:
+                    w.stderr.close()
+            events = read_journal(journal)
+            hist.apply(events)
+            if w.returncode != 0:
+                rep.writer_errors += 1
+                rep.problems.append(f"cycle {cycle}: writer exit {w.returncode}: {err[-2000:]}")
+            for ev in events:
+                if ev[0] == "X":
+                    # after the kill the kernel answers: ENOTCONN mostly, and
+                    # EIO or ENOENT for requests the abort cut short
+                    when = int(ev[2])
+                    if when < killed_ns:
+                        rep.writer_errors += 1
+                        rep.problems.append(
+                            f"cycle {cycle}: writer error {(when - killed_ns) / 1e6:+.1f} ms "
+                            f"from the kill: {ev[3] if len(ev) > 3 else ev[1]}")
+            rep.cycles += 1
+            if progress:
+                progress(f"cycle {cycle}: {sum(e[0] == 'W' for e in events)} writes, "
+                         f"{sum(e[0] == 'A' for e in events)} fsyncs acknowledged")
+        # the last restart, then a clean unmount must keep every newest version
+        m = new_mount()
+        rep.add(check_mount(m.path, hist), "after the last kill")
+        journal = os.path.join(workdir, "journal-clean")
+        w = start_writer(m.path, journal, seed=rng.getrandbits(32),
+                         base=(cycles + 1) * 1_000_000, count=12, **wopts)
+        try:
+            w.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            w.kill()
+            w.wait()
+        events = read_journal(journal)
+        hist.apply(events)
+        for ev in events:
+            if ev[0] == "X":
+                rep.writer_errors += 1
+                rep.problems.append(f"clean round: writer error {' '.join(ev[1:])}")
+        for ev in events:               # every close of this round must survive
+            if ev[0] == "C":
+                hist.floor[ev[1]] = max(hist.floor.get(ev[1], 0), int(ev[2]))
+        m.stop()
+        m = new_mount()
+        rep.add(check_mount(m.path, hist, exact=True), "after a clean unmount")
+        m.stop()
+    finally:
+        for m in live:
+            if m.proc.poll() is None or is_mounted(m.path):
+                try:
+                    m.stop()
+                except Exception:
+                    kill9(m)
+        for i, m in enumerate(live, 1):
+            logtext = getattr(m, "logtext", None)
+            if logtext is not None and "Traceback" in logtext():
+                rep.problems.append(f"mount {i}: the daemon logged a traceback ({m.log})")
+        rep.writes, rep.acked = hist.writes, hist.acked
+        rep.seconds = time.monotonic() - t0
+    return rep
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["writer"]:
+        return writer_main(argv[1:])
+    print("usage: python -m memosfs.faults writer MNT JOURNAL [options]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
