@@ -557,6 +557,8 @@ class MemosOperations(pyfuse3.Operations):
             "fragmentation": c.get("fragmentation", 0.0),
             "pages_pending": c.get("pages_pending", 0),
             "sweep_ns_max": c.get("sweep_ns_max", 0),
+            "reclaim_free_ratio": c.get("reclaim_free_ratio", 0.0),
+            "reclaim_fail_limit": c.get("reclaim_fail_limit", 0),
             "drafts": c["drafts"],
             "bytes_draft": c["bytes_draft"],
             "pinned": c["pinned"],

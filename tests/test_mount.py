@@ -489,3 +489,31 @@ def test_published_slot_is_read_from_the_page_cache(mnt):
     (s / "pc").write_bytes(data[::-1])
     assert (s / "pc").read_bytes() == data[::-1]
     assert mnt.stats()["read_requests"] > before
+
+
+# ---------------------------------------------------------------- policy and reclaim knobs
+
+
+def test_policy_and_reclaim_knobs_apply_live(mnt):
+    assert mnt.ctl("evict_policy").read_text() == "lru_lfu\n"
+    stats = json.loads(mnt.ctl("stats.json").read_text())
+    assert stats["evict_policy"] == "lru_lfu"
+    for name in ("lfu", "lru", "lru_lfu"):
+        assert sh(f"echo {name} > {mnt.ctl('evict_policy')}").returncode == 0
+        assert json.loads(mnt.ctl("stats.json").read_text())["evict_policy"] == name
+    assert sh(f"echo arc > {mnt.ctl('evict_policy')}").returncode != 0
+    assert mnt.ctl("reclaim_free_ratio").read_text() == "0.2\n"
+    assert sh(f"echo 0.5 > {mnt.ctl('reclaim_free_ratio')}").returncode == 0
+    assert sh(f"echo 7 > {mnt.ctl('reclaim_fail_limit')}").returncode == 0
+    stats = json.loads(mnt.ctl("stats.json").read_text())
+    assert (stats["reclaim_free_ratio"], stats["reclaim_fail_limit"]) == (0.5, 7)
+    for bad in ("1.5", "-1", "x"):
+        assert sh(f"echo {bad} > {mnt.ctl('reclaim_free_ratio')}").returncode != 0
+    s = session(mnt)
+    for i in range(4):
+        (s / f"x{i}").write_bytes(os.urandom(300_000))
+    for i in range(4):
+        os.unlink(s / f"x{i}")
+    before = mnt.stats()["reclaim_runs"]
+    assert sh(f"echo 1 > {mnt.ctl('flush')}").returncode == 0      # persists, then sweeps
+    assert mnt.stats()["reclaim_runs"] > before
