@@ -30,6 +30,8 @@ import functools
 import logging
 import os
 import stat
+import subprocess
+import sys
 import threading
 import time
 from typing import Callable, Iterator, Optional
@@ -271,6 +273,61 @@ class _BytesSource:
         self._pin.release()
 
 
+_REFRESHER_CODE = r"""
+import os, sys
+inp, out = sys.stdin.buffer, sys.stdout.buffer
+buf = b""
+while True:
+    chunk = os.read(inp.fileno(), 65536)
+    if not chunk:
+        break
+    buf += chunk
+    while b"\0" in buf:
+        path, buf = buf.split(b"\0", 1)
+        try:
+            os.stat(path)
+            out.write(b"1\n")
+        except OSError:
+            out.write(b"0\n")
+        out.flush()
+"""
+
+
+class _Refresher:
+    """A child process that stats paths on our own mount for us.
+
+    The daemon must never send requests to its own mount from one of its own
+    threads: if the daemon is killed while such a request is in flight, that
+    thread waits for an answer nobody will give, and the process can never
+    finish exiting.  A child process holds no /dev/fuse descriptor, so when
+    the daemon dies the connection aborts and the child's stat simply fails."""
+
+    def __init__(self) -> None:
+        self._proc: Optional[subprocess.Popen] = None
+        self._lock = threading.Lock()
+
+    def stat(self, path: str) -> bool:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._proc = subprocess.Popen([sys.executable, "-c", _REFRESHER_CODE],
+                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              close_fds=True)
+            try:
+                self._proc.stdin.write(os.fsencode(path) + b"\0")
+                self._proc.stdin.flush()
+                return self._proc.stdout.readline() == b"1\n"
+            except (OSError, ValueError):
+                return False
+
+    def close(self) -> None:
+        """Stop the child at once (no lock: a stat may be waiting on a loop
+        that no longer runs; killing the child ends it)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+
+
 def quant_error_limit(scheme: str, knob: str) -> float:
     """quant_error_max: a number, or auto (0.03 for int8 schemes, 0.12 for int4)."""
     if knob != "auto":
@@ -332,6 +389,7 @@ class MemosOperations(pyfuse3.Operations):
         self.mounted = False            # set once pyfuse3.init succeeded: the
                                         # kernel can then be told of changes
         self.pusher: Optional[PageCachePusher] = None
+        self._refresher = _Refresher()
         self.root = Dir(pyfuse3.ROOT_INODE, "", None, 0o1777, 0, 0, ROOT)
         self.root.lookups = 1 << 62     # the kernel never forgets the root
         self.inodes[self.root.ino] = self.root
@@ -1323,14 +1381,15 @@ class MemosOperations(pyfuse3.Operations):
                                       self._refresh_kernel_attrs)
 
     def _refresh_kernel_attrs(self, node: Slot) -> None:
-        """From a worker thread: stat the slot through the mount, so the kernel
-        holds its new mtime and size (the trio thread serves the requests)."""
-        os.stat(os.path.join(self.mountpoint, os.fsdecode(node.key)))
+        """From a worker thread: have the slot stat'ed through the mount, so the
+        kernel holds its new mtime and size (the trio thread serves it)."""
+        self._refresher.stat(os.path.join(self.mountpoint, os.fsdecode(node.key)))
 
     def stop_kernel_notifications(self) -> None:
         if self.pusher is not None:
             self.pusher.close()
             self.pusher = None
+        self._refresher.close()
         self.mounted = False
 
     # ---- extended attributes ----

@@ -52,7 +52,7 @@ import json
 import mmap
 import os
 import struct
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -232,13 +232,14 @@ def _dtype_name(x: Any) -> str:
 
 def save_kv(path: str | os.PathLike, past_key_values: Any, *, model_id: str,
             prefix_hash: str | None = None, tokens: Any = None,
-            extra_meta: dict[str, Any] | None = None) -> dict[str, str]:
+            extra_meta: dict[str, Any] | None = None, block: int = DEFAULT_BLOCK
+            ) -> dict[str, str]:
     """Write a KV slot (see the module doc); returns its metadata.
 
     `tokens` is the number of cached tokens, or the token ids themselves
     (then, unless `prefix_hash` is given, the metadata names their prefix
-    hash with the default block and no seed); either must agree with the
-    cache.  On memosfs the slot is published whole when the file is closed.
+    hash: `prefix_hash(tokens, block)`, no seed); either must agree with the
+    cache.  `block` is recorded as prefix_block.  On memosfs the slot is published whole when the file is closed.
     """
     pairs = kv_pairs(past_key_values)
     if not pairs:
@@ -273,17 +274,17 @@ def save_kv(path: str | os.PathLike, past_key_values: Any, *, model_id: str,
         else:
             count = _n_tokens(tokens)
             if prefix_hash is None:
-                prefix_hash = _whole_prefix_hash(tokens)
+                prefix_hash = _whole_prefix_hash(tokens, block)
         if count != n:
             raise ValueError(f"tokens says {count} tokens, the cache holds {n}")
     meta = {
         "format": FORMAT, "model": str(model_id), "dtype": dtype, "tokens": str(n),
         "layers": str(len(pairs)), "kv_heads": str(heads), "head_dim": str(hdim),
         "batch": str(batch), "prefix_hash": prefix_hash or "",
-        "prefix_block": str(DEFAULT_BLOCK), "hash": HASH_SCHEME,
+        "prefix_block": str(block), "hash": HASH_SCHEME,
     }
     for key, value in (extra_meta or {}).items():
-        if key in RESERVED and key != "prefix_block":
+        if key in RESERVED:
             raise ValueError(f"extra_meta may not set the reserved field {key!r}")
         meta[str(key)] = str(value)
     path = os.fspath(path)
@@ -311,9 +312,8 @@ def save_prefix(session_dir: str | os.PathLike, past_key_values: Any, tokens: An
     n = k * block
     cut = [(kk[:, :, :n, :], vv[:, :, :n, :]) for kk, vv in pairs]
     path = os.path.join(os.fspath(session_dir), hashes[k - 1])
-    meta = dict(extra_meta or {})
-    meta["prefix_block"] = str(block)
-    save_kv(path, cut, model_id=model_id, prefix_hash=hashes[k - 1], tokens=n, extra_meta=meta)
+    save_kv(path, cut, model_id=model_id, prefix_hash=hashes[k - 1], tokens=n,
+            extra_meta=extra_meta, block=block)
     return n, path
 
 

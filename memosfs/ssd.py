@@ -193,9 +193,12 @@ class SSDTier:
         with self.lock:
             return key in self.index
 
-    def put(self, ref: "_native.Ref", meta: dict[str, Any], durable: bool) -> SSDEntry:
-        """Write the version `ref` pins; returns its entry.  OSError (ENOSPC,
-        EIO) leaves the previous version in place and the index unchanged."""
+    def put(self, ref: "_native.Ref", meta: dict[str, Any], durable: bool) -> Optional[SSDEntry]:
+        """Write the version `ref` pins; returns its entry, or None when that
+        version no longer needs writing (replaced or removed meanwhile: a
+        stale write must never cover a newer version or bring back a removed
+        slot).  OSError (ENOSPC, EIO) leaves the previous version in place
+        and the index unchanged."""
         key = ref.key
         size = ref.size
         crc = ref.crc32c()
@@ -206,6 +209,10 @@ class SSDTier:
         sdir = os.path.join(self.slots_dir, name[:2])
         final = os.path.join(sdir, name + ".slot")
         with self.write_lock:
+            # checked under the writer lock, which remove() takes too
+            current = self.get(key)
+            if not ref.live or (current is not None and current.version > ref.version):
+                return None
             os.makedirs(sdir, exist_ok=True)
             tmp = os.path.join(sdir, f".{name}.{os.getpid()}.{next(self._seq)}.tmp")
             try:
@@ -228,18 +235,18 @@ class SSDTier:
                 except OSError:
                     pass
                 raise
+            entry = SSDEntry(key, ref.version, size, crc, final, total, dict(meta))
+            with self.lock:
+                old = self.index.get(key)
+                self.used_bytes += total - (old.file_bytes if old else 0)
+                self.index[key] = entry
+                self.writes += 1
+                self.write_bytes += size
             if durable:
                 _fsync_dir(sdir)
             else:
                 with self.lock:
                     self._dirty_dirs.add(sdir)
-        entry = SSDEntry(key, ref.version, size, crc, final, total, dict(meta))
-        with self.lock:
-            old = self.index.get(key)
-            self.used_bytes += total - (old.file_bytes if old else 0)
-            self.index[key] = entry
-            self.writes += 1
-            self.write_bytes += size
         return entry
 
     def _check_room(self, key: bytes, total: int) -> None:
@@ -284,17 +291,18 @@ class SSDTier:
         self._set_aside(entry.path, why)
 
     def remove(self, key: bytes) -> bool:
-        with self.lock:
-            entry = self.index.pop(key, None)
-            if entry is None:
-                return False
-            self.used_bytes -= entry.file_bytes
-        try:
-            os.unlink(entry.path)
+        with self.write_lock:               # orders it with put()'s check
             with self.lock:
-                self._dirty_dirs.add(os.path.dirname(entry.path))
-        except FileNotFoundError:
-            pass
+                entry = self.index.pop(key, None)
+                if entry is None:
+                    return False
+                self.used_bytes -= entry.file_bytes
+            try:
+                os.unlink(entry.path)
+                with self.lock:
+                    self._dirty_dirs.add(os.path.dirname(entry.path))
+            except FileNotFoundError:
+                pass
         return True
 
     def rename(self, old: bytes, new: bytes, meta: dict[str, Any]) -> bool:

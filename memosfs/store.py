@@ -44,6 +44,8 @@ log = logging.getLogger("memosfs.store")
 
 __all__ = ["Store", "StoreStats", "make_key", "split_key"]
 
+WRITEBACK_RETRY_S = 5.0     # a failed background write-back waits this long
+
 
 def make_key(agent: str, session: str, name: str) -> bytes:
     return f"{agent}/{session}/{name}".encode("utf-8", "surrogateescape")
@@ -110,6 +112,7 @@ class Store:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._last_error_log = 0.0
 
     # ---- listeners ----
 
@@ -380,14 +383,17 @@ class Store:
         key = ref.key
         meta = self.meta_of(key)
         try:
-            self.ssd.put(ref, meta, durable)
+            entry = self.ssd.put(ref, meta, durable)
         except SSDFull as full:
             self._make_ssd_room(full.excess, keep=key)
-            self.ssd.put(ref, meta, durable)
+            entry = self.ssd.put(ref, meta, durable)
         with self.lock:
-            if ref.live:
+            if ref.live and self.ssd.get(key) is not None \
+                    and self.ssd.get(key).version == ref.version:
                 ref.dirty = False
                 self._dirty_since.pop(key, None)
+        if entry is None:
+            return                              # a newer version or a removal won
         self._c["writebacks"] += 1
         self.trace.emit("WRITEBACK", key=_k(key), bytes=ref.size, version=ref.version)
 
@@ -514,7 +520,15 @@ class Store:
                     with self.lock:
                         self._dirty_since.pop(key, None)
             except OSError as e:
-                log.error("background write-back of %s failed: %s", _k(key), e)
+                # try again later; say so once a while, not every round
+                with self.lock:
+                    if key in self._dirty_since:
+                        self._dirty_since[key] = time.monotonic() + WRITEBACK_RETRY_S
+                now = time.monotonic()
+                if now - self._last_error_log >= WRITEBACK_RETRY_S:
+                    self._last_error_log = now
+                    log.error("background write-back of %s failed (retrying in %.0f s): %s",
+                              _k(key), WRITEBACK_RETRY_S, e)
             finally:
                 ref.release()
 
@@ -570,6 +584,7 @@ class Store:
                     return
                 if self._in_memory(entry.key):
                     loaded += entry.size
+                    self._c["warmup_loaded_bytes"] = loaded
                     continue
                 if self.cache.stats()["free_pages"] * _native.PAGE_SIZE < entry.size:
                     log.info("warm-up stops: memory is full")

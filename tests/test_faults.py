@@ -228,7 +228,7 @@ def test_bench_persist_small(no_mounts_left, tmp_path):
                         "--size", "16M", "--slot", "2M", "--cycles", "2", "--repeat", "1"],
                        capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, TMPDIR=str(tmp)))
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-4000:]}"
     out = json.loads(r.stdout)
     for k in ("writeback_MBps", "raw_write_MBps", "writeback_ratio", "mount_s",
               "first_slot_s", "warmup_MBps", "raw_read_MBps", "warmup_ratio"):

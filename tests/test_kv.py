@@ -288,8 +288,10 @@ def test_find_and_load_longest_prefix(tmp_path):
         kv.load_longest_prefix(sess, other, block=16, as_="numpy")
     # the whole prompt, not a multiple of block, is found under its own name
     pairs = [(np.zeros((1, 2, 50, 4), np.float32),) * 2]
-    kv.save_kv(sess / kv.prefix_hash(toks[:50], block=16), pairs, model_id="m",
-               prefix_hash=kv.prefix_hash(toks[:50], block=16))
+    meta = kv.save_kv(sess / kv.prefix_hash(toks[:50], block=16), pairs, model_id="m",
+                      tokens=toks[:50], block=16)
+    assert meta["prefix_hash"] == kv.prefix_hash(toks[:50], block=16)
+    assert meta["prefix_block"] == "16"
     assert kv.find_longest_prefix(sess, toks[:50], block=16)[0] == 50
     assert kv.find_longest_prefix(sess, toks[:50], block=16, partial=False)[0] == 48
 

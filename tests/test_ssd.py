@@ -322,3 +322,56 @@ def test_corrupt_files_found_at_mount_are_reported_and_skipped(make_mount):
     assert (s2 / "good").read_bytes() == b"g" * 5000
     assert "payload checksum mismatch" in m2.logtext()
     assert "truncated" in m2.logtext() or "footer" in m2.logtext()
+
+
+# ---------------------------------------------------------------- regressions
+
+
+def _put(store, key, data):
+    d = store.draft()
+    d.write(0, data)
+    store.publish(d, key).release()
+
+
+def test_regression_stale_write_back_never_covers_a_newer_durable_version(tmp_path):
+    store = Store(16 * MiB, ssd=SSDTier(str(tmp_path)))
+    key = b"a/s/k"
+    _put(store, key, b"v1" * 1000)
+    stale = store.cache.peek(key)            # the background writer picked up v1 ...
+    _put(store, key, b"v2" * 1000)
+    store.persist(key)                       # ... v2 was fsync'd meanwhile
+    store._write_back(stale, durable=False)  # ... then v1's write-back runs
+    stale.release()
+    assert store.ssd.get(key).version == 2
+    store.cache.remove(key)
+    ref = store.get(key)
+    assert ref.version == 2 and ref.read(0, 4) == b"v2v2"
+    ref.release()
+    store.close()
+
+
+def test_regression_write_back_after_unlink_does_not_bring_the_slot_back(tmp_path):
+    store = Store(16 * MiB, ssd=SSDTier(str(tmp_path)))
+    key = b"a/s/k"
+    _put(store, key, b"x" * 1000)
+    stale = store.cache.peek(key)
+    store.remove(key)
+    store._write_back(stale, durable=False)
+    stale.release()
+    assert key not in store.ssd and slot_files(tmp_path) == []
+    store.close()
+    assert SSDTier(str(tmp_path)).scan() == []
+
+
+def test_metadata_change_rewrites_the_same_version(tmp_path):
+    store = Store(16 * MiB, ssd=SSDTier(str(tmp_path)))
+    meta = {"mode": 0o644}
+    store.meta_of = lambda key: dict(meta)
+    _put(store, b"a/s/k", b"x" * 100)
+    store.flush()
+    meta["mode"] = 0o600
+    store.mark_dirty(b"a/s/k")
+    store.flush()
+    store.close()
+    [e] = SSDTier(str(tmp_path)).scan()
+    assert e.meta["mode"] == 0o600 and e.version == 1
