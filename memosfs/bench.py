@@ -325,6 +325,7 @@ def bench_persist(size: int, slot: int, cycles: int, repeat: int = 3, seed: int 
             say(f"[{r + 1}/{repeat}] raw write: {count} files of {slot} bytes, fsync each")
             raw = os.path.join(tmp, "raw")
             os.mkdir(raw)
+            os.sync()                   # start both sides with no dirty pages queued
             t0 = time.perf_counter()
             for i in range(count):
                 _write_slot(os.path.join(raw, f"slot{i:04d}"), block, slot, i, fsync=True)
@@ -341,6 +342,7 @@ def bench_persist(size: int, slot: int, cycles: int, repeat: int = 3, seed: int 
                       warmup_ratio=0)
             sess = os.path.join(m.path, "bench", "persist")
             os.makedirs(sess)
+            os.sync()
             t0 = time.perf_counter()
             for i in range(count):
                 _write_slot(os.path.join(sess, f"slot{i:04d}"), block, slot, i, fsync=False)

@@ -271,8 +271,10 @@ class SSDTier:
             if os.fstat(fd).st_size != entry.file_bytes:
                 raise CorruptSlot(f"{entry.path}: size changed on disk")
             if entry.size:
-                with mmap.mmap(fd, entry.size, access=mmap.ACCESS_READ) as mm:
-                    mm.madvise(mmap.MADV_SEQUENTIAL)
+                # MAP_POPULATE reads the file in with full readahead up front,
+                # far faster than faulting it in page by page from a cold cache
+                with mmap.mmap(fd, entry.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                               prot=mmap.PROT_READ) as mm:
                     draft.write(0, mm)
         finally:
             os.close(fd)
@@ -281,6 +283,19 @@ class SSDTier:
         with self.lock:
             self.reads += 1
             self.read_bytes += entry.size
+
+    def prefetch(self, entry: SSDEntry) -> None:
+        """Start reading a version in the background (warm-up reads ahead)."""
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            os.posix_fadvise(fd, 0, entry.file_bytes, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def report_corrupt(self, entry: SSDEntry, why: str) -> None:
         """A version failed its check when read: forget it, set the file aside."""
@@ -360,12 +375,19 @@ class SSDTier:
         path = os.path.join(self.root, name)
         tmp = f"{path}.{os.getpid()}.tmp"
         data = json.dumps(obj, separators=(",", ":")).encode()
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
         if durable:
             _fsync_dir(self.root)
 

@@ -45,6 +45,7 @@ log = logging.getLogger("memosfs.store")
 __all__ = ["Store", "StoreStats", "make_key", "split_key"]
 
 WRITEBACK_RETRY_S = 5.0     # a failed background write-back waits this long
+WARMUP_READ_AHEAD = 2       # slots the warm-up asks the disk for ahead of the one it copies
 
 
 def make_key(agent: str, session: str, name: str) -> bytes:
@@ -153,7 +154,8 @@ class Store:
                 self._write_back(ref, durable=False)
                 self._c["evict_writebacks"] += 1
             except OSError as e:
-                log.error("eviction kept %s in memory: write-back failed: %s", _k(key), e)
+                self._log_io_error("eviction kept %s in memory: write-back failed: %s",
+                                   _k(key), e)
                 return False
         self.trace.emit("EVICT", key=_k(key), bytes=ref.size, version=ref.version,
                         to="ssd" if self.ssd is not None else "none")
@@ -421,6 +423,16 @@ class Store:
                 self.trace.emit("SSD_EVICT", key=_k(entry.key), bytes=entry.size)
                 self._dropped(entry.key, "ssd-evicted")
 
+    def _log_io_error(self, fmt: str, *args: object) -> None:
+        """SSD trouble (a full disk) repeats for every slot: log it at ERROR
+        once every WRITEBACK_RETRY_S, the rest at DEBUG."""
+        now = time.monotonic()
+        if now - self._last_error_log >= WRITEBACK_RETRY_S:
+            self._last_error_log = now
+            log.error(fmt, *args)
+        else:
+            log.debug(fmt, *args)
+
     def persist(self, key: bytes) -> None:
         """Make the slot's current version durable on the SSD (fsync of a slot)."""
         if self.ssd is None:
@@ -499,6 +511,8 @@ class Store:
                 self._write_back_due(time.monotonic() - delay)
                 if self._recency_dirty or self._namespace_dirty:
                     self.save_metadata(durable=False)
+            except OSError as e:
+                self._log_io_error("background writer: %s", e)
             except Exception:
                 log.exception("background writer")
 
@@ -524,11 +538,8 @@ class Store:
                 with self.lock:
                     if key in self._dirty_since:
                         self._dirty_since[key] = time.monotonic() + WRITEBACK_RETRY_S
-                now = time.monotonic()
-                if now - self._last_error_log >= WRITEBACK_RETRY_S:
-                    self._last_error_log = now
-                    log.error("background write-back of %s failed (retrying in %.0f s): %s",
-                              _k(key), WRITEBACK_RETRY_S, e)
+                self._log_io_error("background write-back of %s failed (retrying in %.0f s): %s",
+                                   _k(key), WRITEBACK_RETRY_S, e)
             finally:
                 ref.release()
 
@@ -578,10 +589,15 @@ class Store:
 
     def _warmup(self, plan: list[SSDEntry], progress) -> None:
         loaded = 0
+        ahead = 0                               # plan[:ahead] were asked to be read in
         try:
-            for entry in plan:
+            for i, entry in enumerate(plan):
                 if self._stop.is_set():
                     return
+                # keep the disk busy: ask for the next slots while copying this one
+                while ahead < len(plan) and ahead <= i + WARMUP_READ_AHEAD:
+                    self.ssd.prefetch(plan[ahead])
+                    ahead += 1
                 if self._in_memory(entry.key):
                     loaded += entry.size
                     self._c["warmup_loaded_bytes"] = loaded
