@@ -1176,6 +1176,10 @@ class MemosOperations(pyfuse3.Operations):
     def _ensure_draft(self, h: Handle) -> "_native.Draft":
         if h.draft is None:
             h.draft = self._draft_from(h.base, h.decoded)
+            if h.base is not None:      # the draft holds its own copy now: let the
+                h.base.release()        # published version be evicted if need be
+                h.base = None
+            h.decoded = None
         return h.draft
 
     def _draft_from(self, base: Optional["_native.Ref"],
