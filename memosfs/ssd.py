@@ -230,10 +230,7 @@ class SSDTier:
             except OSError:
                 with self.lock:
                     self.write_errors += 1
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+                _discard(tmp)
                 raise
             entry = SSDEntry(key, ref.version, size, crc, final, total, dict(meta))
             with self.lock:
@@ -341,10 +338,7 @@ class SSDTier:
                     os.fsync(dst.fileno())
                 os.rename(tmp, final)
             except OSError:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+                _discard(tmp)
                 raise
         total = entry.size + len(trailer)
         moved = SSDEntry(new, entry.version, entry.size, entry.crc, final, total, dict(meta))
@@ -383,10 +377,7 @@ class SSDTier:
                     os.fsync(f.fileno())
             os.replace(tmp, path)
         except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            _discard(tmp)
             raise
         if durable:
             _fsync_dir(self.root)
@@ -502,6 +493,14 @@ def _copy_range(src: int, dst: int, n: int) -> None:
             _pwrite_all(dst, chunk, off)
             done = len(chunk)
         off += done
+
+
+def _discard(path: str) -> None:
+    """Remove a temporary file a failed write left, if it is there."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _fsync_dir(path: str) -> None:
