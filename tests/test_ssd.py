@@ -375,3 +375,23 @@ def test_metadata_change_rewrites_the_same_version(tmp_path):
     store.close()
     [e] = SSDTier(str(tmp_path)).scan()
     assert e.meta["mode"] == 0o600 and e.version == 1
+
+
+def test_ssd_capacity_bounds_the_directory_on_a_mount(make_mount):
+    m = make_mount(capacity="4M", ssd_capacity="3M", evict_batch=1, evict_policy="lru",
+                   writeback_delay_ms=3600000)
+    s = session(m)
+    for i in range(8):
+        (s / f"s{i}").write_bytes(bytes([i]) * (900 * 1024))
+    st = m.stats()
+    assert st["ssd_bytes"] <= 3 * MiB
+    assert st["slots_lost"] > 0                       # beyond both tiers: gone
+    names = sorted(os.listdir(s))
+    assert "s7" in names and "s0" not in names          # the least recent went first
+    assert len(names) * 900 * 1024 <= 7 * MiB           # what both tiers can hold
+    tiers = {n: os.getxattr(s / n, "user.memos.tier") for n in names}
+    assert set(tiers.values()) == {b"mem", b"ssd"}
+    # (reading an SSD slot back promotes it, which may push another one out: a cache)
+    assert (s / "s7").read_bytes() == bytes([7]) * (900 * 1024)
+    assert subprocess.run(["sh", "-c", f"echo 10M > {m.ctl('ssd_capacity')}"]).returncode == 0
+    assert m.ctl("ssd_capacity").read_text() == f"{10 * MiB}\n"
