@@ -126,7 +126,8 @@ class Slot(Node):
         self.version = 0                # published version (0: never published)
         self.pub_size = 0               # bytes of the published version
         self.stored = 0                 # bytes of pages it holds
-        self.readers = 0                # open read handles (page-cache mode)
+        self.readers = 0                # open read handles in page-cache mode
+        self.writer_pending = False     # made for a writer sent here by ESTALE
         self.writers = 0                # open write handles (direct_io)
         self.draft_size: Optional[int] = None  # size of the latest draft written
         self.cache_version = -1         # version the kernel may hold pages of
@@ -140,9 +141,10 @@ class Slot(Node):
         return f"{agent.name}/{session.name}/{self.name}".encode("utf-8", "surrogateescape")
 
     def size(self) -> int:
-        # Readers must see the version they can read; a lone writer sees its draft.
-        if self.draft_size is not None and self.readers == 0 and self.writers > 0:
-            return self.draft_size
+        # Always the published version's size.  The kernel keeps one size per
+        # inode for every process: reporting a writer's draft size (even to the
+        # writer alone) lets a reader that opens meanwhile stop short of its
+        # version's end, a torn read (regression: test_no_torn_reads_under_load).
         return self.pub_size
 
     def blocks(self) -> int:
@@ -339,7 +341,7 @@ class Handle:
     """An open file."""
 
     __slots__ = ("fh", "node", "flags", "kind", "ref", "draft", "base", "append",
-                 "unpublished", "data", "mtime_ns", "decoded")
+                 "unpublished", "data", "mtime_ns", "decoded", "failed", "dio")
 
     def __init__(self, fh: int, node: Node, flags: int, kind: str) -> None:
         self.fh = fh
@@ -354,6 +356,8 @@ class Handle:
         self.data = b""                 # pseudo-file snapshot / written text
         self.mtime_ns: Optional[int] = None  # mtime the next publish sets
         self.decoded: Optional[bytes] = None  # logical bytes of a quantized version
+        self.failed = 0                 # errno of a write the draft lost (0: none)
+        self.dio = False                # a reader reading around the page cache
 
 
 # ---------------------------------------------------------------- operations
@@ -824,8 +828,13 @@ class MemosOperations(pyfuse3.Operations):
     def _truncate(self, node: Slot, size: int, fh: Optional[int]) -> None:
         h = self.handles.get(fh) if fh is not None else None
         if h is not None and h.kind == "write":
-            d = self._ensure_draft(h)
-            self._native_call(d.truncate, size)
+            self._check_not_failed(h)
+            try:
+                d = self._ensure_draft(h)
+                self._native_call(d.truncate, size)
+            except pyfuse3.FUSEError as e:
+                self._fail_draft(h, e.errno)
+                raise
             h.unpublished = True
             h.mtime_ns = _now()
             node.draft_size = d.size
@@ -1044,8 +1053,37 @@ class MemosOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if isinstance(node, Pseudo):
             return self._open_pseudo(node, flags)
-        self._check_current(node)
         acc = flags & os.O_ACCMODE
+        inode_node = node               # the inode the kernel opens
+        while node.successor is not None:
+            node = node.successor       # the one that holds the name now
+        if node.detached:
+            raise refuse(errno.ESTALE, "open %s: the name is gone", node.name,
+                         level=logging.DEBUG)
+        if node is not inode_node:
+            # a stale dentry (or a retry that lost a race): serve the current
+            # version on this old inode, around its page cache, which belongs
+            # to the older version's readers
+            if acc != os.O_RDONLY and flags & os.O_TRUNC and inode_node.readers > 0:
+                raise refuse(errno.ESTALE, "open %s: a newer inode holds this name",
+                             node.name, level=logging.DEBUG)
+            ref = None
+            if node.version and (acc == os.O_RDONLY or not flags & os.O_TRUNC):
+                fn = self.store.get if acc == os.O_RDONLY else self.store.load
+                ref = await self._off_loop(fn, node.key)
+                if ref is None:
+                    raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
+            return self._open_slot(inode_node, flags, ref, around_cache=True)
+        if acc != os.O_RDONLY and flags & os.O_TRUNC and node.readers > 0 \
+                and not node.writer_pending:
+            # A writer's O_TRUNC would drop the kernel's size of this inode
+            # under its page-cache readers: leave them this inode and send the
+            # writer (the kernel retries the open on ESTALE) to a fresh one,
+            # which readers read around the page cache until the writer is in.
+            new = self._supersede(node)
+            new.writer_pending = True
+            raise refuse(errno.ESTALE, "open %s for writing: readers keep this inode",
+                         node.name, level=logging.DEBUG)
         ref = None
         if node.version and (acc == os.O_RDONLY or not flags & os.O_TRUNC):
             # readers pin the current version (a lookup: hit or SSD hit); a
@@ -1093,8 +1131,8 @@ class MemosOperations(pyfuse3.Operations):
         fi.keep_cache = False
         return fi
 
-    def _open_slot(self, node: Slot, flags: int,
-                   ref: Optional["_native.Ref"]) -> pyfuse3.FileInfo:
+    def _open_slot(self, node: Slot, flags: int, ref: Optional["_native.Ref"],
+                   around_cache: bool = False) -> pyfuse3.FileInfo:
         """A handle on node; `ref` (pinned, taken over) is the reader's
         version or the writer's base."""
         acc = flags & os.O_ACCMODE
@@ -1105,10 +1143,17 @@ class MemosOperations(pyfuse3.Operations):
             h.ref = ref
             h.decoded = self._logical(ref)
             version = ref.version if ref is not None else 0
-            with PUSH_LOCK:
-                fi.keep_cache = node.cache_version in (version, -1)
-                node.cache_version = version
-            node.readers += 1
+            if node.writers or node.writer_pending or around_cache:
+                # A writer's direct writes move the kernel's size of this inode
+                # under a page-cache reader; read around the page cache instead.
+                fi.direct_io = True
+                h.dio = True
+            else:
+                with PUSH_LOCK:
+                    fi.keep_cache = node.cache_version in (version, -1)
+                    node.cache_version = version
+            if not h.dio:
+                node.readers += 1
             node.atime_ns = _now()
         else:
             h = Handle(fh, node, flags, "write")
@@ -1124,6 +1169,7 @@ class MemosOperations(pyfuse3.Operations):
                 h.decoded = self._logical(ref)
             fi.direct_io = True
             node.writers += 1
+            node.writer_pending = False
         self.handles[fh] = h
         node.handles += 1
         return fi
@@ -1148,10 +1194,15 @@ class MemosOperations(pyfuse3.Operations):
             return self._write_pseudo(h, off, buf)
         if h.kind != "write":
             raise refuse(errno.EBADF, "write on a read handle")
-        d = self._ensure_draft(h)
-        if h.append:
-            off = d.size
-        self._native_call(d.write, off, buf)
+        self._check_not_failed(h)
+        try:
+            d = self._ensure_draft(h)
+            if h.append:
+                off = d.size
+            self._native_call(d.write, off, buf)
+        except pyfuse3.FUSEError as e:
+            self._fail_draft(h, e.errno)
+            raise
         h.unpublished = True
         h.mtime_ns = _now()
         h.node.draft_size = d.size
@@ -1261,6 +1312,8 @@ class MemosOperations(pyfuse3.Operations):
         """close(2) of one descriptor: publish what was written; returns once
         the new version is in the kernel page cache too."""
         h = self.handles[fh]
+        if h.kind == "write":
+            self._check_not_failed(h)
         if h.kind == "write" and h.unpublished:
             job = self._publish(h)
             if job is not None:
@@ -1272,10 +1325,15 @@ class MemosOperations(pyfuse3.Operations):
         if h.kind == "pseudo":
             return
         node = h.node
+        if h.kind == "write":
+            self._check_not_failed(h)
         if h.kind == "write" and h.unpublished:
             job = self._publish(h)
             if job is not None:
-                await self.pusher.run(job)
+                # not awaited: the kernel holds this inode's lock during fsync,
+                # and the push's attribute refresh may wait on a lock held by
+                # someone who waits for that one
+                trio.lowlevel.spawn_system_task(self.pusher.run, job)
         while isinstance(node, Slot) and node.successor is not None:
             node = node.successor
         if isinstance(node, Slot) and node.version and not node.detached:
@@ -1301,7 +1359,7 @@ class MemosOperations(pyfuse3.Operations):
                 h.draft.free()
             node.handles -= 1
             if isinstance(node, Slot):
-                if h.kind == "read":
+                if h.kind == "read" and not h.dio:
                     node.readers -= 1
                 elif h.kind == "write":
                     node.writers -= 1
@@ -1310,6 +1368,21 @@ class MemosOperations(pyfuse3.Operations):
             self._maybe_forget(node)
 
     # ---- publish ----
+
+    def _fail_draft(self, h: Handle, code: int) -> None:
+        """A write the draft could not take: the draft is never published (a
+        slot is never torn), and the handle reports the error from now on."""
+        h.failed = code
+        h.unpublished = False
+        if h.draft is not None:
+            h.draft.free()
+            h.draft = None
+        log.warning("%s: a write failed (%s); this handle's changes will not be published",
+                    h.node.name, errno.errorcode.get(code, code))
+
+    def _check_not_failed(self, h: Handle) -> None:
+        if h.failed:
+            raise refuse(h.failed, "%s: an earlier write on this handle failed", h.node.name)
 
     def _publish(self, h: Handle) -> Optional[tuple]:
         """Publish the handle's draft; returns a page-cache push to run, if any."""
@@ -1356,15 +1429,7 @@ class MemosOperations(pyfuse3.Operations):
         """Point the name at the new version: in place, or on a fresh inode
         when readers hold this one (they keep their snapshot)."""
         if node.readers > 0 or node.pushing > 0:
-            new = Slot(self._new_ino(), node.name, node.parent, stat.S_IMODE(node.mode),
-                       node.uid, node.gid)
-            new.xattrs = dict(node.xattrs)
-            new.atime_ns = node.atime_ns
-            node.parent.children[node.name] = new
-            node.successor = new
-            self.inodes[new.ino] = new
-            self._forget_entry(node.parent, node.name)
-            node = new
+            node = self._supersede(node)
         node.version = ref.version
         node.pub_size = len(logical) if logical is not None else ref.size
         node.stored = ref.stored
@@ -1376,6 +1441,21 @@ class MemosOperations(pyfuse3.Operations):
                 source = pin if logical is None else _BytesSource(logical, pin)
                 return self.pusher.claim(node, source)
         return None
+
+    def _supersede(self, node: Slot) -> Slot:
+        """Give node's name a fresh inode holding the same version; node keeps
+        serving the handles open on it (their snapshot) and answers ESTALE to
+        new opens, which makes the kernel look the name up again."""
+        new = Slot(self._new_ino(), node.name, node.parent, stat.S_IMODE(node.mode),
+                   node.uid, node.gid)
+        new.xattrs = dict(node.xattrs)
+        new.atime_ns, new.mtime_ns, new.ctime_ns = node.atime_ns, node.mtime_ns, node.ctime_ns
+        new.version, new.pub_size, new.stored = node.version, node.pub_size, node.stored
+        node.parent.children[node.name] = new
+        node.successor = new
+        self.inodes[new.ino] = new
+        self._forget_entry(node.parent, node.name)
+        return new
 
     def start_kernel_notifications(self, mountpoint: str) -> None:
         """Called once mounted: dentry invalidations and page-cache pushes."""
@@ -1485,7 +1565,7 @@ class MemosOperations(pyfuse3.Operations):
         assert named == live, f"namespace {sorted(named - live)} vs store {sorted(live - named)}"
         readers: dict[int, int] = {}
         for h in self.handles.values():
-            if h.kind == "read":
+            if h.kind == "read" and not h.dio:
                 readers[h.node.ino] = readers.get(h.node.ino, 0) + 1
         for node in self.inodes.values():
             if isinstance(node, Slot):

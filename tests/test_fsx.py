@@ -57,7 +57,9 @@ def test_random_ops_match_a_local_file(make_mount, tmp_path, seed, capacity):
             size = rng.randrange(0, 3 << 20)
             os.ftruncate(fd_o, size)
             os.ftruncate(fd_r, size)
-        elif op == "stat":
+        elif op == "stat":                  # a draft is invisible until published,
+            os.fsync(fd_o)                  # its size too: fsync publishes it
+            os.fsync(fd_r)
             assert os.fstat(fd_o).st_size == os.fstat(fd_r).st_size, f"step {step}: size"
     if fd_o is not None:
         os.close(fd_o)

@@ -517,3 +517,15 @@ def test_policy_and_reclaim_knobs_apply_live(mnt):
     before = mnt.stats()["reclaim_runs"]
     assert sh(f"echo 1 > {mnt.ctl('flush')}").returncode == 0      # persists, then sweeps
     assert mnt.stats()["reclaim_runs"] > before
+
+
+def test_regression_a_draft_that_lost_a_write_is_never_published(make_mount):
+    m = make_mount(capacity="4M")
+    s = session(m)
+    (s / "slot").write_bytes(b"old" * 1000)
+    with pytest.raises(OSError) as e:
+        with open(s / "slot", "wb") as f:
+            f.write(b"x" * (3 << 20))       # the first MiB fits, then the memory is full
+            f.write(b"y" * (3 << 20))
+    assert e.value.errno in (errno.ENOSPC, errno.EFBIG)
+    assert (s / "slot").read_bytes() == b"old" * 1000   # the old version, whole
