@@ -1058,8 +1058,13 @@ class MemosOperations(pyfuse3.Operations):
         while node.successor is not None:
             node = node.successor       # the one that holds the name now
         if node.detached:
-            raise refuse(errno.ESTALE, "open %s: the name is gone", node.name,
-                         level=logging.DEBUG)
+            # unlinked or renamed over while this open was on its way: as if
+            # the open came first — a writer's bytes go with the name (they
+            # are never published), a reader finds nothing
+            if acc == os.O_RDONLY or node.detached not in ("unlink", "replaced"):
+                raise refuse(errno.ENOENT, "open %s: the name is gone", node.name,
+                             level=logging.DEBUG)
+            return self._open_slot(node, flags | os.O_TRUNC, None)
         if node is not inode_node:
             # a stale dentry (or a retry that lost a race): serve the current
             # version on this old inode, around its page cache, which belongs
@@ -1098,7 +1103,10 @@ class MemosOperations(pyfuse3.Operations):
                 ref = self._native_call(fn, node.key)
             if ref is None:
                 raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
-        return self._open_slot(node, flags, ref)
+        # While the SSD read ran, a publish may have moved this inode on to a
+        # newer version: then this reader's version must stay out of its pages.
+        stale = ref is not None and ref.version != node.version
+        return self._open_slot(node, flags, ref, around_cache=stale)
 
     def _check_current(self, node: "Slot") -> None:
         if node.detached or node.successor is not None:

@@ -45,6 +45,8 @@ log = logging.getLogger("memosfs.store")
 __all__ = ["Store", "StoreStats", "make_key", "split_key"]
 
 WRITEBACK_RETRY_S = 5.0     # a failed background write-back waits this long
+PROMOTE_TRIES = 3           # promotions retried when a newer version lands meanwhile
+_RACED = object()
 WARMUP_READ_AHEAD = 2       # slots the warm-up asks the disk for ahead of the one it copies
 
 
@@ -188,14 +190,25 @@ class Store:
     def _promote(self, key: bytes) -> Optional["_native.Ref"]:
         """Read the SSD's version of key into memory (clean); None if absent
         or corrupt (then the slot is gone and the reason logged)."""
-        entry = self.ssd.get(key) if self.ssd is not None else None
-        if entry is None:
-            return None
+        for _ in range(PROMOTE_TRIES):
+            entry = self.ssd.get(key) if self.ssd is not None else None
+            if entry is None:
+                return None
+            result = self._promote_entry(key, entry)
+            if result is not _RACED:
+                return result
+        return self.cache.peek(key)
+
+    def _promote_entry(self, key: bytes, entry: SSDEntry):
+        """One try at promoting `entry`; _RACED if a newer version replaced
+        its file meanwhile (a failed check is then no corruption: try again)."""
         draft = self.cache.draft()
         try:
             self.ssd.load_into(entry, draft)
         except CorruptSlot as e:
             draft.free()
+            if self.ssd.get(key) is not entry:
+                return _RACED
             self._corrupt(entry, str(e))
             return None
         except OSError as e:
@@ -205,7 +218,9 @@ class Store:
             # memory cannot take it now: serve it from its file
             try:
                 reader = SSDReader(entry)
-            except CorruptSlot as c:
+            except (CorruptSlot, FileNotFoundError) as c:
+                if self.ssd.get(key) is not entry:
+                    return _RACED
                 self._corrupt(entry, str(c))
                 return None
             self._c["direct_reads"] += 1
@@ -221,7 +236,7 @@ class Store:
                 return ref
             if self.ssd.get(key) is not entry:      # replaced or removed meanwhile
                 draft.free()
-                return None
+                return _RACED
             ref = self.cache.publish(draft, key, dirty=False, version=entry.version)
         self._c["promotions"] += 1
         self.trace.emit("PROMOTE", key=_k(key), bytes=entry.size, version=entry.version)

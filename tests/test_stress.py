@@ -42,8 +42,8 @@ WORKER = textwrap.dedent('''
 
 
 @pytest.mark.skipif(not os.environ.get("MEMOSFS_STRESS"),
-                    reason="opt-in (make test-stress): a rare torn read under heavy "
-                           "same-slot rewriting is a known open bug")
+                    reason="opt-in (make test-stress): under heavy rewriting of the same "
+                           "slots, a writer's open rarely fails with ESTALE (known, open)")
 @pytest.mark.parametrize("opts", [{"capacity": "16M"},
                                   {"capacity": "4M", "page_cache_push": 0},
                                   {"capacity": "64M", "quantize": "int8"}])
