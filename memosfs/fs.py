@@ -1070,6 +1070,7 @@ class MemosOperations(pyfuse3.Operations):
             # version on this old inode, around its page cache, which belongs
             # to the older version's readers
             if acc != os.O_RDONLY and flags & os.O_TRUNC and inode_node.readers > 0:
+                self._ready_for_writer(node)
                 raise refuse(errno.ESTALE, "open %s: a newer inode holds this name",
                              node.name, level=logging.DEBUG)
             ref = None
@@ -1085,8 +1086,7 @@ class MemosOperations(pyfuse3.Operations):
             # under its page-cache readers: leave them this inode and send the
             # writer (the kernel retries the open on ESTALE) to a fresh one,
             # which readers read around the page cache until the writer is in.
-            new = self._supersede(node)
-            new.writer_pending = True
+            self._ready_for_writer(node)
             raise refuse(errno.ESTALE, "open %s for writing: readers keep this inode",
                          node.name, level=logging.DEBUG)
         ref = None
@@ -1096,22 +1096,15 @@ class MemosOperations(pyfuse3.Operations):
             fn = self.store.get if acc == os.O_RDONLY else self.store.load
             if self.store.tier_of(node.key) == "ssd":
                 ref = await self._off_loop(fn, node.key)     # read back from SSD
-                if ref is not None and (node.detached or node.successor is not None):
-                    ref.release()
-                    self._check_current(node)
             else:
                 ref = self._native_call(fn, node.key)
             if ref is None:
                 raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
         # While the SSD read ran, a publish may have moved this inode on to a
         # newer version: then this reader's version must stay out of its pages.
-        stale = ref is not None and ref.version != node.version
+        stale = ref is not None and (ref.version != node.version
+                                     or node.successor is not None or bool(node.detached))
         return self._open_slot(node, flags, ref, around_cache=stale)
-
-    def _check_current(self, node: "Slot") -> None:
-        if node.detached or node.successor is not None:
-            raise refuse(errno.ESTALE, "open %s: a newer inode holds this name", node.name,
-                         level=logging.DEBUG)
 
     async def _off_loop(self, fn, *args):
         """Run blocking store work (SSD I/O) in a worker thread while the loop
@@ -1449,6 +1442,15 @@ class MemosOperations(pyfuse3.Operations):
                 source = pin if logical is None else _BytesSource(logical, pin)
                 return self.pusher.claim(node, source)
         return None
+
+    def _ready_for_writer(self, node: Slot) -> None:
+        """Before an O_TRUNC writer is sent back (ESTALE) to look the name up
+        again: make sure what it will find has no page-cache readers, and
+        stays so until it arrives (readers meanwhile read around the cache),
+        so the kernel's one retry succeeds."""
+        if node.readers > 0:
+            node = self._supersede(node)
+        node.writer_pending = True
 
     def _supersede(self, node: Slot) -> Slot:
         """Give node's name a fresh inode holding the same version; node keeps

@@ -7,8 +7,6 @@ import subprocess
 import sys
 import textwrap
 
-import os
-
 import pytest
 
 WORKER = textwrap.dedent('''
@@ -41,9 +39,6 @@ WORKER = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.skipif(not os.environ.get("MEMOSFS_STRESS"),
-                    reason="opt-in (make test-stress): under heavy rewriting of the same "
-                           "slots, a writer's open rarely fails with ESTALE (known, open)")
 @pytest.mark.parametrize("opts", [{"capacity": "16M"},
                                   {"capacity": "4M", "page_cache_push": 0},
                                   {"capacity": "64M", "quantize": "int8"}])
