@@ -162,7 +162,7 @@ KNOBS: tuple[Knob, ...] = (
          "relative error ||x-x^||/||x|| above which a tensor stays at full precision; auto "
          "= 0.03 for int8 schemes, 0.12 for int4", "on the next publish"),
     Knob("page_cache_push", _choice("0", "1"), "1",
-         "1: copy each published version into the kernel page cache, so local readers "
+         "1: copy each published version (of 64 KiB or more) into the kernel page cache, so local readers "
          "and mmap find it without a request (as after a write on a local filesystem); "
          "0: readers fetch from the daemon"),
     Knob("ring_slots", _int_in(0, 1 << 30), 0,

@@ -53,6 +53,7 @@ SLOT_BLKSIZE = 1 << 20          # st_blksize: cp/cat size their buffers by it
 ENTRY_TIMEOUT = 1.0
 ATTR_TIMEOUT = 1.0
 FIRST_DYNAMIC_INO = 1000
+PUSH_MIN_BYTES = 64 << 10       # smaller versions: one read request beats a push
 DECODED_CACHE_BYTES = 512 << 20   # logical bytes of quantized versions kept decoded
 
 ROOT, AGENT, SESSION, CTL = "root", "agent", "session", "ctl"
@@ -1267,7 +1268,8 @@ class MemosOperations(pyfuse3.Operations):
         node.stored = ref.stored
         node.mtime_ns = mtime_ns
         node.ctime_ns = _now()
-        if self.pusher is not None and self.knobs["page_cache_push"] == "1" and node.pub_size:
+        if self.pusher is not None and self.knobs["page_cache_push"] == "1" \
+                and node.pub_size >= PUSH_MIN_BYTES:
             pin = self.store.peek(node.key)
             if pin is not None:
                 source = pin if logical is None else BytesSource(logical, pin)
