@@ -572,6 +572,16 @@ class MemosOperations(pyfuse3.Operations):
         self._detach(node, reason)
         self._forget_entry(s, name)
 
+    def _forget_attrs(self, node: Node) -> None:
+        """Make the kernel ask for node's attributes again (its cached size may
+        be an older version's).  Attributes only: no page lock, no inode lock
+        is taken, so this is safe inside a handler."""
+        if self.mounted:
+            try:
+                pyfuse3.invalidate_inode(node.ino, attr_only=True)
+            except OSError:
+                pass                    # the kernel does not know this inode
+
     def _forget_entry(self, parent: Dir, name: str) -> None:
         """Tell the kernel to drop its cached dentry (from pyfuse3's thread)."""
         if self.mounted:
@@ -1268,6 +1278,7 @@ class MemosOperations(pyfuse3.Operations):
         node.stored = ref.stored
         node.mtime_ns = mtime_ns
         node.ctime_ns = _now()
+        self._forget_attrs(node)
         if self.pusher is not None and self.knobs["page_cache_push"] == "1" \
                 and node.pub_size >= PUSH_MIN_BYTES:
             pin = self.store.peek(node.key)
