@@ -45,7 +45,7 @@ import time
 from typing import Any
 
 from . import kv, models
-from .bench import memos_mount
+from .bench import _drop_cached_pages, memos_mount
 
 MiB = 1 << 20
 
@@ -88,14 +88,6 @@ def _touch(cache: Any) -> float:
     return total
 
 
-def _drop_pages(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _corpus_ids(tok: Any, n: int) -> Any:
     ids = tok(models.corpus_text(), return_tensors="pt").input_ids
     if ids.shape[1] < n:
@@ -134,7 +126,7 @@ def bench_exact(model: Any, ids: Any, prefix: int, chunk: int, device: str,
             _sync(device)
             best_load = min(best_load, time.perf_counter() - t0)
             del cache
-            _drop_pages(path)
+            _drop_cached_pages(path)
             t0 = time.perf_counter()
             cache = kv.load_kv(path, model=model, tokens=n, device=device)
             _touch(cache)

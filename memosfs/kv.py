@@ -149,16 +149,24 @@ def find_longest_prefix(session_dir: str | os.PathLike, tokens: Any,
     `session_dir` (slots named by prefix hash), or (0, None).  One readdir,
     no lookups of absent slots.  partial=True also considers the whole
     sequence when its length is not a multiple of block."""
+    for n, _, path in _cached_prefixes(session_dir, tokens, block, seed, partial):
+        return n, path
+    return 0, None
+
+
+def _cached_prefixes(session_dir, tokens, block, seed, partial):
+    """(n_tokens, prefix hash, path) of every cached prefix of `tokens` in
+    `session_dir`, longest first, from one directory listing."""
     hashes = prefix_hashes(tokens, block, seed, partial=partial)
     try:
         present = set(os.listdir(session_dir))
     except FileNotFoundError:
-        return 0, None
+        return
     n_total = _n_tokens(tokens)
     for i in range(len(hashes) - 1, -1, -1):
         if hashes[i] in present:
-            return min((i + 1) * block, n_total), os.path.join(os.fspath(session_dir), hashes[i])
-    return 0, None
+            yield (min((i + 1) * block, n_total), hashes[i],
+                   os.path.join(os.fspath(session_dir), hashes[i]))
 
 
 def load_longest_prefix(session_dir: str | os.PathLike, tokens: Any, *, model: Any = None,
@@ -170,19 +178,9 @@ def load_longest_prefix(session_dir: str | os.PathLike, tokens: Any, *, model: A
     when nothing is cached.  A slot that disappears between the listing and
     the open (evicted from a memory-only cache) makes it try the next shorter
     one; a mismatch raises."""
-    hashes = prefix_hashes(tokens, block, seed, partial=partial)
-    try:
-        present = set(os.listdir(session_dir))
-    except FileNotFoundError:
-        return 0, None
-    n_total = _n_tokens(tokens)
-    for i in range(len(hashes) - 1, -1, -1):
-        if hashes[i] not in present:
-            continue
-        n = min((i + 1) * block, n_total)
-        path = os.path.join(os.fspath(session_dir), hashes[i])
+    for n, prefix_hash, path in _cached_prefixes(session_dir, tokens, block, seed, partial):
         try:
-            cache = load_kv(path, model=model, tokens=n, prefix_hash=hashes[i],
+            cache = load_kv(path, model=model, tokens=n, prefix_hash=prefix_hash,
                             device=device, as_=as_)
         except FileNotFoundError:
             continue
