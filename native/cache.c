@@ -55,11 +55,9 @@
 #include <string.h>
 
 #include "arena.h"
-#include "directory.h"
 #include "index.h"
 #include "memos.h"
 #include "policy.h"
-#include "prefetch.h"
 
 /* ---- types and constants ---- */
 
@@ -101,8 +99,6 @@ struct memos_cache {
     arena        ar;            /* pages (lock) */
     index_table  idx;           /* key → live entry (lock) */
     policy       pol;           /* victim order (lock) */
-    dir_table    dir;           /* coherence directory, placeholder (lock) */
-    pf_state     pf;            /* prefetcher, placeholder (lock) */
     memos_entry  all;           /* sentinel of the list of every entry (lock) */
     unsigned     evict_batch;   /* victims per run (lock) */
     memos_evict_fn cb;          /* eviction callback, may be NULL (set once) */
@@ -169,8 +165,6 @@ memos_cache *memos_cache_new(uint64_t capacity, unsigned evict_batch,
     c->idx.fail_hook = index_fail_hook;
     c->idx.fail_ctx = c;
     policy_init(&c->pol, "lru_lfu", evictable, c);
-    dir_init(&c->dir);
-    pf_init(&c->pf);
     pthread_mutex_init(&c->lock, NULL);
     c->all.all_next = c->all.all_prev = &c->all;
     c->evict_batch = evict_batch;
@@ -190,8 +184,6 @@ void memos_cache_free(memos_cache *c)
         free(e);
         e = next;
     }
-    pf_free(&c->pf);
-    dir_free(&c->dir);
     index_destroy(&c->idx);
     policy_destroy(&c->pol);
     arena_destroy(&c->ar);

@@ -1382,6 +1382,10 @@ static struct PyModuleDef module_def = {
     .m_methods = module_methods,
 };
 
+/* Types defined in their own files (pymodule_directory.c, pymodule_prefetch.c). */
+int memos_directory_register(PyObject *m);
+int memos_prefetch_register(PyObject *m);
+
 PyMODINIT_FUNC PyInit__native(void)
 {
     if (PyType_Ready(&CacheType) < 0 || PyType_Ready(&RefType) < 0 ||
@@ -1396,7 +1400,8 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "KEY_MAX", MEMOS_KEY_MAX) < 0 ||
         PyModule_AddObjectRef(m, "Cache", (PyObject *)&CacheType) < 0 ||
         PyModule_AddObjectRef(m, "Ref", (PyObject *)&RefType) < 0 ||
-        PyModule_AddObjectRef(m, "Draft", (PyObject *)&DraftType) < 0) {
+        PyModule_AddObjectRef(m, "Draft", (PyObject *)&DraftType) < 0 ||
+        memos_directory_register(m) < 0 || memos_prefetch_register(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }
