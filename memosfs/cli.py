@@ -212,6 +212,7 @@ async def _serve(ops) -> bool:
                     return
 
         nursery.start_soon(on_signals)
+        nursery.start_soon(ops.background)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
     return stopped_by_signal

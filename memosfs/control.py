@@ -165,6 +165,20 @@ KNOBS: tuple[Knob, ...] = (
          "1: copy each published version (of 64 KiB or more) into the kernel page cache, so local readers "
          "and mmap find it without a request (as after a write on a local filesystem); "
          "0: readers fetch from the daemon"),
+    Knob("coherence_protocol", _choice("0", "1", "2"), "1",
+         "agents sharing slots: 0 no tracking (last publish wins); 1 batched invalidation "
+         "(a writer goes on at once, holders are told in batches and keep their snapshot); "
+         "2 strong (a writer's open waits until every holder has acknowledged, and no "
+         "reader opens while a write is granted)", "on the next open"),
+    Knob("coherence_timeout_ms", _int_in(1, 3_600_000), 5000,
+         "protocol 2: how long an open waits for acknowledgements or for a writer before "
+         "it fails with ETIMEDOUT and nothing changes", "on the next open"),
+    Knob("coherence_batch_ms", _int_in(0, 60_000), 2,
+         "protocol 1: invalidations are delivered in batches at most this often "
+         "(0 = at once)"),
+    Knob("agent_identity", _choice("uid", "pid"), "uid",
+         "who is an agent for the coherence directory: every uid (its processes share a "
+         "state) or every process", "on the next open"),
     Knob("ring_slots", _int_in(0, 1 << 30), 0,
          "slots a session keeps before its oldest is recycled (0 = no limit)",
          "on the next publish in a session"),
@@ -219,7 +233,8 @@ _GAUGES = {"slots", "bytes_used", "capacity", "index_load_factor", "free_pages",
            "fragmentation", "pages_pending", "sweep_ns_max", "policy_recency",
            "policy_probation", "policy_protected", "ssd_slots", "ssd_bytes",
            "ssd_capacity", "warmup_loaded_bytes", "warmup_total_bytes", "warmup_done",
-           "reclaim_free_ratio", "reclaim_fail_limit", "open_handles"}
+           "reclaim_free_ratio", "reclaim_fail_limit", "open_handles",
+           "coherence_slots", "coherence_holders", "coherence_protocol"}
 
 
 def format_metrics(stats: dict[str, Any]) -> str:

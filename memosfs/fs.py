@@ -40,6 +40,7 @@ import trio
 from . import _native, kvfile
 from .control import (KNOB_BY_NAME, KNOBS, KnobError, Trace, format_metrics,
                       format_stats, stats_json)
+from .coherence import Coherence, Hold
 from .pagecache import PUSH_LOCK, BytesSource, PageCachePusher, Refresher
 from .store import Store, split_key
 
@@ -173,7 +174,7 @@ class Handle:
     """An open file."""
 
     __slots__ = ("fh", "node", "flags", "kind", "ref", "draft", "base", "append",
-                 "unpublished", "data", "mtime_ns", "decoded", "failed", "dio")
+                 "unpublished", "data", "mtime_ns", "decoded", "failed", "dio", "hold")
 
     def __init__(self, fh: int, node: Node, flags: int, kind: str) -> None:
         self.fh = fh
@@ -190,6 +191,7 @@ class Handle:
         self.decoded: Optional[bytes] = None  # logical bytes of a quantized version
         self.failed = 0                 # errno of a write the draft lost (0: none)
         self.dio = False                # a reader reading around the page cache
+        self.hold: Optional[Hold] = None   # its place in the coherence directory
 
 
 # ---------------------------------------------------------------- operations
@@ -231,6 +233,7 @@ class MemosOperations(pyfuse3.Operations):
         self.inodes[self.root.ino] = self.root
         self._build_control()
         self.trio_token = None          # set when serving: other threads post here
+        self.coherence = Coherence(self.knobs, self.trace, self._invalidate_pages)
         store.on_drop(self._slot_dropped_any_thread)
         store.meta_of = self._slot_meta
         store.namespace_of = self._namespace
@@ -479,6 +482,7 @@ class MemosOperations(pyfuse3.Operations):
             "requests_refused": self._refused,
             "uptime_s": round(time.monotonic() - self._started, 3),
         }
+        out.update(self.coherence.stats())
         if self.store.ssd is not None:
             out.update(self.store.ssd.statistics())
         return out
@@ -874,6 +878,21 @@ class MemosOperations(pyfuse3.Operations):
         if parent.level != SESSION:
             raise refuse(errno.EPERM, "create %s: a slot belongs in agent/session/",
                          n)
+        existing = parent.children.get(n)
+        if existing is not None and flags & os.O_EXCL:
+            raise pyfuse3.FUSEError(errno.EEXIST)
+        key = f"{parent.parent.name}/{parent.name}/{n}".encode("utf-8", "surrogateescape")
+        hold = await self.coherence.acquire(key, self.coherence.agent_of(ctx), True,
+                                            bool(flags & os.O_NONBLOCK))
+        try:
+            fi, entry = self._create(parent, n, mode, flags, ctx)
+        except BaseException:
+            self.coherence.release(hold)
+            raise
+        self._attach(fi, hold)
+        return fi, entry
+
+    def _create(self, parent: Dir, n: str, mode: int, flags: int, ctx):
         node = parent.children.get(n)
         if node is None:
             gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
@@ -889,12 +908,36 @@ class MemosOperations(pyfuse3.Operations):
         return fi, self._entry(node)
 
     async def open(self, inode, flags, ctx):
-        """Readers pin the version they open (a snapshot); writers get a draft."""
+        """Readers pin the version they open (a snapshot); writers get a draft.
+        First the agent becomes a holder in the coherence directory (under
+        protocol 2 this waits for acknowledgements or for a writer)."""
         node = self._node(inode)
         if isinstance(node, Dir):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if isinstance(node, Pseudo):
             return self._open_pseudo(node, flags)
+        live = node
+        while live.successor is not None:
+            live = live.successor
+        hold = await self.coherence.acquire(
+            live.key, self.coherence.agent_of(ctx), (flags & os.O_ACCMODE) != os.O_RDONLY,
+            bool(flags & os.O_NONBLOCK))
+        try:
+            fi = await self._open_version(inode, flags)
+        except BaseException:
+            self.coherence.release(hold)
+            raise
+        self._attach(fi, hold)
+        return fi
+
+    def _attach(self, fi: pyfuse3.FileInfo, hold: Optional[Hold]) -> None:
+        if hold is not None:
+            h = self.handles[fi.fh]
+            h.hold = hold
+            hold.handle = h
+
+    async def _open_version(self, inode, flags):
+        node = self._node(inode)
         acc = flags & os.O_ACCMODE
         inode_node = node               # the inode the kernel opens
         while node.successor is not None:
@@ -1038,6 +1081,8 @@ class MemosOperations(pyfuse3.Operations):
         if h.kind != "write":
             raise refuse(errno.EBADF, "write on a read handle")
         self._check_not_failed(h)
+        if h.hold is not None:
+            await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))
         try:
             d = self._ensure_draft(h)
             if h.append:
@@ -1200,6 +1245,7 @@ class MemosOperations(pyfuse3.Operations):
                     r.release()
             if h.draft is not None:
                 h.draft.free()
+            self.coherence.release(h.hold)
             node.handles -= 1
             if isinstance(node, Slot):
                 if h.kind == "read" and not h.dio:
@@ -1257,6 +1303,7 @@ class MemosOperations(pyfuse3.Operations):
         if logical is not None:
             self._remember_decoded((key, ref.version), logical)
         h.unpublished = False
+        self.coherence.published(h.hold)
         parent = node.parent
         current = parent.children.get(node.name)
         if node.detached:                      # dropped by the cache meanwhile
@@ -1361,6 +1408,10 @@ class MemosOperations(pyfuse3.Operations):
 
     async def getxattr(self, inode, name, ctx):
         node = self._node(inode)
+        if isinstance(node, Slot) and name == b"user.memos.state":
+            while node.successor is not None:
+                node = node.successor
+            return self.coherence.state(node.key, self.coherence.agent_of(ctx)).encode()
         if isinstance(node, Slot) and name in self._MEMOS_ATTRS:
             return self._memos_attr(node, name)
         try:
@@ -1370,11 +1421,18 @@ class MemosOperations(pyfuse3.Operations):
 
     async def listxattr(self, inode, ctx):
         node = self._node(inode)
-        names = list(self._MEMOS_ATTRS) if isinstance(node, Slot) else []
+        names = list(self._MEMOS_ATTRS) + [b"user.memos.state"] \
+            if isinstance(node, Slot) else []
         return names + list(node.xattrs)
 
     async def setxattr(self, inode, name, value, ctx):
         node = self._node(inode)
+        if name == b"user.memos.ack" and isinstance(node, Slot):
+            # the caller acknowledges that its copy of this slot is stale
+            while node.successor is not None:
+                node = node.successor
+            self.coherence.ack(node.key, self.coherence.agent_of(ctx))
+            return
         if name == b"user.memos.pin" and isinstance(node, Slot):
             if value.strip() not in (b"0", b"1"):
                 raise refuse(errno.EINVAL, "user.memos.pin takes 0 or 1, not %r", value)
@@ -1403,6 +1461,33 @@ class MemosOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         node.ctime_ns = _now()
         self._metadata_changed(node)
+
+    # ---- coherence ----
+
+    async def poll(self, inode, fh, ph, ctx):
+        """POLLPRI once another agent's write invalidated this handle's copy."""
+        h = self.handles.get(fh)
+        if h is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        return self.coherence.poll(h.hold, ph)
+
+    def _invalidate_pages(self, node: Node) -> None:
+        """An invalidation reached the holders of node: drop the kernel's
+        cached pages of it (from a worker thread: the kernel may call back)."""
+        if not self.mounted or not isinstance(node, Slot):
+            return
+        ino = node.ino
+        trio.lowlevel.spawn_system_task(self._invalidate_inode_off_loop, ino)
+
+    async def _invalidate_inode_off_loop(self, ino: int) -> None:
+        try:
+            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino, False)
+        except OSError as e:          # the kernel forgot the inode: nothing cached
+            log.debug("invalidate_inode(%d): %s", ino, e)
+
+    async def background(self) -> None:
+        """Long-running tasks of a mounted filesystem (run by the CLI)."""
+        await self.coherence.batch_loop()
 
     # ---- consistency (tests) ----
 

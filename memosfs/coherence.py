@@ -1,0 +1,325 @@
+"""Coherence between agents that share slots: the filesystem side of the
+directory in native/directory.c.
+
+An agent is the uid of the process that opens a slot (or, with
+`agent_identity = pid`, the process itself).  Each open handle of a slot
+makes its agent a holder:
+
+    read handle   ->  S                      (dir.read)
+    write handle  ->  E, or P then E         (dir.write: the others go to I)
+    publish       ->  M                      (dir.publish)
+    close         ->  the last one leaves    (dir.release; counts as an ack)
+
+Invalidations reach the holders' handles: `poll()` on a handle reports
+POLLPRI from then on (until the agent acknowledges), and the kernel's cached
+pages of the inode they hold are dropped.  An agent acknowledges by closing
+its handles, by opening the slot again, or with
+`setfattr -n user.memos.ack -v 1 SLOT`.
+
+`coherence_protocol`:
+
+0  nothing is tracked; the last publish wins.
+1  a writer goes on at once; invalidations are delivered in batches, at most
+   every `coherence_batch_ms`; old handles keep their snapshot.
+2  a writer's open waits (P) until every holder has acknowledged; a reader's
+   open waits while a writer is pending or holds E.  A wait longer than
+   `coherence_timeout_ms` fails the open with ETIMEDOUT and changes nothing;
+   with O_NONBLOCK the open fails at once with EAGAIN.
+
+Every transition goes to the trace as a CACHE_COHERENCE line:
+`CACHE_COHERENCE key=a/s/x agent=uid:1000 from=S to=I cause=invalidate`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+from typing import Callable, Iterable, Optional
+
+import pyfuse3
+import trio
+
+from . import _native
+
+log = logging.getLogger("memosfs.coherence")
+
+GRANTED = _native.DIR_GRANTED
+WAIT = _native.DIR_WAIT
+PENDING = _native.DIR_PENDING
+
+PID_AGENT = 1 << 32          # pid agents are told apart from uids
+
+
+def agent_name(agent: int) -> str:
+    return f"pid:{agent - PID_AGENT}" if agent >= PID_AGENT else f"uid:{agent}"
+
+
+class Hold:
+    """A handle's place in the directory."""
+
+    __slots__ = ("key", "agent", "writer", "invalidated", "poll_handle", "handle")
+
+    def __init__(self, key: bytes, agent: int, writer: bool, handle: object) -> None:
+        self.key = key
+        self.agent = agent
+        self.writer = writer
+        self.invalidated = False        # told of a newer version, not yet acked
+        self.poll_handle: Optional[pyfuse3.PollHandle] = None
+        self.handle = handle            # the fs Handle (its node, for the page cache)
+
+
+class _Deadline:
+    """A wait's end, fixed by the first wait (no clock read when nothing waits)."""
+
+    __slots__ = ("ms", "start", "end")
+
+    def __init__(self, ms: int) -> None:
+        self.ms = ms
+        self.start: Optional[float] = None
+        self.end = 0.0
+
+    def at(self) -> float:
+        if self.start is None:
+            self.start = trio.current_time()
+            self.end = self.start + self.ms / 1000
+        return self.end
+
+    def waited_ns(self) -> int:
+        if self.start is None:
+            return 0
+        return int((trio.current_time() - self.start) * 1e9)
+
+
+class Coherence:
+    """The directory, the knobs that drive it, and delivery to handles.  All
+    methods run on the trio thread."""
+
+    def __init__(self, knobs: dict, trace, invalidate_pages: Callable[[object], None]
+                 ) -> None:
+        self.dir = _native.Directory()
+        self.knobs = knobs
+        self.trace = trace
+        self._invalidate_pages = invalidate_pages   # fs: drop a node's cached pages
+        self.holds: dict[tuple[bytes, int], set[Hold]] = {}
+        self._changed = trio.Event()
+        self._delivered = 0
+        self._batches = 0
+        self._wait_ns = 0
+        self._batch_due = False
+
+    # ---- knobs ----
+
+    @property
+    def protocol(self) -> int:
+        return int(self.knobs["coherence_protocol"])
+
+    def agent_of(self, ctx) -> int:
+        if self.knobs["agent_identity"] == "pid":
+            return PID_AGENT + int(ctx.pid)
+        return int(ctx.uid)
+
+    # ---- acquire / release ----
+
+    async def acquire(self, key: bytes, agent: int, writer: bool, nonblock: bool,
+                      handle: object = None) -> Optional[Hold]:
+        """Register a handle; under protocol 2 wait for the right to.  Returns
+        None when the protocol is 0 (nothing tracked)."""
+        protocol = self.protocol
+        if protocol == 0:
+            return None
+        deadline = _Deadline(int(self.knobs["coherence_timeout_ms"]))
+        while True:
+            rc = (self.dir.write(key, agent, protocol) if writer
+                  else self.dir.read(key, agent, protocol))
+            self._after_change()
+            if rc != WAIT:
+                break
+            if nonblock:
+                raise self._refuse(errno.EAGAIN, key, agent,
+                                   "a writer holds the slot (O_NONBLOCK)")
+            if not await self._wait(deadline):
+                self._wait_ns += deadline.waited_ns()
+                raise self._refuse(errno.ETIMEDOUT, key, agent,
+                                   "a writer held the slot past coherence_timeout_ms")
+        hold = Hold(key, agent, writer, handle)
+        self.holds.setdefault((key, agent), set()).add(hold)
+        if rc == PENDING:
+            self.deliver()                        # strong: tell the holders now
+            if nonblock:
+                self._drop(hold)
+                self.dir.cancel(key, agent)
+                self._after_change()
+                raise self._refuse(errno.EAGAIN, key, agent,
+                                   "holders have not acknowledged (O_NONBLOCK)")
+            while self.dir.state(key, agent) == "P":
+                if not await self._wait(deadline):
+                    self._drop(hold)
+                    if self.dir.cancel(key, agent):
+                        self._after_change()
+                        self._wait_ns += deadline.waited_ns()
+                        raise self._refuse(
+                            errno.ETIMEDOUT, key, agent,
+                            "holders did not acknowledge within coherence_timeout_ms: "
+                            + ", ".join(f"{agent_name(a)}={s}"
+                                        for a, s in self.dir.holders(key) if a != agent))
+                    break                         # granted at the last moment
+            self._wait_ns += deadline.waited_ns()
+        elif writer and protocol == 1:
+            self._schedule_delivery()
+        return hold
+
+    async def upgrade(self, hold: Hold, nonblock: bool) -> None:
+        """A write on a handle whose agent lost E/M (a reader downgraded it, or
+        a later writer invalidated it): acquire the write again."""
+        if self.dir.state(hold.key, hold.agent) in ("E", "M"):
+            return
+        protocol = max(self.protocol, 1)
+        deadline = _Deadline(int(self.knobs["coherence_timeout_ms"]))
+        while True:
+            rc = self.dir.write(hold.key, hold.agent, protocol, True)
+            self._after_change()
+            if rc != WAIT:
+                break
+            if nonblock or not await self._wait(deadline):
+                raise self._refuse(errno.ETIMEDOUT if not nonblock else errno.EAGAIN,
+                                   hold.key, hold.agent, "another writer holds the slot")
+        if rc == PENDING:
+            self.deliver()
+            while self.dir.state(hold.key, hold.agent) == "P":
+                if not await self._wait(deadline):
+                    if self.dir.cancel(hold.key, hold.agent):
+                        # the cancel dropped this handle's write count: put it back
+                        self.dir.write(hold.key, hold.agent, 1, False)
+                        self._after_change()
+                        raise self._refuse(errno.ETIMEDOUT, hold.key, hold.agent,
+                                           "holders did not acknowledge in time")
+                    break
+        else:
+            self._schedule_delivery()
+
+    def release(self, hold: Optional[Hold]) -> None:
+        if hold is None:
+            return
+        self._drop(hold)
+        self.dir.release(hold.key, hold.agent, hold.writer)
+        self._after_change()
+
+    def published(self, hold: Optional[Hold]) -> None:
+        if hold is None:
+            return
+        self.dir.publish(hold.key, hold.agent)
+        self._after_change()
+        self._schedule_delivery()
+
+    def ack(self, key: bytes, agent: int) -> None:
+        self.dir.ack(key, agent)
+        for hold in self.holds.get((key, agent), ()):
+            hold.invalidated = False
+        self._after_change()
+
+    def state(self, key: bytes, agent: int) -> str:
+        if self.protocol == 0 and not self.holds.get((key, agent)):
+            return "off"
+        return self.dir.state(key, agent)
+
+    def poll(self, hold: Optional[Hold], ph: Optional[pyfuse3.PollHandle]) -> int:
+        """POLLPRI once the handle's agent was invalidated (until it acks)."""
+        mask = select.POLLIN | select.POLLRDNORM
+        if hold is None:
+            return mask
+        if hold.writer:
+            mask |= select.POLLOUT | select.POLLWRNORM
+        if hold.invalidated:
+            return mask | select.POLLPRI
+        if ph is not None:
+            hold.poll_handle = ph
+        return mask
+
+    # ---- delivery ----
+
+    def _schedule_delivery(self) -> None:
+        if self.dir.msgs_queued() == 0:
+            return
+        if int(self.knobs["coherence_batch_ms"]) == 0 or self.protocol >= 2:
+            self.deliver()
+        else:
+            self._batch_due = True
+
+    def deliver(self) -> int:
+        """Hand every queued invalidation to its agent's handles."""
+        msgs = self.dir.take_msgs()
+        if not msgs:
+            return 0
+        self._batches += 1
+        nodes = {}
+        for key, agent, writer in msgs:
+            for hold in self.holds.get((key, agent), ()):
+                hold.invalidated = True
+                if hold.poll_handle is not None:
+                    ph, hold.poll_handle = hold.poll_handle, None
+                    try:
+                        ph.notify()
+                    except Exception as e:    # the poller may be gone
+                        log.debug("poll notify for %s failed: %s", agent_name(agent), e)
+                node = getattr(hold.handle, "node", None)
+                if node is not None:
+                    nodes[id(node)] = node
+            self._delivered += 1
+        for node in nodes.values():
+            self._invalidate_pages(node)
+        return len(msgs)
+
+    async def batch_loop(self) -> None:
+        """Protocol 1's batches: deliver what queued up, every coherence_batch_ms."""
+        while True:
+            await trio.sleep(max(int(self.knobs["coherence_batch_ms"]), 1) / 1000)
+            if self._batch_due:
+                self._batch_due = False
+                self.deliver()
+
+    # ---- internals ----
+
+    def _drop(self, hold: Hold) -> None:
+        group = self.holds.get((hold.key, hold.agent))
+        if group is not None:
+            group.discard(hold)
+            if not group:
+                del self.holds[(hold.key, hold.agent)]
+
+    async def _wait(self, deadline: "_Deadline") -> bool:
+        """Until the directory changes (True) or the deadline (False)."""
+        at = deadline.at()
+        if trio.current_time() >= at:
+            return False
+        with trio.move_on_at(at):
+            await self._changed.wait()
+            return True
+        return False
+
+    def _after_change(self) -> None:
+        for key, agent, frm, to, cause in self.dir.take_events():
+            if cause == "ack":
+                for hold in self.holds.get((key, agent), ()):
+                    hold.invalidated = False
+            self.trace.emit("CACHE_COHERENCE", **{
+                "key": key.decode("utf-8", "replace"), "agent": agent_name(agent),
+                "from": frm, "to": to, "cause": cause})
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _refuse(self, code: int, key: bytes, agent: int, why: str) -> pyfuse3.FUSEError:
+        log.info("open %s by %s: %s (%s)", key.decode("utf-8", "replace"),
+                 agent_name(agent), why, errno.errorcode.get(code, code))
+        self.trace.emit("CACHE_COHERENCE", key=key.decode("utf-8", "replace"),
+                        agent=agent_name(agent), refused=errno.errorcode.get(code, code))
+        return pyfuse3.FUSEError(code)
+
+    def stats(self) -> dict[str, int]:
+        st = self.dir.stats()
+        st["coherence_protocol"] = self.protocol
+        st["coherence_delivered"] = self._delivered
+        st["coherence_batches"] = self._batches
+        st["coherence_wait_ms"] = self._wait_ns // 1_000_000
+        return st
