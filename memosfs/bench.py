@@ -73,6 +73,7 @@ def add_parser(sub) -> None:
     from . import bench_policy; bench_policy.add_parsers(bsub)
     from . import bench_native; bench_native.add_parsers(bsub)
     from . import bench_kv; bench_kv.add_parsers(bsub)
+    from . import bench_coherence; bench_coherence.add_parsers(bsub)
 
 
 def _mounted(path: str) -> bool:

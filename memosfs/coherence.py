@@ -103,7 +103,7 @@ class Coherence:
         self.trace = trace
         self._invalidate_pages = invalidate_pages   # fs: drop a node's cached pages
         self.holds: dict[tuple[bytes, int], set[Hold]] = {}
-        self._changed = trio.Event()
+        self._changed: dict[bytes, trio.Event] = {}   # key -> its waiters' event
         self._delivered = 0
         self._batches = 0
         self._wait_ns = 0
@@ -139,7 +139,7 @@ class Coherence:
             if nonblock:
                 raise self._refuse(errno.EAGAIN, key, agent,
                                    "a writer holds the slot (O_NONBLOCK)")
-            if not await self._wait(deadline):
+            if not await self._wait(key, deadline):
                 self._wait_ns += deadline.waited_ns()
                 raise self._refuse(errno.ETIMEDOUT, key, agent,
                                    "a writer held the slot past coherence_timeout_ms")
@@ -154,7 +154,7 @@ class Coherence:
                 raise self._refuse(errno.EAGAIN, key, agent,
                                    "holders have not acknowledged (O_NONBLOCK)")
             while self.dir.state(key, agent) == "P":
-                if not await self._wait(deadline):
+                if not await self._wait(key, deadline):
                     self._drop(hold)
                     if self.dir.cancel(key, agent):
                         self._after_change()
@@ -182,13 +182,13 @@ class Coherence:
             self._after_change()
             if rc != WAIT:
                 break
-            if nonblock or not await self._wait(deadline):
+            if nonblock or not await self._wait(hold.key, deadline):
                 raise self._refuse(errno.ETIMEDOUT if not nonblock else errno.EAGAIN,
                                    hold.key, hold.agent, "another writer holds the slot")
         if rc == PENDING:
             self.deliver()
             while self.dir.state(hold.key, hold.agent) == "P":
-                if not await self._wait(deadline):
+                if not await self._wait(hold.key, deadline):
                     if self.dir.cancel(hold.key, hold.agent):
                         # the cancel dropped this handle's write count: put it back
                         self.dir.write(hold.key, hold.agent, 1, False)
@@ -288,26 +288,37 @@ class Coherence:
             if not group:
                 del self.holds[(hold.key, hold.agent)]
 
-    async def _wait(self, deadline: "_Deadline") -> bool:
-        """Until the directory changes (True) or the deadline (False)."""
+    async def _wait(self, key: bytes, deadline: "_Deadline") -> bool:
+        """Until key's holders change (True) or the deadline (False)."""
         at = deadline.at()
         if trio.current_time() >= at:
             return False
+        ev = self._changed.get(key)
+        if ev is None:
+            ev = self._changed[key] = trio.Event()
         with trio.move_on_at(at):
-            await self._changed.wait()
+            await ev.wait()
             return True
         return False
 
     def _after_change(self) -> None:
-        for key, agent, frm, to, cause in self.dir.take_events():
+        """Trace the directory's transitions and wake whoever waits on a key
+        that changed (only those: a wait that changes nothing wakes nobody)."""
+        events = self.dir.take_events()
+        if len(events) >= 4096:                 # the ring may have dropped some
+            for ev in self._changed.values():
+                ev.set()
+            self._changed.clear()
+        for key, agent, frm, to, cause in events:
             if cause == "ack":
                 for hold in self.holds.get((key, agent), ()):
                     hold.invalidated = False
             self.trace.emit("CACHE_COHERENCE", **{
                 "key": key.decode("utf-8", "replace"), "agent": agent_name(agent),
                 "from": frm, "to": to, "cause": cause})
-        self._changed.set()
-        self._changed = trio.Event()
+            ev = self._changed.pop(key, None)
+            if ev is not None:
+                ev.set()
 
     def _refuse(self, code: int, key: bytes, agent: int, why: str) -> pyfuse3.FUSEError:
         log.info("open %s by %s: %s (%s)", key.decode("utf-8", "replace"),

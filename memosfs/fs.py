@@ -54,7 +54,8 @@ SLOT_BLKSIZE = 1 << 20          # st_blksize: cp/cat size their buffers by it
 ENTRY_TIMEOUT = 1.0
 ATTR_TIMEOUT = 1.0
 FIRST_DYNAMIC_INO = 1000
-PUSH_MIN_BYTES = 64 << 10       # smaller versions: one read request beats a push
+WRITER_RETRY_S = 5.0            # how long an ESTALE'd writer's retry is waited for
+PUSH_MIN_BYTES = 1 << 20        # smaller versions: reading them through the daemon costs less than a push (its attribute refresh is a round trip)
 DECODED_CACHE_BYTES = 512 << 20   # logical bytes of quantized versions kept decoded
 
 ROOT, AGENT, SESSION, CTL = "root", "agent", "session", "ctl"
@@ -121,6 +122,10 @@ class Dir(Node):
 
 
 class Slot(Node):
+    @property
+    def writer_pending(self) -> bool:
+        return self.pending_until > 0.0 and time.monotonic() < self.pending_until
+
     def __init__(self, ino: int, name: str, parent: Dir, mode: int, uid: int,
                  gid: int) -> None:
         super().__init__(ino, name, parent, stat.S_IFREG | mode, uid, gid)
@@ -128,7 +133,8 @@ class Slot(Node):
         self.pub_size = 0               # bytes of the published version
         self.stored = 0                 # bytes of pages it holds
         self.readers = 0                # open read handles in page-cache mode
-        self.writer_pending = False     # made for a writer sent here by ESTALE
+        self.pending_until = 0.0        # monotonic time until which writers sent
+                                        # here by ESTALE may still be on their way
         self.writers = 0                # open write handles (direct_io)
         self.draft_size: Optional[int] = None  # size of the latest draft written
         self.cache_version = -1         # version the kernel may hold pages of
@@ -1055,7 +1061,6 @@ class MemosOperations(pyfuse3.Operations):
                 h.decoded = self._logical(ref)
             fi.direct_io = True
             node.writers += 1
-            node.writer_pending = False
         self.handles[fh] = h
         node.handles += 1
         return fi
@@ -1341,7 +1346,9 @@ class MemosOperations(pyfuse3.Operations):
         so the kernel's one retry succeeds."""
         if node.readers > 0:
             node = self._supersede(node)
-        node.writer_pending = True
+        # Not cleared by the first writer in: several writers may have been
+        # sent here (each must find no page-cache readers on its one retry).
+        node.pending_until = time.monotonic() + WRITER_RETRY_S
 
     def _supersede(self, node: Slot) -> Slot:
         """Give node's name a fresh inode holding the same version; node keeps
