@@ -16,6 +16,8 @@ APT_PKGS := fuse3 libfuse3-dev pkg-config attr gcc make
 APT_PKGS += python3.11-doc
 # C core tests and benchmarks: clang (libFuzzer), the benchmark peers (harness only)
 APT_PKGS += g++ clang libcuckoo-dev libabsl-dev libjemalloc-dev libjemalloc2
+# The remote tier's tests and `bench remote` start a Redis Cluster on loopback
+APT_PKGS += redis-server
 NATIVE   := $(wildcard native/*.c native/*.h)
 PYTEST_ARGS ?=
 MODEL    ?= 1

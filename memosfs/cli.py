@@ -10,7 +10,9 @@
     memosfs bench io [--json] ...              benchmarks (see `memosfs bench -h`)
 
 Mount options (-o, comma-separated): every knob of `.memos/cache/` by name
-(capacity=4G, evict_batch=24, ...), ssd=DIR, log=FILE, debug; the rest go to
+(capacity=4G, evict_batch=24, ...), ssd=DIR, log=FILE, debug,
+remote=redis://HOST:PORT[,HOST:PORT...] (a Redis cluster shared with other
+mounts; docs/remote.md), remote_durable=0|1; the rest go to
 libfuse (allow_other, fsname=, ...).  default_permissions is always on.
 """
 
@@ -48,7 +50,7 @@ def parse_mount_options(opts: Sequence[str]) -> tuple[dict, dict, set]:
     own: dict[str, str] = {}
     fuse: set[str] = set()
     for group in opts:
-        for opt in group.split(","):
+        for opt in _join_remote_hosts(group.split(",")):
             opt = opt.strip()
             if not opt or opt in _IGNORED_OPTS:
                 continue
@@ -58,11 +60,26 @@ def parse_mount_options(opts: Sequence[str]) -> tuple[dict, dict, set]:
                     knobs[name] = KNOB_BY_NAME[name].parse(value)
                 except KnobError as e:
                     raise SystemExit(f"memosfs: bad option {opt!r}: {e}")
-            elif name in ("ssd", "log", "debug", "foreground"):
+            elif name in ("ssd", "log", "debug", "foreground", "remote", "remote_durable"):
                 own[name] = value
             else:
                 fuse.add(opt)
     return knobs, own, fuse
+
+
+def _join_remote_hosts(parts: list[str]) -> list[str]:
+    """remote=redis://h1:1,h2:2?opts arrives split at its commas: put the
+    host:port pieces that follow a remote= option back onto it."""
+    import re
+    host = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):\d+")
+    out: list[str] = []
+    for p in parts:
+        if out and out[-1].strip().startswith("remote=") and "?" not in out[-1] \
+                and host.fullmatch(p.strip().split("?", 1)[0]):
+            out[-1] += "," + p.strip()
+        else:
+            out.append(p)
+    return out
 
 
 def _setup_logging(path: Optional[str], debug: bool) -> None:
@@ -136,8 +153,23 @@ def cmd_mount(args: argparse.Namespace) -> int:
         except OSError as e:
             print(f"memosfs: cannot use ssd directory {ssd}: {e.strerror}", file=sys.stderr)
             return 1
+    remote = None
+    if own.get("remote"):               # remote=redis://host:port,...: the shared tier
+        from .remote import RemoteTier
+        durable = own.get("remote_durable", "0")
+        if durable not in ("0", "1"):
+            print(f"memosfs: remote_durable takes 0 or 1, not {durable!r}", file=sys.stderr)
+            return 1
+        try:
+            remote = RemoteTier(own["remote"], durable=durable == "1",
+                                strong=str(knob("coherence_protocol")) == "2"
+                                if "coherence_protocol" in KNOB_BY_NAME else False)
+        except (ValueError, ImportError) as e:
+            print(f"memosfs: bad remote= option: {e}", file=sys.stderr)
+            return 1
     store = Store(int(knob("capacity")), int(knob("evict_batch")), int(knob("ring_slots")),
-                  ssd=tier, writeback_delay_ms=int(knob("writeback_delay_ms")))
+                  ssd=tier, writeback_delay_ms=int(knob("writeback_delay_ms")),
+                  remote=remote)
     ops = MemosOperations(store, knobs)
     restored = ops.restore()
     if tier is not None and (restored or tier.corrupt):
@@ -168,6 +200,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
              store.cache.capacity, ",".join(sorted(options)))
 
     store.start_background()
+    if remote is not None and not remote.wait_ready(3.0):
+        log.warning("remote tier %s not reachable yet; serving local tiers, retrying in "
+                    "the background", remote.config.redacted())
     bar = _ProgressBar("warm-up") if foreground and sys.stdout.isatty() else None
     store.start_warmup(float(knob("warmup_ratio")), bar.update if bar else None)
     unmount = True

@@ -162,7 +162,7 @@ KNOBS: tuple[Knob, ...] = (
          "relative error ||x-x^||/||x|| above which a tensor stays at full precision; auto "
          "= 0.03 for int8 schemes, 0.12 for int4", "on the next publish"),
     Knob("page_cache_push", _choice("0", "1"), "1",
-         "1: copy each published version (of 64 KiB or more) into the kernel page cache, so local readers "
+         "1: copy each published version (of 1 MiB or more) into the kernel page cache, so local readers "
          "and mmap find it without a request (as after a write on a local filesystem); "
          "0: readers fetch from the daemon"),
     Knob("coherence_protocol", _choice("0", "1", "2"), "1",
@@ -182,6 +182,17 @@ KNOBS: tuple[Knob, ...] = (
     Knob("ring_slots", _int_in(0, 1 << 30), 0,
          "slots a session keeps before its oldest is recycled (0 = no limit)",
          "on the next publish in a session"),
+    Knob("prefetch_mode", _choice("off", "sequential", "random", "hybrid", "learned"), "off",
+         "bring slots from the SSD tier into memory before they are read: sequential (the "
+         "next prefetch_stride slots of the session, by its detected stride), random (hot "
+         "slots from the heat table), hybrid (whichever of the two is more accurate), "
+         "learned (an LSTM over the session's moves; needs torch) or off"),
+    Knob("prefetch_stride", _int_in(0, 64), 2,
+         "slots fetched ahead per read (sequential: the next N at the session's stride; "
+         "random and learned: up to N)"),
+    Knob("prefetch_retrain_below", _ratio, 0.70,
+         "prefetch accuracy (used before eviction / fetched, over a window) below which "
+         "learned retrains and hybrid re-chooses"),
 )
 KNOB_BY_NAME = {k.name: k for k in KNOBS}
 
@@ -237,14 +248,19 @@ _GAUGES = {"slots", "bytes_used", "capacity", "index_load_factor", "free_pages",
            "coherence_slots", "coherence_holders", "coherence_protocol"}
 
 
+_GAUGE_PREFIXES = ("prefetch_queue", "prefetch_outstanding", "prefetch_hybrid_random",
+                   "prefetch_learned_loss", "remote_queue")
+
+
 def format_metrics(stats: dict[str, Any]) -> str:
     """Prometheus text exposition format (version 0.0.4)."""
     out = []
     for k, v in stats.items():
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             continue
-        name = "memosfs_" + k + ("" if k in _GAUGES else "_total")
-        kind = "gauge" if k in _GAUGES else "counter"
+        gauge = k in _GAUGES or k.startswith(_GAUGE_PREFIXES) or "accuracy" in k
+        name = "memosfs_" + k + ("" if gauge else "_total")
+        kind = "gauge" if gauge else "counter"
         out.append(f"# TYPE {name} {kind}\n{name} {_fmt(v)}\n")
     return "".join(out)
 

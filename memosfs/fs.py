@@ -41,8 +41,10 @@ from . import _native, kvfile
 from .control import (KNOB_BY_NAME, KNOBS, KnobError, Trace, format_metrics,
                       format_stats, stats_json)
 from .coherence import Coherence, Hold
+from .fedfs import FED_INO, FedTree
+from .prefetch import PrefetchEngine
 from .pagecache import PUSH_LOCK, BytesSource, PageCachePusher, Refresher
-from .store import Store, split_key
+from .store import Store, make_key, split_key
 
 log = logging.getLogger("memosfs.fs")
 
@@ -238,11 +240,20 @@ class MemosOperations(pyfuse3.Operations):
         self.root.lookups = 1 << 62     # the kernel never forgets the root
         self.inodes[self.root.ino] = self.root
         self._build_control()
+        self.fed = FedTree(self)        # .federated/ (memosfs/fedfs.py): inodes >= FED_INO
         self.trio_token = None          # set when serving: other threads post here
         self.coherence = Coherence(self.knobs, self.trace, self._invalidate_pages)
+        store.prefetch = self.prefetch = PrefetchEngine(
+            store.prefetch_fetch, store._in_memory, self._session_slot_names, self.knobs)
+        store.on_drop(lambda key, reason: self.prefetch.on_remove(key))
         store.on_drop(self._slot_dropped_any_thread)
         store.meta_of = self._slot_meta
         store.namespace_of = self._namespace
+
+    def _session_slot_names(self, agent: str, session: str) -> list[str]:
+        """For the prefetcher (its thread): the slot names a session holds, in
+        memory or on SSD (the store's view; the namespace is the loop's)."""
+        return [split_key(k)[2] for k in self.store.session_keys(agent, session)]
 
     # ---- persistence of the namespace ----
 
@@ -386,6 +397,10 @@ class MemosOperations(pyfuse3.Operations):
             if self.store.ssd is None:
                 raise KnobError("no SSD tier is mounted")
             self.store.ssd.capacity = value
+        elif name == "prefetch_mode":
+            self.prefetch.set_mode(value)          # ModeUnavailable is a KnobError
+        elif name == "coherence_protocol" and self.store.remote is not None:
+            self.store.set_remote_strong(value == "2")
         self.knobs[name] = value
         self.trace.emit("KNOB", name=name, value=value)
         log.info("knob %s = %s", name, value)
@@ -416,7 +431,7 @@ class MemosOperations(pyfuse3.Operations):
         """Every counter, by name: the C core's, then the store's and ours."""
         c = self.store.cache.stats()
         s = self.store.statistics()
-        hits = s.mem_hits + s.ssd_hits
+        hits = s.mem_hits + s.ssd_hits + s.remote_hits
         misses = s.misses + self._lookup_misses
         lookups = hits + misses
         agents = [a for a in self.root.children.values()
@@ -489,8 +504,10 @@ class MemosOperations(pyfuse3.Operations):
             "uptime_s": round(time.monotonic() - self._started, 3),
         }
         out.update(self.coherence.stats())
+        out.update(self.prefetch.stats())
         if self.store.ssd is not None:
             out.update(self.store.ssd.statistics())
+        out.update(self.store.remote_statistics())
         return out
 
     # ---- helpers ----
@@ -609,6 +626,8 @@ class MemosOperations(pyfuse3.Operations):
 
     async def lookup(self, parent_inode, name, ctx):
         """Find name in a directory; +1 lookup on success."""
+        if parent_inode >= FED_INO:
+            return await self.fed.lookup(parent_inode, name, ctx)
         parent = self._dir(parent_inode)
         n = self._name(name)
         if n == ".":
@@ -616,11 +635,45 @@ class MemosOperations(pyfuse3.Operations):
         if n == "..":
             return self._entry(parent.parent or parent)
         node = parent.children.get(n)
+        if node is None and parent.level == SESSION and self.store.remote is not None:
+            node = await self._remote_name(parent, n)
         if node is None:
             if parent.level == SESSION:
                 self._lookup_misses += 1
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._entry(node)
+
+    async def _remote_name(self, sess: "Dir", n: str) -> Optional["Node"]:
+        """A name no local tier has: made from the remote tier's manifest (a
+        slot another mount published), or None.  Network: off the loop."""
+        key = make_key(sess.parent.name, sess.name, n)
+        try:
+            if self.mounted:
+                e = await trio.to_thread.run_sync(self.store.remote_lookup, key)
+            else:
+                e = self.store.remote_lookup(key)
+        except Exception:
+            log.exception("remote lookup of %s", n)
+            return None
+        node = sess.children.get(n)
+        if node is not None or e is None or sess.parent is None \
+                or sess.parent.children.get(sess.name) is not sess:
+            return node                 # made meanwhile, absent, or the session went
+        m = e.meta
+        node = Slot(self._new_ino(), n, sess, int(m.get("mode", 0o644)),
+                    int(m.get("uid", sess.uid)), int(m.get("gid", sess.gid)))
+        node.version, node.stored = e.version, e.size
+        node.pub_size = int(m.get("logical_size", e.size))
+        node.mtime_ns = node.ctime_ns = int(m.get("mtime_ns", node.mtime_ns))
+        node.atime_ns = int(m.get("atime_ns", node.mtime_ns))
+        try:
+            node.xattrs = {bytes.fromhex(k): bytes.fromhex(v)
+                           for k, v in m.get("xattrs", {}).items()}
+        except (ValueError, AttributeError):
+            node.xattrs = {}
+        sess.children[n] = node
+        self.inodes[node.ino] = node
+        return node
 
     async def forget(self, inode_list):
         """The kernel dropped `nlookup` references to each inode."""
@@ -633,10 +686,14 @@ class MemosOperations(pyfuse3.Operations):
 
     async def getattr(self, inode, ctx):
         """Attributes; a slot shows its published version (a lone writer: its draft)."""
+        if inode >= FED_INO:
+            return await self.fed.getattr(inode, ctx)
         return self._attr(self._node(inode))
 
     async def setattr(self, inode, attr, fields, fh, ctx):
         """chmod, chown, utimens, truncate (path truncate publishes at once)."""
+        if inode >= FED_INO:
+            return await self.fed.setattr(inode, attr, fields, fh, ctx)
         node = self._node(inode)
         now = _now()
         if fields.update_size:
@@ -716,6 +773,8 @@ class MemosOperations(pyfuse3.Operations):
 
     async def mkdir(self, parent_inode, name, mode, ctx):
         """An agent (in the root) or a session (in an agent); +1 lookup."""
+        if parent_inode >= FED_INO:
+            return await self.fed.mkdir(parent_inode, name, mode, ctx)
         parent = self._dir(parent_inode)
         n = self._name(name)
         if parent.level == ROOT:
@@ -741,6 +800,8 @@ class MemosOperations(pyfuse3.Operations):
 
     async def rmdir(self, parent_inode, name, ctx):
         """Remove an empty agent or session."""
+        if parent_inode >= FED_INO:
+            return await self.fed.rmdir(parent_inode, name, ctx)
         parent = self._dir(parent_inode)
         n = self._name(name)
         node = parent.children.get(n)
@@ -756,6 +817,8 @@ class MemosOperations(pyfuse3.Operations):
         self.store.namespace_changed()
 
     async def opendir(self, inode, ctx):
+        if inode >= FED_INO:
+            return await self.fed.opendir(inode, ctx)
         self._dir(inode)
         return inode
 
@@ -763,6 +826,8 @@ class MemosOperations(pyfuse3.Operations):
         """List a directory: `.`, `..`, then the children in creation order.
         Each child handed over adds one lookup (the kernel takes none for
         `.` and `..`)."""
+        if fh >= FED_INO:
+            return await self.fed.readdir(fh, start_id, token)
         d = self._dir(fh)
         items: list[tuple[str, Node]] = [(".", d), ("..", d.parent or d)]
         items += list(d.children.items())
@@ -797,6 +862,8 @@ class MemosOperations(pyfuse3.Operations):
 
     async def unlink(self, parent_inode, name, ctx):
         """Remove a slot; open readers keep their version until they close."""
+        if parent_inode >= FED_INO:
+            return await self.fed.unlink(parent_inode, name, ctx)
         parent = self._dir(parent_inode)
         n = self._name(name)
         node = parent.children.get(n)
@@ -813,6 +880,9 @@ class MemosOperations(pyfuse3.Operations):
                      flags, ctx):
         """Move a slot between sessions, a session between agents, or rename an
         agent; replacing a target as rename(2) does."""
+        if max(parent_inode_old, parent_inode_new) >= FED_INO:
+            return await self.fed.rename(parent_inode_old, name_old, parent_inode_new,
+                                         name_new, flags, ctx)
         src_dir = self._dir(parent_inode_old)
         dst_dir = self._dir(parent_inode_new)
         old, new = self._name(name_old), self._name(name_new)
@@ -879,6 +949,8 @@ class MemosOperations(pyfuse3.Operations):
     async def create(self, parent_inode, name, mode, flags, ctx):
         """A new slot in a session, open for writing; it is published (as an
         empty or written version) on close or fsync.  +1 lookup."""
+        if parent_inode >= FED_INO:
+            return await self.fed.create(parent_inode, name, mode, flags, ctx)
         parent = self._dir(parent_inode)
         n = self._name(name)
         if parent.level != SESSION:
@@ -917,6 +989,8 @@ class MemosOperations(pyfuse3.Operations):
         """Readers pin the version they open (a snapshot); writers get a draft.
         First the agent becomes a holder in the coherence directory (under
         protocol 2 this waits for acknowledgements or for a writer)."""
+        if inode >= FED_INO:
+            return await self.fed.open(inode, flags, ctx)
         node = self._node(inode)
         if isinstance(node, Dir):
             raise pyfuse3.FUSEError(errno.EISDIR)
@@ -985,12 +1059,22 @@ class MemosOperations(pyfuse3.Operations):
             # readers pin the current version (a lookup: hit or SSD hit); a
             # writer that keeps the content starts from it
             fn = self.store.get if acc == os.O_RDONLY else self.store.load
-            if self.store.tier_of(node.key) == "ssd":
-                ref = await self._off_loop(fn, node.key)     # read back from SSD
+            tier = self.store.tier_of(node.key)
+            if tier == "ssd" or (tier != "mem" and self.store.remote is not None):
+                ref = await self._off_loop(fn, node.key)     # read back from SSD or remote
             else:
                 ref = self._native_call(fn, node.key)
             if ref is None:
                 raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
+            if self.store.remote is not None and tier not in ("mem", "ssd") \
+                    and node.successor is None and not node.detached and not node.writers:
+                # the remote tier may have had another mount's newer version
+                # than the manifest this name was made from: show that one
+                logical = self._logical(ref)
+                size = len(logical) if logical is not None else ref.size
+                if (ref.version, size) != (node.version, node.pub_size):
+                    node.version, node.stored, node.pub_size = ref.version, ref.stored, size
+                    self._forget_attrs(node)
         # While the SSD read ran, a publish may have moved this inode on to a
         # newer version: then this reader's version must stay out of its pages.
         stale = ref is not None and (ref.version != node.version
@@ -1067,6 +1151,8 @@ class MemosOperations(pyfuse3.Operations):
 
     async def read(self, fh, off, size):
         """Bytes of the handle's version (a reader's snapshot, a writer's draft)."""
+        if fh in self.fed.handles:
+            return await self.fed.read(fh, off, size)
         h = self.handles[fh]
         if h.kind == "pseudo":
             return h.data[off:off + size]
@@ -1080,6 +1166,8 @@ class MemosOperations(pyfuse3.Operations):
 
     async def write(self, fh, off, buf):
         """Into the draft; visible to others after flush/close or fsync."""
+        if fh in self.fed.handles:
+            return await self.fed.write(fh, off, buf)
         h = self.handles[fh]
         if h.kind == "pseudo":
             return self._write_pseudo(h, off, buf)
@@ -1204,6 +1292,8 @@ class MemosOperations(pyfuse3.Operations):
     async def flush(self, fh):
         """close(2) of one descriptor: publish what was written; returns once
         the new version is in the kernel page cache too."""
+        if fh in self.fed.handles:
+            return await self.fed.flush(fh)
         h = self.handles[fh]
         if h.kind == "write":
             self._check_not_failed(h)
@@ -1214,6 +1304,8 @@ class MemosOperations(pyfuse3.Operations):
 
     async def fsync(self, fh, datasync):
         """Publish, then return once this slot's version is durable on the SSD."""
+        if fh in self.fed.handles:
+            return await self.fed.fsync(fh, datasync)
         h = self.handles[fh]
         if h.kind == "pseudo":
             return
@@ -1234,6 +1326,8 @@ class MemosOperations(pyfuse3.Operations):
 
     async def release(self, fh):
         """The last descriptor is gone: publish anything left, unpin, free."""
+        if fh in self.fed.handles:
+            return await self.fed.release(fh)
         h = self.handles.pop(fh)
         node = h.node
         try:
@@ -1371,6 +1465,7 @@ class MemosOperations(pyfuse3.Operations):
         self.mountpoint = mountpoint
         self.pusher = PageCachePusher(pyfuse3.notify_store, pyfuse3.invalidate_inode,
                                       self._refresh_kernel_attrs)
+        self.fed.start()                # notifications on; resume interrupted rounds
 
     def _refresh_kernel_attrs(self, node: Slot) -> None:
         """From a worker thread: have the slot stat'ed through the mount, so the
@@ -1378,6 +1473,7 @@ class MemosOperations(pyfuse3.Operations):
         self._refresher.stat(os.path.join(self.mountpoint, os.fsdecode(node.key)))
 
     def stop_kernel_notifications(self) -> None:
+        self.fed.stop()
         if self.pusher is not None:
             self.pusher.close()
             self.pusher = None
@@ -1393,6 +1489,11 @@ class MemosOperations(pyfuse3.Operations):
         ref = self.store.peek(node.key) if node.version else None
         if ref is None:
             entry = self.store.ssd_entry(node.key) if node.version else None
+            if entry is None and node.version and self.store.tier_of(node.key) == "remote":
+                return {b"user.memos.tier": b"remote",
+                        b"user.memos.version": str(node.version).encode(),
+                        b"user.memos.stored_bytes": str(node.stored).encode()}.get(
+                            name, b"0")
             if entry is None:
                 return {b"user.memos.tier": b"none", b"user.memos.version": b"0"}.get(
                     name, b"0")
@@ -1414,6 +1515,8 @@ class MemosOperations(pyfuse3.Operations):
             ref.release()
 
     async def getxattr(self, inode, name, ctx):
+        if inode >= FED_INO:
+            return await self.fed.getxattr(inode, name, ctx)
         node = self._node(inode)
         if isinstance(node, Slot) and name == b"user.memos.state":
             while node.successor is not None:
@@ -1427,12 +1530,16 @@ class MemosOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR) from None
 
     async def listxattr(self, inode, ctx):
+        if inode >= FED_INO:
+            return await self.fed.listxattr(inode, ctx)
         node = self._node(inode)
         names = list(self._MEMOS_ATTRS) + [b"user.memos.state"] \
             if isinstance(node, Slot) else []
         return names + list(node.xattrs)
 
     async def setxattr(self, inode, name, value, ctx):
+        if inode >= FED_INO:
+            return await self.fed.setxattr(inode, name, value, ctx)
         node = self._node(inode)
         if name == b"user.memos.ack" and isinstance(node, Slot):
             # the caller acknowledges that its copy of this slot is stale
@@ -1461,6 +1568,8 @@ class MemosOperations(pyfuse3.Operations):
         self._metadata_changed(node)
 
     async def removexattr(self, inode, name, ctx):
+        if inode >= FED_INO:
+            return await self.fed.removexattr(inode, name, ctx)
         node = self._node(inode)
         if name.startswith(b"user.memos."):
             raise refuse(errno.EPERM, "%s is read-only", name.decode("utf-8", "replace"))

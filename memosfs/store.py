@@ -21,6 +21,19 @@ Drops: a slot leaves the namespace only when no tier holds it any more
 recycling the oldest slot of a session, reset_context).  Whoever shows the
 namespace registers `on_drop(key, reason)` to hear of it.
 
+Remote tier (optional, `remote.RemoteTier`, a Redis Cluster shared by several
+mounts): reads go memory -> SSD -> remote, and a remote hit is promoted into
+memory (dirty, so that the background writer also puts it on the SSD).  Every
+publish is queued for upload (write-behind); with `remote_durable`, persist
+and flush wait for it.  remove, rename, ring recycling and reset_context
+delete the remote copy too (a tombstone, announced), so that no mount brings
+back a removed slot; evictions do not (the remote copy is what a later miss
+finds).  When another mount announces a new version of a key, the local
+copies are dropped unless they are that version (or a local publish of it is
+still waiting to go up), and the name is dropped so that the next lookup
+finds the new version; when the announcement channel (re)connects, every
+local slot is checked against its manifest the same way.
+
 Threads: the trio thread calls in; the background writer and the warm-up
 thread run beside it.  `self.lock` guards the Python-side maps and is never
 held across file I/O; the C core has its own lock.
@@ -34,11 +47,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import _native
 from .control import Trace
 from .ssd import CorruptSlot, SSDEntry, SSDFull, SSDReader, SSDTier
+
+if TYPE_CHECKING:
+    from .remote import RemoteEntry, RemoteTier, RemoteVersion
 
 log = logging.getLogger("memosfs.store")
 
@@ -85,6 +101,16 @@ class StoreStats:
     warmup_loaded_bytes: int
     warmup_total_bytes: int
     warmup_done: int
+    # the remote tier (all 0 without one)
+    remote_hits: int = 0
+    remote_misses: int = 0
+    remote_bytes_in: int = 0
+    remote_bytes_out: int = 0
+    remote_errors: int = 0
+    remote_corrupt: int = 0
+    remote_queue_dropped: int = 0
+    remote_invalidations: int = 0
+    remote_drops: int = 0
 
 
 class Store:
@@ -92,7 +118,8 @@ class Store:
 
     def __init__(self, capacity: int, evict_batch: int = 16, ring_slots: int = 0,
                  trace: Optional[Trace] = None, ssd: Optional[SSDTier] = None,
-                 writeback_delay_ms: int = 1000) -> None:
+                 writeback_delay_ms: int = 1000,
+                 remote: Optional["RemoteTier"] = None) -> None:
         self.trace = trace or Trace()
         self.ring_slots = ring_slots
         self.ssd = ssd
@@ -116,6 +143,11 @@ class Store:
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
         self._last_error_log = 0.0
+        self.prefetch = None                    # a PrefetchEngine, set by the filesystem
+        self.remote = remote
+        if remote is not None:
+            remote.on_invalidate = self._remote_invalidated
+            remote.on_reconnect = self._remote_reconnected
 
     # ---- listeners ----
 
@@ -166,6 +198,8 @@ class Store:
                 log.warning("evicting %s (%d bytes): no SSD tier holds it", _k(key), ref.size)
             self._c["drops_lost"] += 1
             self._dropped(key, "evicted")
+        if self.prefetch is not None:
+            self.prefetch.on_evict(key)
         return True
 
     # ---- reads ----
@@ -178,14 +212,35 @@ class Store:
         if ref is not None:
             self._c["mem_hits"] += 1
             self._touch(key)
+            if self.prefetch is not None:
+                self.prefetch.on_access(key, True)
             return ref
         ref = self._promote(key)
-        if ref is not None:
+        if ref is None:
+            ref = self._promote_remote(key)      # remote_hits: the tier counts them
+        else:
             self._c["ssd_hits"] += 1
+        if ref is not None:
             self._touch(key)
+            if self.prefetch is not None:
+                self.prefetch.on_access(key, False)
             return ref
         self._c["misses"] += 1
         return None
+
+    def prefetch_fetch(self, key: bytes) -> bool:
+        """For the prefetcher (its own thread): bring key from the SSD into
+        memory without counting a lookup; True if this call put it there."""
+        if self.ssd is None or self._in_memory(key):
+            return False
+        ref = self._promote(key)
+        if ref is None:
+            return False
+        ok = isinstance(ref, _native.Ref)        # an SSDReader: memory had no room
+        ref.release()
+        if ok:
+            self._c["prefetched"] += 1
+        return ok
 
     def _promote(self, key: bytes) -> Optional["_native.Ref"]:
         """Read the SSD's version of key into memory (clean); None if absent
@@ -262,13 +317,17 @@ class Store:
         """A pinned reference to the current version, promoted from the SSD
         if need be, without counting a lookup (a writer's base)."""
         ref = self.cache.peek(key)
-        return ref if ref is not None else self._promote(key)
+        if ref is None:
+            ref = self._promote(key)
+        return ref if ref is not None else self._promote_remote(key)
 
     def tier_of(self, key: bytes) -> str:
         if self._in_memory(key):
             return "mem"
         if self.ssd is not None and key in self.ssd:
             return "ssd"
+        if self.remote is not None and self.remote.known_present(key):
+            return "remote"
         return "none"
 
     def ssd_entry(self, key: bytes) -> Optional[SSDEntry]:
@@ -288,7 +347,8 @@ class Store:
             # versions only grow, whichever tier holds the newest
             on_ssd = self.ssd.get(key) if self.ssd is not None else None
             cur = self.cache.peek(key)
-            newest = max(on_ssd.version if on_ssd else 0, cur.version if cur else 0)
+            newest = max(on_ssd.version if on_ssd else 0, cur.version if cur else 0,
+                         self.remote.known_version(key) if self.remote is not None else 0)
             if cur is not None:
                 cur.release()
             ref = self.cache.publish(draft, key, dirty=True, version=newest + 1)
@@ -302,6 +362,8 @@ class Store:
         if new_key:
             self._recycle(sess, keep=key)
         self.trace.emit("PUBLISH", key=_k(key), bytes=ref.size, version=ref.version)
+        if self.remote is not None:
+            self.remote.put_async(key, lambda: self._remote_source(key))
         return ref
 
     def _recycle(self, sess: bytes, keep: bytes) -> None:
@@ -323,9 +385,13 @@ class Store:
         removed = self.cache.remove(key)
         if self.ssd is not None:
             removed = self.ssd.remove(key) or removed
+        if self.remote is not None:
+            self.remote.delete_async(key)       # a tombstone: nobody brings it back
         return removed
 
     def remove(self, key: bytes) -> bool:
+        if self.prefetch is not None:
+            self.prefetch.on_remove(key)
         self._forget(key)
         removed = self._remove_everywhere(key)
         if removed:
@@ -334,6 +400,12 @@ class Store:
 
     def rename(self, old: bytes, new: bytes) -> bool:
         """Move a slot to a new key in every tier, replacing what was there."""
+        if self.prefetch is not None:
+            self.prefetch.on_remove(old)
+        if self.remote is not None and old not in self:
+            ref = self._promote_remote(old)     # only on the remote tier: fetch it first
+            if ref is not None:
+                ref.release()
         in_mem = self.cache.rename(old, new)
         on_ssd = False
         if self.ssd is not None:
@@ -364,6 +436,9 @@ class Store:
         if in_mem or on_ssd:
             self._touch(new)
             self.trace.emit("RENAME", src=_k(old), dst=_k(new))
+            if self.remote is not None:
+                self.remote.delete_async(old)
+                self.remote.put_async(new, lambda: self._remote_source(new))
         return in_mem or on_ssd
 
     def mark_dirty(self, key: bytes) -> None:
@@ -388,6 +463,8 @@ class Store:
         for key in keys:
             self._remove_everywhere(key)
             self._dropped(key, "reset")
+        if self.remote is not None:             # and those only the remote tier has
+            self.remote.delete_session_async(make_key(agent, session, "")[:-1])
         self._c["resets"] += 1
         self.trace.emit("RESET", session=f"{agent}/{session}", slots=len(keys))
         return len(keys)
@@ -449,7 +526,12 @@ class Store:
             log.debug(fmt, *args)
 
     def persist(self, key: bytes) -> None:
-        """Make the slot's current version durable on the SSD (fsync of a slot)."""
+        """Make the slot's current version durable on the SSD (fsync of a slot)
+        and, with a durable (or strong) remote tier, uploaded."""
+        self._persist_local(key)
+        self.remote_wait(key)
+
+    def _persist_local(self, key: bytes) -> None:
         if self.ssd is None:
             return
         ref = self.cache.peek(key)
@@ -488,6 +570,8 @@ class Store:
             if failed is not None:
                 raise failed
         swept = self.cache.sweep()              # then reclaim memory
+        if self.remote is not None and self.remote.durable and not self.remote.wait_all():
+            raise OSError(errno.EIO, "remote tier: queued uploads not done")
         self.trace.emit("FLUSH", written=written, swept_pages=swept)
         return written
 
@@ -509,6 +593,8 @@ class Store:
 
     def start_background(self) -> None:
         """The background writer (and nothing else without an SSD tier)."""
+        if self.remote is not None:
+            self.remote.start()
         if self.ssd is None:
             return
         t = threading.Thread(target=self._writer_loop, name="memosfs-writeback", daemon=True)
@@ -645,14 +731,19 @@ class Store:
 
     def statistics(self) -> StoreStats:
         c = self._c
+        remote = self.remote.statistics() if self.remote is not None else {}
         return StoreStats(c["lookups"], c["mem_hits"], c["ssd_hits"], c["misses"],
                           c["promotions"], c["publishes"], c["ring_recycles"], c["resets"],
                           c["flushes"], c["writebacks"], c["evict_writebacks"],
                           c["drops_lost"], c["warmup_loaded_bytes"], self._warm_total,
-                          self._warm_done)
+                          self._warm_done,
+                          **{f: remote.get(f, 0) for f in _REMOTE_STATS},
+                          remote_drops=c["remote_drops"])
 
     def close(self) -> None:
         """Stop the threads, persist everything, free memory."""
+        if self.prefetch is not None:
+            self.prefetch.close()
         self._stop.set()
         self._wake.set()
         for t in self._threads:
@@ -660,7 +751,189 @@ class Store:
         try:
             self.flush()
         finally:
+            if self.remote is not None:
+                self.remote.close()             # uploads what is queued (bounded)
             self.cache.close()
+
+    # ---- the remote tier ----
+
+    def _promote_remote(self, key: bytes) -> Optional["_native.Ref"]:
+        """Fetch key's remote version into memory; None on a miss (the tier
+        logs and counts why: absent, unreachable, partial, corrupt, stale)."""
+        if self.remote is None:
+            return None
+        draft = self.cache.draft()
+        try:
+            entry = self.remote.get_into(key, draft.write)
+        except OSError as e:                    # memory cannot take it
+            draft.free()
+            log.info("%s: remote version not promoted: %s", _k(key), e.strerror or e)
+            return None
+        except BaseException:
+            draft.free()
+            raise
+        if entry is None:
+            draft.free()
+            return None
+        dirty = self.ssd is not None            # the background writer puts it on the SSD
+        with self.lock:
+            ref = self.cache.peek(key)
+            local = ref is not None or (self.ssd is not None and key in self.ssd)
+            if not local:
+                ref = self.cache.publish(draft, key, dirty=dirty, version=entry.version)
+                if dirty:
+                    self._dirty_since[key] = time.monotonic()
+                self._order.setdefault(_session_of(key),
+                                       collections.OrderedDict()).setdefault(key, None)
+        if local:                               # a local version arrived meanwhile
+            draft.free()
+            return ref if ref is not None else self._promote(key)
+        self._c["remote_promotions"] += 1
+        self.trace.emit("PROMOTE", key=_k(key), bytes=entry.size, version=entry.version,
+                        source="remote")
+        return ref
+
+    def _remote_source(self, key: bytes):
+        """For the remote writer: the current local version of key to upload,
+        (payload, version, meta, release), or None if no tier holds it."""
+        ref = self.cache.peek(key)
+        if ref is not None:
+            return ref, ref.version, self.meta_of(key), ref.release
+        entry = self.ssd.get(key) if self.ssd is not None else None
+        if entry is None:
+            return None
+        try:
+            reader = SSDReader(entry)
+        except (CorruptSlot, OSError):
+            return None
+        return reader, entry.version, self.meta_of(key), reader.release
+
+    def remote_lookup(self, key: bytes) -> Optional["RemoteEntry"]:
+        """The remote manifest of a slot no local tier holds (a lookup that
+        found no name): version, size and meta to make a name from; None if
+        the remote tier has none, or there is no remote tier.  Network I/O:
+        call it off the trio thread."""
+        if self.remote is None:
+            return None
+        return self.remote.stat(key)
+
+    def remote_wait(self, key: bytes, timeout: Optional[float] = None) -> None:
+        """With a durable or strong remote tier: wait until key's current
+        version is uploaded (and, strong, acknowledged or timed out).  A
+        durable tier that could not take it raises OSError(EIO)."""
+        r = self.remote
+        if r is None or not (r.durable or r.strong):
+            return
+        if r.pending(key) is None and r.last_failed(key) and key in self:
+            r.put_async(key, lambda: self._remote_source(key))     # try again now
+        if not r.wait(key, timeout) and r.durable:
+            raise OSError(errno.EIO, f"remote tier did not take {_k(key)}")
+
+    def set_remote_strong(self, on: bool) -> None:
+        """coherence_protocol=2: writers wait for other mounts' acknowledgements."""
+        if self.remote is not None:
+            self.remote.strong = on
+
+    def remote_statistics(self) -> dict[str, int]:
+        """Every remote counter (for .memos/cache/stats); {} without the tier."""
+        if self.remote is None:
+            return {}
+        out = self.remote.statistics()
+        out["remote_drops"] = self._c["remote_drops"]
+        out["remote_promotions"] = self._c["remote_promotions"]
+        return out
+
+    def _local_ident(self, key: bytes, want_crc_for: Optional[tuple] = None):
+        """(version, size, crc32c) of the current local copy, or None.  The
+        crc of a memory copy is computed only when version and size match
+        `want_crc_for` (it reads the whole slot)."""
+        ref = self.cache.peek(key)
+        if ref is not None:
+            try:
+                v, n = ref.version, ref.size
+                if want_crc_for is not None and (v, n) == tuple(want_crc_for[:2]):
+                    return (v, n, ref.crc32c())
+                return (v, n, None)
+            finally:
+                ref.release()
+        entry = self.ssd.get(key) if self.ssd is not None else None
+        if entry is not None:
+            return (entry.version, entry.size, entry.crc)
+        return None
+
+    def _drop_unless(self, key: bytes, keep: Optional[tuple], reason: str) -> bool:
+        """Drop key's local copies (memory, SSD) and its name unless the
+        current local copy is version `keep` (version, size, crc).  A local
+        publish that lands meanwhile is kept.  Returns whether it dropped."""
+        cur = self._local_ident(key, keep)
+        if cur is not None and keep is not None and cur == tuple(keep):
+            return False
+        dropped = False
+        if cur is not None:
+            with self.lock:
+                ref = self.cache.peek(key)
+                if ref is not None:
+                    newer = ref.version > cur[0]
+                    ref.release()
+                    if newer:
+                        return False            # published here meanwhile: ours goes up
+                    self.cache.remove(key)
+                    dropped = True
+            if self.ssd is not None:
+                entry = self.ssd.get(key)
+                if entry is not None and entry.version <= cur[0]:
+                    dropped = self.ssd.remove(key) or dropped
+        if dropped:
+            self._c["remote_drops"] += 1
+        self.trace.emit("REMOTE_INVALIDATE", key=_k(key), dropped=int(dropped), why=reason)
+        self._dropped(key, reason)              # the name goes; a lookup finds the new one
+        return True
+
+    def _remote_invalidated(self, key: bytes, origin: str, v: "RemoteVersion") -> None:
+        """Another mount published (or deleted) key.  Announcements from
+        different mounts may arrive out of order, so the manifest decides:
+        local copies stay only if they are the version it names."""
+        pending = self.remote.pending(key)
+        if pending == "queued":
+            return                              # our newer version goes up after theirs
+        if pending == "inflight":
+            self.remote.wait(key)               # then the manifest says who came last
+        cur = self._local_ident(key, None if v.deleted else v.ident())
+        if cur is None:
+            self._dropped(key, "remote-invalidated")    # a name made from an older manifest
+            return
+        if pending is None and not v.deleted and cur == v.ident():
+            return                              # we hold what was announced
+        res = self.remote.stat_many([key]).get(key)
+        keep = None if isinstance(res, Exception) or res is None or res.deleted else res.ident()
+        self._drop_unless(key, keep, "remote-invalidated")
+
+    def _remote_reconnected(self) -> None:
+        """The announcement channel is (re)connected: some may have been
+        missed, so check every local slot against its remote manifest.  Kept:
+        the same version as the manifest, no remote copy at all (never
+        uploaded, or evicted there), a local publish still queued.  Dropped:
+        another version, a tombstone, a manifest that cannot be read now."""
+        keys = set(self.cache.keys())
+        if self.ssd is not None:
+            keys.update(self.ssd.keys())
+        keys = [k for k in keys if self.remote.pending(k) is None]
+        if not keys:
+            return
+        results = self.remote.stat_many(keys)
+        dropped = 0
+        for key, res in results.items():
+            if res is None or self.remote.pending(key) is not None:
+                continue
+            keep = None if isinstance(res, Exception) or res.deleted else res.ident()
+            dropped += self._drop_unless(key, keep, "remote-reconnect")
+        log.info("remote: checked %d local slots after (re)connecting; %d dropped",
+                 len(results), dropped)
+
+
+_REMOTE_STATS = ("remote_hits", "remote_misses", "remote_bytes_in", "remote_bytes_out",
+                 "remote_errors", "remote_corrupt", "remote_queue_dropped",
+                 "remote_invalidations")
 
 
 def _mtime(path: str) -> float:

@@ -1,0 +1,954 @@
+"""The prefetch engine: predict the slots a reader asks for next and bring
+them from the SSD tier into memory before the demand read comes.
+
+Modes (knob `prefetch_mode`):
+
+- ``off``: nothing.
+- ``sequential``: after slot N of a session is read, fetch the next
+  `prefetch_stride` slots of that session, in the session's natural order
+  (numeric suffixes: ``turn-2`` before ``turn-10``).  Where the session's
+  stride detector (native/prefetch.c) has confirmed a stride s (the reader
+  takes every s-th slot, or goes backwards), fetch N+s, N+2s, ... instead.
+- ``random``: sample `prefetch_stride` slots, by heat, from the heat table of
+  recently hot slots (any session) that memory does not hold.
+- ``hybrid``: sequential or random, whichever is more accurate: both are
+  evaluated in the shadow all the time (what each would have fetched, and
+  whether a demand read came for it within a horizon); when the accuracy of
+  the one in charge drops below `prefetch_retrain_below`, hybrid re-chooses.
+- ``learned``: a small LSTM (torch; embedding 16, hidden 32) reads the last 8
+  moves of the reader within a session (deltas of the slot's position,
+  |delta| <= 16 as their own tokens, longer jumps as two "far" tokens) and
+  predicts the next move; the engine rolls it out `prefetch_stride` steps
+  while the predicted path's probability stays >= 0.25.  The weights are
+  shared by every session, so a pattern learned in one session (read every
+  3rd slot) applies to the next one from its first read, where a stride
+  detector needs a few reads to confirm.  Trained online on recent history
+  (one Adam step per 16 new moves, off the request path); retrained (40
+  steps on the last 512 moves) when accuracy drops below the threshold.
+  Without torch (and numpy) the mode is unavailable: setting it raises
+  `ModeUnavailable`, a `KnobError`.
+
+Accuracy = prefetched slots read by demand before they left memory /
+prefetched slots.  Cumulative counts are `prefetch_issued`, `prefetch_used`
+and `prefetch_accuracy` (also per mode: `prefetch_issued_sequential`, ...);
+the retrain trigger looks at a window of the last `WINDOW` prefetches whose
+fate is known (used, evicted or removed, or not used within `HORIZON` demand
+reads).
+
+Threads.  `on_access`, `on_evict` and `on_remove` are O(1) under a short
+lock and never wait for I/O or the model: they record the event and wake a
+background worker.  The worker keeps the per-session state, makes the
+predictions and runs the fetches, one at a time, from a bounded queue; a
+queued prefetch is dropped (`prefetch_dropped`) when the queue is full (the
+oldest goes) or when the demand read for its slot came first (late).  The
+learned model trains on a thread of its own (torch with one CPU thread).
+With ``background=False`` there are no threads and `run_pending()` does the
+worker's work in the caller (tests and the simulator).
+
+Integration (what the store and the filesystem call):
+
+    engine = PrefetchEngine(fetch, in_memory, session_slots, knobs)
+    engine.on_access(key, hit)   # every demand open of an existing slot
+    engine.on_evict(key)         # the memory tier let the slot go
+    engine.on_remove(key)        # the slot is gone (unlink, rename away, reset, ring)
+    engine.stats()               # counters for stats / stats.json
+    engine.set_mode(name)        # the knob; ModeUnavailable for learned without torch
+    engine.close()
+
+`fetch(key) -> bool` brings the slot from the SSD into memory and says
+whether it did (False: not on the SSD, already in memory, no room);
+`in_memory(key) -> bool`; `session_slots(agent, session) -> list[str]` the
+slot names the session has (any tier, any order); `knobs`: a mapping with
+`prefetch_stride` and `prefetch_retrain_below`, read live.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import importlib
+import logging
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+from .control import KnobError
+
+log = logging.getLogger("memosfs.prefetch")
+
+__all__ = ["PrefetchEngine", "ModeUnavailable", "MODES", "learned_available",
+           "natural_key", "DEFAULT_KNOBS"]
+
+MODES = ("off", "sequential", "random", "hybrid", "learned")
+ACTIVE_MODES = ("sequential", "random", "hybrid", "learned")
+SUB_MODES = ("sequential", "random")          # what hybrid chooses between
+
+DEFAULT_KNOBS = {"prefetch_mode": "off", "prefetch_stride": 2, "prefetch_retrain_below": 0.70}
+
+QUEUE_MAX = 64          # queued prefetches; beyond, the oldest is dropped
+EVENTS_MAX = 4096       # demand reads waiting for the worker; beyond, the oldest are dropped
+WINDOW = 100            # prefetch outcomes in the accuracy window
+WINDOW_MIN = 50         # outcomes needed before the window can trigger a retrain
+HORIZON = 512           # demand reads after which an unused prefetch counts as a miss (window)
+SESSIONS_MAX = 4096     # sessions whose slot order the worker keeps
+OUTSTANDING_MAX = 1 << 16
+REFRESH_EVERY = 8       # events of a session between re-listings for a prefetch past the end
+HYBRID_REVIEW = 256     # events between hybrid's periodic look at the shadow accuracies
+HYBRID_MARGIN = 0.10    # ... where it switches if the other is better by this much
+
+_log_errors_at = 0.0
+
+
+def _log_error(fmt: str, *args: object) -> None:
+    """Errors from the callbacks repeat: say so once a minute, the rest at DEBUG."""
+    global _log_errors_at
+    now = time.monotonic()
+    if now - _log_errors_at >= 60:
+        _log_errors_at = now
+        log.error(fmt, *args, exc_info=True)
+    else:
+        log.debug(fmt, *args)
+
+
+class ModeUnavailable(KnobError):
+    """A prefetch mode that this installation cannot run (learned without torch)."""
+
+
+_learned_ok: Optional[bool] = None
+_learned_why = ""
+
+
+def learned_available() -> bool:
+    """True if the learned mode can run: torch and numpy import.  The first
+    call imports torch (a second or two); the answer is cached."""
+    global _learned_ok, _learned_why
+    if _learned_ok is None:
+        try:
+            importlib.import_module("numpy")
+            importlib.import_module("torch")
+            _learned_ok = True
+        except Exception as e:          # ImportError, or a broken install
+            _learned_ok = False
+            _learned_why = f"{type(e).__name__}: {e}"
+    return _learned_ok
+
+
+def learned_unavailable_reason() -> str:
+    learned_available()
+    return _learned_why
+
+
+_NUM_RE = re.compile(r"(\d+)")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def natural_key(name: str) -> tuple:
+    """Sort key: text parts as text, digit runs as numbers (`turn-2` < `turn-10`,
+    `block-9` < `block-12`, `2` < `10`), the name itself last to break ties."""
+    parts: list[Any] = _NUM_RE.split(name)
+    for i in range(1, len(parts), 2):
+        parts[i] = int(parts[i])
+    parts.append(name)
+    return tuple(parts)
+
+
+def _split(key: bytes) -> tuple[str, str, str]:
+    agent, session, name = key.decode("utf-8", "surrogateescape").split("/", 2)
+    return agent, session, name
+
+
+def _key(agent: str, session: str, name: str) -> bytes:
+    return f"{agent}/{session}/{name}".encode("utf-8", "surrogateescape")
+
+
+# ---------------------------------------------------------------- state
+
+class _Session:
+    """The worker's view of one session: its slots in natural order."""
+    __slots__ = ("sid", "agent", "session", "names", "rank", "last_rank", "hist",
+                 "listed_at", "stale")
+
+    def __init__(self, sid: int, agent: str, session: str) -> None:
+        self.sid = sid
+        self.agent = agent
+        self.session = session
+        self.names: list[str] = []
+        self.rank: dict[str, int] = {}
+        self.last_rank: Optional[int] = None
+        self.hist: collections.deque[int] = collections.deque(maxlen=_Tok.CTX)
+        self.listed_at = -(1 << 62)
+        self.stale = True
+
+
+@dataclass
+class _Item:
+    key: bytes
+    mode: str           # the mode that asked (the engine's mode: hybrid, not its choice)
+    seq: int            # demand-read clock when predicted
+    late: bool = False  # a demand read for key came first
+
+
+@dataclass
+class _Out:
+    mode: str
+    seq: int            # demand-read clock when fetched
+    judged: bool = False  # already counted in the window (as a miss, by age)
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.c: collections.Counter[str] = collections.Counter()
+
+    def add(self, name: str, mode: Optional[str] = None, n: int = 1) -> None:
+        self.c[name] += n
+        if mode is not None:
+            self.c[f"{name}_{mode}"] += n
+
+
+# ---------------------------------------------------------------- the learned model
+
+class _Tok:
+    """Moves within a session as tokens: delta -16..-1 -> 0..15, +1..+16 ->
+    16..31, a far jump forward 32, backward 33, the session's start 34."""
+    V = 16
+    FAR_FWD = 2 * V
+    FAR_BACK = 2 * V + 1
+    START = 2 * V + 2
+    N = 2 * V + 3
+    CTX = 8
+
+    @classmethod
+    def of(cls, delta: int) -> int:
+        if delta > cls.V:
+            return cls.FAR_FWD
+        if delta < -cls.V:
+            return cls.FAR_BACK
+        return delta + cls.V if delta < 0 else delta + cls.V - 1
+
+    @classmethod
+    def delta(cls, tok: int) -> Optional[int]:
+        if tok < cls.V:
+            return tok - cls.V
+        if tok < 2 * cls.V:
+            return tok - cls.V + 1
+        return None
+
+
+class _Learned:
+    """The LSTM, its training buffer and a numpy copy of its weights for
+    inference (a forward pass of 8 steps in numpy costs ~0.1 ms, in torch
+    ~0.4 ms: at these sizes the per-op overhead is all there is)."""
+
+    EMB, HIDDEN = 16, 32
+    BATCH = 64
+    LR = 0.01
+    TRAIN_EVERY = 32        # new samples per online step
+    PUBLISH_EVERY = 4       # online steps between fresh weights for inference
+    RECENT = 1024           # online steps draw from the last RECENT samples
+    RETRAIN_STEPS = 40
+    RETRAIN_RECENT = 512
+    WARMUP = 64             # samples before the first training (20 steps)
+    P_MIN = 0.25            # a rolled-out path stops below this probability
+
+    def __init__(self, seed: int = 0) -> None:
+        import numpy as np
+        import torch
+        self.np = np
+        self.torch = torch
+        torch.set_num_threads(1)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.model = _make_lstm(torch, _Tok.N, self.EMB, self.HIDDEN)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=self.LR)
+        self.rng = random.Random(seed)
+        self.samples: collections.deque[tuple[tuple[int, ...], int]] = \
+            collections.deque(maxlen=4096)
+        self.lock = threading.Lock()        # samples
+        self.train_lock = threading.Lock()  # model + optimizer
+        self.new_samples = 0
+        self.steps = 0
+        self.loss = 0.0
+        self.weights: Optional[tuple] = None   # numpy snapshot, swapped whole
+        self.cache: dict[tuple, list[int]] = {}  # (context, depth) -> prediction ...
+        self.cache_for: Optional[tuple] = None   # ... by these weights
+        self.trained_once = False
+        self.warm_asked = False
+
+    # -- data --
+
+    def add(self, ctx: tuple[int, ...], target: int) -> int:
+        """Record one move; returns the training steps now due (0 or more)."""
+        with self.lock:
+            self.samples.append((ctx, target))
+            self.new_samples += 1
+            n = len(self.samples)
+        if not self.trained_once:
+            if n >= self.WARMUP and not self.warm_asked:
+                self.warm_asked = True
+                return 20
+            return 0
+        if self.new_samples >= self.TRAIN_EVERY:
+            self.new_samples = 0
+            return 1
+        return 0
+
+    # -- training (any thread but the request path) --
+
+    def train(self, steps: int, recent: int) -> float:
+        torch = self.torch
+        with self.lock:
+            pool = list(self.samples)[-recent:]
+        if not pool:
+            return self.loss
+        with self.train_lock:
+            self.model.train()
+            loss_v = 0.0
+            for _ in range(steps):
+                batch = [pool[self.rng.randrange(len(pool))] for _ in range(self.BATCH)]
+                x = torch.tensor([b[0] for b in batch], dtype=torch.long)
+                y = torch.tensor([b[1] for b in batch], dtype=torch.long)
+                self.opt.zero_grad()
+                logits = self.model(x)
+                loss = torch.nn.functional.cross_entropy(logits, y)
+                loss.backward()
+                self.opt.step()
+                loss_v = float(loss.detach())
+                self.steps += 1
+            self.loss = loss_v
+            if steps > 1 or not self.trained_once or self.steps % self.PUBLISH_EVERY == 0:
+                self.weights = self._snapshot()
+            self.trained_once = True
+        return loss_v
+
+    def _snapshot(self) -> tuple:
+        m = self.model
+        with self.torch.no_grad():
+            emb = m.emb.weight.detach().numpy().astype("float64")
+            w_ih = m.lstm.weight_ih_l0.detach().numpy().astype("float64")
+            w_hh = m.lstm.weight_hh_l0.detach().numpy().astype("float64")
+            b = (m.lstm.bias_ih_l0 + m.lstm.bias_hh_l0).detach().numpy().astype("float64")
+            w_o = m.out.weight.detach().numpy().astype("float64")
+            b_o = m.out.bias.detach().numpy().astype("float64")
+        table = emb @ w_ih.T + b          # the input projection of every token, [N, 4H]
+        return (table, w_hh.copy(), w_o.copy(), b_o.copy())
+
+    # -- inference (the worker) --
+
+    def predict(self, ctx: tuple[int, ...], depth: int) -> list[int]:
+        """Cumulative deltas of the predicted next `depth` moves (fewer where
+        the path's probability falls below P_MIN or a far jump is next)."""
+        w = self.weights
+        if w is None or depth <= 0:
+            return []
+        ck = (ctx, depth)
+        cache = self.cache
+        if self.cache_for is not w or len(cache) > 8192:   # new weights: forget old answers
+            cache.clear()
+            self.cache_for = w
+        hit = cache.get(ck)
+        if hit is not None:
+            return hit
+        np = self.np
+        table, w_hh, w_o, b_o = w
+        H = self.HIDDEN
+        h = np.zeros(H)
+        c = np.zeros(H)
+        exp, tanh = np.exp, np.tanh
+
+        def step(tok: int, h, c):
+            g = table[tok] + w_hh @ h
+            s = 1.0 / (1.0 + exp(-g))           # gates i, f, (g), o: PyTorch's order
+            c = s[H:2 * H] * c + s[:H] * tanh(g[2 * H:3 * H])
+            return s[3 * H:] * tanh(c), c
+
+        for tok in ctx:
+            h, c = step(tok, h, c)
+        out: list[int] = []
+        total, p_path = 0, 1.0
+        for _ in range(depth):
+            z = w_o @ h + b_o
+            z = np.exp(z - z.max())
+            probs = z / z.sum()
+            tok = int(probs.argmax())
+            p_path *= float(probs[tok])
+            d = _Tok.delta(tok)
+            if d is None or p_path < self.P_MIN:
+                break
+            total += d
+            out.append(total)
+            h, c = step(tok, h, c)
+        cache[ck] = out
+        return out
+
+
+def _make_lstm(torch, n_tokens: int, emb: int, hidden: int):
+    nn = torch.nn
+
+    class NextMove(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(n_tokens, emb)
+            self.lstm = nn.LSTM(emb, hidden, batch_first=True)
+            self.out = nn.Linear(hidden, n_tokens)
+
+        def forward(self, x):
+            y, _ = self.lstm(self.emb(x))
+            return self.out(y[:, -1])
+
+    return NextMove()
+
+
+# ---------------------------------------------------------------- the engine
+
+class PrefetchEngine:
+    """See the module docstring."""
+
+    def __init__(self, fetch: Callable[[bytes], bool], in_memory: Callable[[bytes], bool],
+                 session_slots: Callable[[str, str], list[str]],
+                 knobs: Optional[Mapping[str, Any]] = None, *, background: bool = True,
+                 queue_max: int = QUEUE_MAX, window: int = WINDOW,
+                 window_min: int = WINDOW_MIN, horizon: int = HORIZON, seed: int = 0,
+                 heat_capacity: int = 4096, heat_halflife: float = 1024.0,
+                 confirm: int = 2) -> None:
+        from . import _native
+        self._fetch = fetch
+        self._in_memory = in_memory
+        self._session_slots = session_slots
+        self.knobs: Mapping[str, Any] = knobs if knobs is not None else dict(DEFAULT_KNOBS)
+        self.background = background
+        self.queue_max = max(1, queue_max)
+        self.window = max(1, window)
+        self.window_min = max(1, min(window_min, self.window))
+        self.horizon = max(1, horizon)
+        self.seed = seed
+        self.native = _native.Prefetcher(sessions=SESSIONS_MAX, heat_capacity=heat_capacity,
+                                         confirm=confirm, halflife=heat_halflife,
+                                         seed=(seed * 2654435761 + 1) & ((1 << 64) - 1) or 1)
+        self._key_id = _native.Prefetcher.key_id
+        self.mode = "off"
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        # -- shared with the request path (under _lock) --
+        self._seq = 0                                      # demand reads seen
+        self._events: collections.deque = collections.deque()
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._queued: dict[bytes, _Item] = {}
+        self._outstanding: collections.OrderedDict[bytes, _Out] = collections.OrderedDict()
+        self._inflight: Optional[bytes] = None
+        self._inflight_demanded = False
+        self._win: dict[str, collections.deque[bool]] = {
+            m: collections.deque(maxlen=self.window) for m in ACTIVE_MODES}
+        self._cnt = _Counters()
+        # -- the worker's own --
+        self._sessions: collections.OrderedDict[bytes, _Session] = collections.OrderedDict()
+        self._heat_keys: dict[int, bytes] = {}
+        self._issue_log: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._shadow: dict[str, dict[bytes, int]] = {m: {} for m in SUB_MODES}
+        self._shadow_log: dict[str, collections.deque] = {m: collections.deque()
+                                                          for m in SUB_MODES}
+        self._shadow_win: dict[str, collections.deque[bool]] = {
+            m: collections.deque(maxlen=self.window) for m in SUB_MODES}
+        self.hybrid_choice = "sequential"
+        self._hybrid_reviewed = 0
+        self._learned: Optional[_Learned] = None
+        self._train_due = 0
+        self._retrain_due = False
+        # -- threads --
+        self._stop = False
+        self._threads: list[threading.Thread] = []
+        self._train_wake = threading.Event()
+        mode = str(self.knobs.get("prefetch_mode", "off"))
+        if mode != "off":
+            self.set_mode(mode)         # ModeUnavailable before any thread starts
+        if background:
+            t = threading.Thread(target=self._worker_loop, name="memosfs-prefetch", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    # ---- knobs ----
+
+    @property
+    def depth(self) -> int:
+        return max(0, int(self.knobs.get("prefetch_stride", DEFAULT_KNOBS["prefetch_stride"])))
+
+    @property
+    def retrain_below(self) -> float:
+        return float(self.knobs.get("prefetch_retrain_below",
+                                    DEFAULT_KNOBS["prefetch_retrain_below"]))
+
+    def set_mode(self, name: str) -> None:
+        """Switch modes.  Unknown: KnobError; learned without torch:
+        ModeUnavailable (nothing changes).  Queued prefetches are dropped; the
+        first switch to learned imports torch (a second or two)."""
+        if name not in MODES:
+            raise KnobError(f"{name!r} is not one of {', '.join(MODES)}")
+        if name == "learned":
+            if not learned_available():
+                raise ModeUnavailable(
+                    "prefetch_mode learned needs torch and numpy (make model-deps, or "
+                    f"pip install 'memosfs[model]'): {learned_unavailable_reason()}")
+            if self._learned is None:
+                self._learned = _Learned(self.seed)
+                if self.background:
+                    t = threading.Thread(target=self._trainer_loop,
+                                         name="memosfs-prefetch-train", daemon=True)
+                    t.start()
+                    self._threads.append(t)
+        with self._lock:
+            if name == self.mode:
+                return
+            self.mode = name
+            for it in self._queue:
+                it.late = True
+            self._queue.clear()
+            self._queued.clear()
+            if name in self._win:
+                self._win[name].clear()
+            self._wake.notify_all()
+        log.info("prefetch mode %s", name)
+
+    # ---- the hooks (request path: O(1), no I/O) ----
+
+    def on_access(self, key: bytes, hit: bool) -> None:
+        """A demand open of an existing slot; hit: memory served it."""
+        with self._lock:
+            self._seq += 1
+            out = self._outstanding.pop(key, None)
+            if out is not None:
+                if hit:
+                    self._cnt.add("prefetch_used", out.mode)
+                    if not out.judged:
+                        self._win[out.mode].append(True)
+                elif not out.judged:
+                    self._win[out.mode].append(False)
+            it = self._queued.pop(key, None)
+            if it is not None:
+                it.late = True
+                self._cnt.add("prefetch_dropped")
+                self._cnt.add("prefetch_dropped_late")
+            if key == self._inflight:
+                self._inflight_demanded = True
+            if self.mode != "off":
+                self._push("access", key)
+
+    def _push(self, kind: str, key: bytes) -> None:
+        """Record an event for the worker (under _lock)."""
+        if len(self._events) >= EVENTS_MAX:
+            self._events.popleft()
+            self._cnt.add("prefetch_events_dropped")
+        self._events.append((kind, key, self._seq))
+        self._wake.notify()
+
+    def on_evict(self, key: bytes) -> None:
+        """The memory tier let the slot go (it may stay on the SSD)."""
+        with self._lock:
+            out = self._outstanding.pop(key, None)
+            if out is not None:
+                self._cnt.add("prefetch_wasted", out.mode)
+                if not out.judged:
+                    self._win[out.mode].append(False)
+
+    def on_remove(self, key: bytes) -> None:
+        """The slot is gone from every tier (or renamed away)."""
+        self.on_evict(key)
+        with self._lock:
+            it = self._queued.pop(key, None)
+            if it is not None:
+                it.late = True
+            if self.mode != "off":
+                self._push("remove", key)
+
+    # ---- stats ----
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            c = dict(self._cnt.c)
+            qlen = len(self._queue)
+            wins = {m: (sum(w) / len(w) if w else 0.0) for m, w in self._win.items()}
+            mode = self.mode
+            outstanding = len(self._outstanding)
+        out: dict[str, Any] = {}
+        for name in ("prefetch_issued", "prefetch_used", "prefetch_accuracy", "prefetch_retrains",
+                     "prefetch_dropped", "prefetch_dropped_late", "prefetch_dropped_full",
+                     "prefetch_wasted", "prefetch_failed", "prefetch_skipped",
+                     "prefetch_events_dropped"):
+            out[name] = c.get(name, 0)
+        out["prefetch_accuracy"] = (out["prefetch_used"] / out["prefetch_issued"]
+                                    if out["prefetch_issued"] else 0.0)
+        out["prefetch_window_accuracy"] = wins.get(mode, 0.0)
+        out["prefetch_queue"] = qlen
+        out["prefetch_outstanding"] = outstanding
+        for m in ACTIVE_MODES:
+            issued, used = c.get(f"prefetch_issued_{m}", 0), c.get(f"prefetch_used_{m}", 0)
+            out[f"prefetch_issued_{m}"] = issued
+            out[f"prefetch_used_{m}"] = used
+            out[f"prefetch_accuracy_{m}"] = used / issued if issued else 0.0
+        out["prefetch_retrains_hybrid"] = c.get("prefetch_retrains_hybrid", 0)
+        out["prefetch_retrains_learned"] = c.get("prefetch_retrains_learned", 0)
+        out["prefetch_hybrid_random"] = int(self.hybrid_choice == "random")
+        out["prefetch_hybrid_switches"] = c.get("prefetch_hybrid_switches", 0)
+        for m in SUB_MODES:
+            w = tuple(self._shadow_win[m])
+            out[f"prefetch_shadow_accuracy_{m}"] = sum(w) / len(w) if w else 0.0
+        lrn = self._learned
+        out["prefetch_learned_steps"] = lrn.steps if lrn else 0
+        out["prefetch_learned_loss"] = round(lrn.loss, 4) if lrn else 0.0
+        return out
+
+    # ---- the worker ----
+
+    def run_pending(self, fetch_budget: Optional[int] = None) -> int:
+        """Without background threads: process every recorded event, train
+        if due, then run up to `fetch_budget` queued fetches (None: all).
+        Returns the fetches run."""
+        if self.background:
+            raise RuntimeError("run_pending is for engines made with background=False")
+        self._process_events()
+        if self._learned is not None and (self._train_due or self._retrain_due):
+            self._train_now()
+        done = 0
+        while fetch_budget is None or done < fetch_budget:
+            if not self._fetch_one():
+                break
+            done += 1
+        return done
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._wake.notify_all()
+        self._train_wake.set()
+        for t in self._threads:
+            t.join(timeout=10)
+        self._threads.clear()
+
+    def _worker_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop and not self._events and not self._queue:
+                    self._wake.wait(timeout=1.0)
+                if self._stop:
+                    return
+            try:
+                self._process_events()
+                if self._train_due or self._retrain_due:
+                    self._train_wake.set()
+                self._fetch_one()
+            except Exception:
+                _log_error("prefetch worker")
+                time.sleep(0.01)
+            time.sleep(0)           # let a request thread have the GIL
+
+    def _trainer_loop(self) -> None:
+        while not self._stop:
+            self._train_wake.wait(timeout=1.0)
+            self._train_wake.clear()
+            if self._stop:
+                return
+            try:
+                self._train_now()
+            except Exception:
+                _log_error("prefetch trainer")
+
+    def _train_now(self) -> None:
+        lrn = self._learned
+        if lrn is None:
+            return
+        if self._retrain_due:
+            self._retrain_due = False
+            self._train_due = 0
+            lrn.train(lrn.RETRAIN_STEPS, lrn.RETRAIN_RECENT)
+        steps, self._train_due = self._train_due, 0
+        if steps:
+            lrn.train(steps, lrn.RECENT)
+
+    def _process_events(self) -> None:
+        n = 0
+        while True:
+            with self._lock:
+                if not self._events or self._stop:
+                    break
+                kind, key, seq = self._events.popleft()
+                mode = self.mode
+            if kind == "access":
+                self._access(key, seq, mode)
+            else:
+                self._removed(key)
+            n += 1
+            if self.background and n % 16 == 0:
+                time.sleep(0)
+        if n:
+            self._judge_old()
+            self._check_accuracy()
+
+    def _session(self, key: bytes) -> Optional[tuple[_Session, str]]:
+        try:
+            agent, session, name = _split(key)
+        except ValueError:
+            return None
+        path = key.rsplit(b"/", 1)[0]
+        s = self._sessions.get(path)
+        if s is None:
+            s = _Session(self._key_id(path), agent, session)
+            self._sessions[path] = s
+            if len(self._sessions) > SESSIONS_MAX:
+                _p, old = self._sessions.popitem(last=False)
+                self.native.stride_forget(old.sid)
+        else:
+            self._sessions.move_to_end(path)
+        return s, name
+
+    def _relist(self, s: _Session, seq: int) -> None:
+        try:
+            names = list(self._session_slots(s.agent, s.session))
+        except Exception:
+            _log_error("prefetch: listing %s/%s failed", s.agent, s.session)
+            names = []
+        names.sort(key=natural_key)
+        s.names = names
+        s.rank = {n: i for i, n in enumerate(names)}
+        s.listed_at = seq
+        s.stale = False
+
+    def _access(self, key: bytes, seq: int, mode: str) -> None:
+        found = self._session(key)
+        if found is None:
+            return
+        s, name = found
+        if s.stale or name not in s.rank:
+            self._relist(s, seq)
+        rank = s.rank.get(name)
+        # heat: every slot read, any session
+        kid = self._key_id(key)
+        self._heat_keys[kid] = key
+        ev = self.native.heat_touch(kid, 1.0)
+        if ev is not None:
+            self._heat_keys.pop(ev, None)
+        # shadow outcomes (hybrid)
+        if mode == "hybrid":
+            for m in SUB_MODES:
+                if self._shadow[m].pop(key, None) is not None:
+                    self._shadow_win[m].append(True)
+        if rank is None:
+            return
+        stride = self.native.stride_observe(s.sid, rank)
+        # the learned model's history: moves within the session
+        if s.last_rank is None:
+            s.hist.clear()
+            s.hist.extend([_Tok.START] * _Tok.CTX)
+        elif rank != s.last_rank:
+            tok = _Tok.of(rank - s.last_rank)
+            if self._learned is not None:
+                self._train_due += self._learned.add(tuple(s.hist), tok)
+            s.hist.append(tok)
+        s.last_rank = rank
+        depth = self.depth
+        if mode == "off" or depth == 0:
+            return
+        if mode == "sequential":
+            targets = self._sequential(s, rank, stride, depth, seq)
+        elif mode == "random":
+            targets = self._random(key, depth)
+        elif mode == "learned":
+            targets = self._predict_learned(s, rank, depth, seq)
+        else:
+            seq_t = self._sequential(s, rank, stride, depth, seq)
+            rnd_t = self._random(key, depth)
+            self._shadow_record("sequential", seq_t, seq)
+            self._shadow_record("random", rnd_t, seq)
+            targets = seq_t if self.hybrid_choice == "sequential" else rnd_t
+            self._hybrid_review(seq)
+        for t in targets:
+            self._enqueue(t, mode, seq)
+
+    def _removed(self, key: bytes) -> None:
+        path = key.rsplit(b"/", 1)[0]
+        s = self._sessions.get(path)
+        if s is not None:
+            s.stale = True
+        kid = self._key_id(key)
+        if self._heat_keys.pop(kid, None) is not None:
+            self.native.heat_remove(kid)
+        for m in SUB_MODES:
+            self._shadow[m].pop(key, None)
+
+    def _name_at(self, s: _Session, r: int, seq: int) -> Optional[str]:
+        if r < 0:
+            return None
+        if r >= len(s.names) and seq - s.listed_at >= REFRESH_EVERY:
+            self._relist(s, seq)          # slots published since the last listing
+        return s.names[r] if r < len(s.names) else None
+
+    def _sequential(self, s: _Session, rank: int, stride: int, depth: int,
+                    seq: int) -> list[bytes]:
+        step = stride if stride else 1
+        out = []
+        for j in range(1, depth + 1):
+            name = self._name_at(s, rank + step * j, seq)
+            if name is None:
+                break
+            out.append(_key(s.agent, s.session, name))
+        return self._resident_filter(out)
+
+    def _random(self, key: bytes, depth: int) -> list[bytes]:
+        out = []
+        for kid in self.native.heat_sample(4 * depth, pool=64):
+            k = self._heat_keys.get(kid)
+            if k is None or k == key:
+                continue
+            out.append(k)
+        return self._resident_filter(out)[:depth]
+
+    def _predict_learned(self, s: _Session, rank: int, depth: int, seq: int) -> list[bytes]:
+        lrn = self._learned
+        if lrn is None:
+            return []
+        out = []
+        for d in lrn.predict(tuple(s.hist), depth):
+            name = self._name_at(s, rank + d, seq)
+            if name is not None:
+                out.append(_key(s.agent, s.session, name))
+        return self._resident_filter(out)
+
+    def _resident_filter(self, keys: list[bytes]) -> list[bytes]:
+        out = []
+        for k in keys:
+            try:
+                if self._in_memory(k):
+                    continue
+            except Exception:
+                _log_error("prefetch: in_memory failed")
+                continue
+            out.append(k)
+        return out
+
+    # -- hybrid --
+
+    def _shadow_record(self, m: str, targets: list[bytes], seq: int) -> None:
+        sh = self._shadow[m]
+        for t in targets:
+            if t not in sh:
+                sh[t] = seq
+                self._shadow_log[m].append((seq, t))
+
+    def _hybrid_review(self, seq: int) -> None:
+        if seq - self._hybrid_reviewed < HYBRID_REVIEW:
+            return
+        self._hybrid_reviewed = seq
+        other = "random" if self.hybrid_choice == "sequential" else "sequential"
+        a, b = self._shadow_acc(self.hybrid_choice), self._shadow_acc(other)
+        if a is not None and b is not None and b > a + HYBRID_MARGIN:
+            self.hybrid_choice = other
+            self._cnt.add("prefetch_hybrid_switches")
+
+    def _shadow_acc(self, m: str) -> Optional[float]:
+        w = self._shadow_win[m]
+        return sum(w) / len(w) if len(w) >= self.window_min else None
+
+    def _rechoose(self) -> None:
+        best, best_acc = self.hybrid_choice, self._shadow_acc(self.hybrid_choice)
+        for m in SUB_MODES:
+            acc = self._shadow_acc(m)
+            if acc is not None and (best_acc is None or acc > best_acc):
+                best, best_acc = m, acc
+        if best != self.hybrid_choice:
+            self.hybrid_choice = best
+            self._cnt.add("prefetch_hybrid_switches")
+
+    # -- accuracy --
+
+    def _judge_old(self) -> None:
+        """Prefetches not used within `horizon` demand reads count as misses
+        in the window (they may still be used later: the cumulative counts
+        take that)."""
+        with self._lock:
+            now = self._seq
+            log_ = self._issue_log
+            while log_ and log_[0][0] <= now - self.horizon:
+                _s, key = log_.popleft()
+                out = self._outstanding.get(key)
+                if out is not None and not out.judged and out.seq <= now - self.horizon:
+                    out.judged = True
+                    self._win[out.mode].append(False)
+        for m in SUB_MODES:
+            sh, lg = self._shadow[m], self._shadow_log[m]
+            while lg and lg[0][0] <= now - self.horizon:
+                s, key = lg.popleft()
+                if sh.get(key) == s:
+                    del sh[key]
+                    self._shadow_win[m].append(False)
+
+    def _check_accuracy(self) -> None:
+        mode = self.mode
+        if mode not in ("hybrid", "learned"):
+            return
+        with self._lock:
+            w = self._win[mode]
+            if len(w) < self.window_min or sum(w) / len(w) >= self.retrain_below:
+                return
+            w.clear()
+            self._cnt.add("prefetch_retrains", mode)
+        if mode == "learned":
+            self._retrain_due = True
+            log.info("prefetch: learned accuracy below %.2f: retraining", self.retrain_below)
+        else:
+            self._rechoose()
+            log.info("prefetch: hybrid accuracy below %.2f: now %s", self.retrain_below,
+                     self.hybrid_choice)
+
+    # -- the queue and the fetches --
+
+    def _enqueue(self, key: bytes, mode: str, seq: int) -> None:
+        with self._lock:
+            if key in self._queued or key in self._outstanding or key == self._inflight:
+                return
+            if len(self._queue) >= self.queue_max:
+                old = self._queue.popleft()
+                if not old.late:
+                    self._queued.pop(old.key, None)
+                    self._cnt.add("prefetch_dropped")
+                    self._cnt.add("prefetch_dropped_full")
+            it = _Item(key, mode, seq)
+            self._queue.append(it)
+            self._queued[key] = it
+
+    def _fetch_one(self) -> bool:
+        """Run the oldest queued prefetch; False if the queue was empty."""
+        with self._lock:
+            while self._queue:
+                it = self._queue.popleft()
+                if it.late:
+                    continue
+                self._queued.pop(it.key, None)
+                break
+            else:
+                return False
+            self._inflight = it.key
+            self._inflight_demanded = False
+        ok = resident = False
+        try:
+            resident = bool(self._in_memory(it.key))
+            ok = not resident and bool(self._fetch(it.key))
+        except Exception:
+            _log_error("prefetch of %r failed", it.key)
+        with self._lock:
+            self._inflight = None
+            if resident:
+                self._cnt.add("prefetch_skipped")
+            elif self._inflight_demanded:
+                self._cnt.add("prefetch_dropped")
+                self._cnt.add("prefetch_dropped_late")
+            elif ok:
+                self._cnt.add("prefetch_issued", it.mode)
+                self._outstanding[it.key] = _Out(it.mode, self._seq)
+                self._issue_log.append((self._seq, it.key))
+                if len(self._outstanding) > OUTSTANDING_MAX:
+                    _k, old = self._outstanding.popitem(last=False)
+                    if not old.judged:
+                        self._win[old.mode].append(False)
+            else:
+                self._cnt.add("prefetch_failed")
+        return True
