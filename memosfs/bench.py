@@ -74,6 +74,12 @@ def add_parser(sub) -> None:
     from . import bench_native; bench_native.add_parsers(bsub)
     from . import bench_kv; bench_kv.add_parsers(bsub)
     from . import bench_coherence; bench_coherence.add_parsers(bsub)
+    from . import bench_prefetch; bench_prefetch.add_parsers(bsub)
+    from . import bench_remote; bench_remote.add_parsers(bsub)
+    try:                                # numpy (the `federated` extra) is optional
+        from . import bench_federated; bench_federated.add_parsers(bsub)
+    except ImportError:
+        pass
 
 
 def _mounted(path: str) -> bool:

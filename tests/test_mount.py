@@ -183,7 +183,7 @@ def test_rename_unlink_rmdir(mnt):
     os.rmdir(mnt.p("c", "s3"))
     os.rmdir(mnt.p("c", "s1"))
     os.rmdir(mnt.p("c"))
-    assert sorted(os.listdir(mnt.path)) == [".memos", "b"]
+    assert sorted(os.listdir(mnt.path)) == [".federated", ".memos", "b"]
     st = mnt.stats()
     assert st["slots"] == 0
 
