@@ -121,7 +121,7 @@ def _agent(idx: int, slots: list[str], locks: list[str], glock: str, mode: str,
                 torn += 1
         except OSError as e:
             failed += 1
-            name = errno.errorcode.get(e.errno, str(e.errno))
+            name = ("write " if write else "read ") + errno.errorcode.get(e.errno, str(e.errno))
             errors[name] = errors.get(name, 0) + 1
         finally:
             if lockfd is not None:

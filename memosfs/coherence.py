@@ -11,8 +11,8 @@ makes its agent a holder:
     close         ->  the last one leaves    (dir.release; counts as an ack)
 
 Invalidations reach the holders' handles: `poll()` on a handle reports
-POLLPRI from then on (until the agent acknowledges), and the kernel's cached
-pages of the inode they hold are dropped.  An agent acknowledges by closing
+POLLPRI from then on (until the agent acknowledges); under protocol 2 the
+kernel's cached pages of the inode they hold are dropped too.  An agent acknowledges by closing
 its handles, by opening the slot again, or with
 `setfattr -n user.memos.ack -v 1 SLOT`.
 
@@ -267,8 +267,14 @@ class Coherence:
                 if node is not None:
                     nodes[id(node)] = node
             self._delivered += 1
-        for node in nodes.values():
-            self._invalidate_pages(node)
+        if self.protocol >= 2:
+            # Strong: every holder must drop its copy, and no reader shares the
+            # inode meanwhile (readers wait): drop the kernel's pages at once.
+            # Under protocol 1 the pages stay valid for the version the holders
+            # keep, which is still the current one until the writer publishes
+            # (a publish moves the name to fresh pages by itself).
+            for node in nodes.values():
+                self._invalidate_pages(node)
         return len(msgs)
 
     async def batch_loop(self) -> None:

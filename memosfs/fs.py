@@ -126,7 +126,9 @@ class Dir(Node):
 class Slot(Node):
     @property
     def writer_pending(self) -> bool:
-        return self.pending_until > 0.0 and time.monotonic() < self.pending_until
+        """Writers sent here by ESTALE are on their way (readers meanwhile read
+        around the page cache, so each retry finds no page-cache readers)."""
+        return self.pending_writers > 0 and time.monotonic() < self.pending_until
 
     def __init__(self, ino: int, name: str, parent: Dir, mode: int, uid: int,
                  gid: int) -> None:
@@ -135,8 +137,8 @@ class Slot(Node):
         self.pub_size = 0               # bytes of the published version
         self.stored = 0                 # bytes of pages it holds
         self.readers = 0                # open read handles in page-cache mode
-        self.pending_until = 0.0        # monotonic time until which writers sent
-                                        # here by ESTALE may still be on their way
+        self.pending_writers = 0        # writers sent here by ESTALE, not yet in
+        self.pending_until = 0.0        # ... and until when they are waited for
         self.writers = 0                # open write handles (direct_io)
         self.draft_size: Optional[int] = None  # size of the latest draft written
         self.cache_version = -1         # version the kernel may hold pages of
@@ -1145,6 +1147,8 @@ class MemosOperations(pyfuse3.Operations):
                 h.decoded = self._logical(ref)
             fi.direct_io = True
             node.writers += 1
+            if node.pending_writers > 0:
+                node.pending_writers -= 1
         self.handles[fh] = h
         node.handles += 1
         return fi
@@ -1440,8 +1444,9 @@ class MemosOperations(pyfuse3.Operations):
         so the kernel's one retry succeeds."""
         if node.readers > 0:
             node = self._supersede(node)
-        # Not cleared by the first writer in: several writers may have been
-        # sent here (each must find no page-cache readers on its one retry).
+        # Counted: several writers may have been sent here, and each must find
+        # no page-cache readers on its one retry.
+        node.pending_writers += 1
         node.pending_until = time.monotonic() + WRITER_RETRY_S
 
     def _supersede(self, node: Slot) -> Slot:
@@ -1453,6 +1458,9 @@ class MemosOperations(pyfuse3.Operations):
         new.xattrs = dict(node.xattrs)
         new.atime_ns, new.mtime_ns, new.ctime_ns = node.atime_ns, node.mtime_ns, node.ctime_ns
         new.version, new.pub_size, new.stored = node.version, node.pub_size, node.stored
+        # writers sent (ESTALE) to look this name up will find the new inode
+        new.pending_writers, new.pending_until = node.pending_writers, node.pending_until
+        node.pending_writers = 0
         node.parent.children[node.name] = new
         node.successor = new
         self.inodes[new.ino] = new
