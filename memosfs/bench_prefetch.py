@@ -97,6 +97,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="--sim: do not drain the prefetch queue between requests")
     p.add_argument("--slot", default="16K", help="mount: bytes per slot (default 16K)")
     p.add_argument("--opts", default="", help="mount: extra mount options")
+    p.add_argument("--think-ms", type=float, default=2.0,
+                   help="mount: pause between requests, the engine's compute between two "
+                        "turns (default 2; not timed)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic workloads")
     p.add_argument("--json", action="store_true", help="print JSON only")
 
@@ -322,7 +325,10 @@ def _stats(mnt: str) -> dict[str, Any]:
 
 
 def replay_mount(reqs: list[Request], mode: str, capacity_bytes: int, slot: int, stride: int,
-                 retrain_below: float, opts: str = "") -> dict[str, Any]:
+                 retrain_below: float, opts: str = "", think_ms: float = 0.0
+                 ) -> dict[str, Any]:
+    """Replay on a fresh mount; `think_ms` pauses between requests (an engine
+    computes between two turns: the window a prefetch has), not timed."""
     from .bench import memos_mount
     options = (f"prefetch_mode={mode},prefetch_stride={stride},"
                f"prefetch_retrain_below={retrain_below}")
@@ -344,6 +350,8 @@ def replay_mount(reqs: list[Request], mode: str, capacity_bytes: int, slot: int,
                 f.write(payload)
 
         for req in reqs:
+            if think_ms:
+                time.sleep(think_ms / 1000)
             for op, k in req:
                 if op == "w":
                     write(k)
@@ -389,7 +397,7 @@ def bench_prefetch(workloads: list[str], modes: list[str], sim: bool, trace: str
                    stride: int = 2, retrain_below: float = 0.70, requests: int = 0,
                    capacity_slots: int = 0, fetch_budget: int = 1, think: bool = True,
                    slot: int = 16 << 10, opts: str = "", seed: int = 0,
-                   progress=None) -> dict[str, Any]:
+                   progress=None, think_ms: float = 0.0) -> dict[str, Any]:
     say = progress or (lambda msg: None)
     if "off" not in modes:
         modes = ["off"] + modes
@@ -404,6 +412,7 @@ def bench_prefetch(workloads: list[str], modes: list[str], sim: bool, trace: str
         out |= {"fetch_budget": fetch_budget, "think": think}
     else:
         out["slot_bytes"] = slot
+        out["think_ms"] = think_ms
     limit = requests or (0 if sim else 600)
     for w in workloads:
         reqs = load_workload(w, trace, limit, seed)
@@ -418,7 +427,7 @@ def bench_prefetch(workloads: list[str], modes: list[str], sim: bool, trace: str
             else:
                 cap_bytes = max(4 << 20, -(-cap * slot // (2 << 20)) * (2 << 20))
                 res["capacity_bytes"] = cap_bytes
-                r = replay_mount(reqs, m, cap_bytes, slot, stride, retrain_below, opts)
+                r = replay_mount(reqs, m, cap_bytes, slot, stride, retrain_below, opts, think_ms)
             res["modes"][m] = r
         base = res["modes"]["off"]["mem_hit_ratio"]
         acc = {m: r.get("accuracy") for m, r in res["modes"].items() if m != "off"}
@@ -449,7 +458,7 @@ def cmd_bench_prefetch(args: argparse.Namespace) -> int:
     result = bench_prefetch(workloads, modes, args.sim, args.trace, args.stride,
                             args.retrain_below, args.requests, args.capacity_slots,
                             args.fetch_budget, not args.no_think, parse_size(args.slot),
-                            args.opts, args.seed, progress=say)
+                            args.opts, args.seed, progress=say, think_ms=args.think_ms)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
 
