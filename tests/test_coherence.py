@@ -473,3 +473,34 @@ def test_sharing_through_a_group(make_mount, agents):
     r = run_as(20002, ["sh", "-c", f"echo y > {team}/s/new"], groups="30000")
     assert r.returncode == 0, r.stderr
     assert (team / "s" / "new").read_text() == "y\n"
+
+
+# ---------------------------------------------------------------- the client cache
+
+
+@pytest.mark.parametrize("protocol", ["1", "2"])
+def test_shared_slots_follow_rewrites(make_mount, agents, protocol):
+    """memosfs.shared.SharedSlots keeps its copy open (re-reads reach no
+    daemon read handler once cached), drops it when invalidated, and under
+    protocol 2 acknowledges from its watcher so a writer is not kept waiting."""
+    from memosfs.shared import SharedSlots
+    m = make_mount(world=True)
+    slot = shared_slot(m, b"one" * 50000)
+    knob(m, "coherence_protocol", protocol)
+    knob(m, "coherence_timeout_ms", "3000")
+    b = agents(20002)
+    with SharedSlots() as slots:
+        assert slots.read(str(slot)) == b"one" * 50000
+        assert slots.read(str(slot)) == b"one" * 50000
+        assert slots.opens == 1                       # the second read used the open copy
+        assert os.getxattr(slot, "user.memos.state") == b"S"
+        t0 = time.monotonic()
+        assert b(f"open {slot} w") == "ok"            # protocol 2: our watcher acks
+        assert time.monotonic() - t0 < 2.5
+        assert b("write " + (b"two" * 1000).hex()) == "ok" and b("close") == "ok"
+        deadline = time.monotonic() + 5
+        while slots.read(str(slot)) != b"two" * 1000 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert slots.read(str(slot)) == b"two" * 1000
+        assert slots.invalidations >= 1 and slots.opens >= 2
+    assert m.stats()["coherence_timeouts"] == 0
