@@ -35,6 +35,7 @@ import time
 from typing import Iterator, Optional, Sequence
 
 from .bench import _drop_cached_pages, _mounted, drop_page_cache
+from .bench import _read_file as _read_whole
 from .control import parse_size
 
 MiB = 1 << 20
@@ -137,19 +138,6 @@ class _Daemon:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-
-def _read_whole(path: str, buf: bytearray) -> tuple[float, int]:
-    view = memoryview(buf)
-    t0 = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY)
-    total = 0
-    try:
-        while n := os.readv(fd, [view]):
-            total += n
-    finally:
-        os.close(fd)
-    return time.perf_counter() - t0, total
 
 
 def _read_all(paths: list[str], size: int) -> float:

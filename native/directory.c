@@ -305,6 +305,27 @@ static int other_writer(dslot *s, uint64_t agent, int count_m)
     return 0;
 }
 
+/* The agent's holder of key, made if need be; opening again acknowledges
+ * an invalidation.  NULL (nothing left behind) on ENOMEM. */
+static holder *join(dir_table *d, dslot **sp, const void *key, size_t klen, uint64_t hv,
+                    uint64_t agent)
+{
+    dslot *s = *sp ? *sp : find_or_add(d, key, klen, hv);
+    holder *h = s ? holder_of(s, agent) : NULL;
+    if (s && !h)
+        h = add_holder(d, s, agent);
+    if (!h) {
+        drop_if_empty(d, s);
+        return NULL;
+    }
+    if (h->unacked) {
+        ack(d, s, h);
+        grant_pending(d, s);
+    }
+    *sp = s;
+    return h;
+}
+
 /* ---- API ---- */
 
 dir_table *dir_new(void)
@@ -356,19 +377,10 @@ int dir_read(dir_table *d, const void *key, size_t klen, uint64_t agent, int pro
         pthread_mutex_unlock(&d->lock);
         return DIR_WAIT;
     }
-    if (!s)
-        s = find_or_add(d, key, klen, hv);
-    holder *h = s ? holder_of(s, agent) : NULL;
-    if (s && !h)
-        h = add_holder(d, s, agent);
+    holder *h = join(d, &s, key, klen, hv, agent);
     if (!h) {
-        drop_if_empty(d, s);
         pthread_mutex_unlock(&d->lock);
         return MEMOS_ENOMEM;
-    }
-    if (h->unacked) {                            /* opening again = ack */
-        ack(d, s, h);
-        grant_pending(d, s);
     }
     h->readers++;
     for (holder *o = s->holders; o; o = o->next) {
@@ -394,19 +406,10 @@ int dir_write(dir_table *d, const void *key, size_t klen, uint64_t agent, int pr
         pthread_mutex_unlock(&d->lock);
         return DIR_WAIT;
     }
-    if (!s)
-        s = find_or_add(d, key, klen, hv);
-    holder *h = s ? holder_of(s, agent) : NULL;
-    if (s && !h)
-        h = add_holder(d, s, agent);
+    holder *h = join(d, &s, key, klen, hv, agent);
     if (!h) {
-        drop_if_empty(d, s);
         pthread_mutex_unlock(&d->lock);
         return MEMOS_ENOMEM;
-    }
-    if (h->unacked) {
-        ack(d, s, h);
-        grant_pending(d, s);
     }
     if (!upgrade || h->writers == 0)
         h->writers++;
@@ -492,12 +495,9 @@ int dir_publish(dir_table *d, const void *key, size_t klen, uint64_t agent)
 {
     uint64_t hv = hash_key(key, klen);
     pthread_mutex_lock(&d->lock);
-    dslot *s = find_or_add(d, key, klen, hv);
-    holder *h = s ? holder_of(s, agent) : NULL;
-    if (s && !h)
-        h = add_holder(d, s, agent);
+    dslot *s = find(d, key, klen, hv);
+    holder *h = join(d, &s, key, klen, hv, agent);
     if (!h) {
-        drop_if_empty(d, s);
         pthread_mutex_unlock(&d->lock);
         return MEMOS_ENOMEM;
     }
