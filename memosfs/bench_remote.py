@@ -86,15 +86,7 @@ def _cluster(url: str, maxmemory: str) -> Iterator[tuple[str, str]]:
     if url:
         yield url, "given"
         return
-    here = os.path.dirname(os.path.abspath(__file__))
-    tests = os.path.join(os.path.dirname(here), "tests")
-    if not os.path.exists(os.path.join(tests, "redis_cluster.py")):
-        raise RuntimeError("no --url given and tests/redis_cluster.py is not beside the package")
-    sys.path.insert(0, tests)
-    try:
-        from redis_cluster import LocalCluster, redis_server_missing
-    finally:
-        sys.path.remove(tests)
+    from .localcluster import LocalCluster, redis_server_missing
     why = redis_server_missing()
     if why:
         raise RuntimeError(why)

@@ -1,5 +1,5 @@
 """The remote tier (memosfs/remote.py) against a real Redis Cluster on
-loopback ports (tests/redis_cluster.py), then through mounts.
+loopback ports (memosfs/localcluster.py), then through mounts.
 
 Skips when redis-server or redis-py are not installed.
 """
@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from redis_cluster import LocalCluster, redis_server_missing  # noqa: E402
+from memosfs.localcluster import LocalCluster, redis_server_missing
 
 REASON = redis_server_missing()
 try:
