@@ -128,7 +128,11 @@ class Slot(Node):
     def writer_pending(self) -> bool:
         """Writers sent here by ESTALE are on their way (readers meanwhile read
         around the page cache, so each retry finds no page-cache readers)."""
-        return self.pending_writers > 0 and time.monotonic() < self.pending_until
+        if self.pending:
+            now = time.monotonic()
+            for pid in [p for p, until in self.pending.items() if until <= now]:
+                del self.pending[pid]               # never came back
+        return bool(self.pending)
 
     def __init__(self, ino: int, name: str, parent: Dir, mode: int, uid: int,
                  gid: int) -> None:
@@ -137,8 +141,8 @@ class Slot(Node):
         self.pub_size = 0               # bytes of the published version
         self.stored = 0                 # bytes of pages it holds
         self.readers = 0                # open read handles in page-cache mode
-        self.pending_writers = 0        # writers sent here by ESTALE, not yet in
-        self.pending_until = 0.0        # ... and until when they are waited for
+        self.pending: dict[int, float] = {}  # pid of a writer sent here by ESTALE
+                                        # -> until when its retry is waited for
         self.writers = 0                # open write handles (direct_io)
         self.draft_size: Optional[int] = None  # size of the latest draft written
         self.cache_version = -1         # version the kernel may hold pages of
@@ -984,7 +988,7 @@ class MemosOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EEXIST)
         elif not isinstance(node, Slot):
             raise refuse(errno.EISDIR, "create %s: a directory", n)
-        fi = self._open_slot(node, flags | os.O_TRUNC, None)
+        fi = self._open_slot(node, flags | os.O_TRUNC, None, pid=ctx.pid)
         return fi, self._entry(node)
 
     async def open(self, inode, flags, ctx):
@@ -1005,7 +1009,7 @@ class MemosOperations(pyfuse3.Operations):
             live.key, self.coherence.agent_of(ctx), (flags & os.O_ACCMODE) != os.O_RDONLY,
             bool(flags & os.O_NONBLOCK))
         try:
-            fi = await self._open_version(inode, flags)
+            fi = await self._open_version(inode, flags, ctx.pid)
         except BaseException:
             self.coherence.release(hold)
             raise
@@ -1018,7 +1022,7 @@ class MemosOperations(pyfuse3.Operations):
             h.hold = hold
             hold.handle = h
 
-    async def _open_version(self, inode, flags):
+    async def _open_version(self, inode, flags, pid: int = 0):
         node = self._node(inode)
         acc = flags & os.O_ACCMODE
         inode_node = node               # the inode the kernel opens
@@ -1031,13 +1035,13 @@ class MemosOperations(pyfuse3.Operations):
             if acc == os.O_RDONLY or node.detached not in ("unlink", "replaced"):
                 raise refuse(errno.ENOENT, "open %s: the name is gone", node.name,
                              level=logging.DEBUG)
-            return self._open_slot(node, flags | os.O_TRUNC, None)
+            return self._open_slot(node, flags | os.O_TRUNC, None, pid=pid)
         if node is not inode_node:
             # a stale dentry (or a retry that lost a race): serve the current
             # version on this old inode, around its page cache, which belongs
             # to the older version's readers
             if acc != os.O_RDONLY and flags & os.O_TRUNC and inode_node.readers > 0:
-                self._ready_for_writer(node)
+                self._ready_for_writer(node, pid)
                 raise refuse(errno.ESTALE, "open %s: a newer inode holds this name",
                              node.name, level=logging.DEBUG)
             ref = None
@@ -1046,14 +1050,14 @@ class MemosOperations(pyfuse3.Operations):
                 ref = await self._off_loop(fn, node.key)
                 if ref is None:
                     raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
-            return self._open_slot(inode_node, flags, ref, around_cache=True)
+            return self._open_slot(inode_node, flags, ref, around_cache=True, pid=pid)
         if acc != os.O_RDONLY and flags & os.O_TRUNC and node.readers > 0 \
-                and not node.writer_pending:
+                and pid not in node.pending:
             # A writer's O_TRUNC would drop the kernel's size of this inode
             # under its page-cache readers: leave them this inode and send the
             # writer (the kernel retries the open on ESTALE) to a fresh one,
             # which readers read around the page cache until the writer is in.
-            self._ready_for_writer(node)
+            self._ready_for_writer(node, pid)
             raise refuse(errno.ESTALE, "open %s for writing: readers keep this inode",
                          node.name, level=logging.DEBUG)
         ref = None
@@ -1081,7 +1085,7 @@ class MemosOperations(pyfuse3.Operations):
         # newer version: then this reader's version must stay out of its pages.
         stale = ref is not None and (ref.version != node.version
                                      or node.successor is not None or bool(node.detached))
-        return self._open_slot(node, flags, ref, around_cache=stale)
+        return self._open_slot(node, flags, ref, around_cache=stale, pid=pid)
 
     async def _off_loop(self, fn, *args):
         """Run blocking store work (SSD I/O) in a worker thread while the loop
@@ -1110,7 +1114,7 @@ class MemosOperations(pyfuse3.Operations):
         return fi
 
     def _open_slot(self, node: Slot, flags: int, ref: Optional["_native.Ref"],
-                   around_cache: bool = False) -> pyfuse3.FileInfo:
+                   around_cache: bool = False, pid: int = 0) -> pyfuse3.FileInfo:
         """A handle on node; `ref` (pinned, taken over) is the reader's
         version or the writer's base."""
         acc = flags & os.O_ACCMODE
@@ -1147,8 +1151,7 @@ class MemosOperations(pyfuse3.Operations):
                 h.decoded = self._logical(ref)
             fi.direct_io = True
             node.writers += 1
-            if node.pending_writers > 0:
-                node.pending_writers -= 1
+            node.pending.pop(pid, None)           # the writer sent here is in
         self.handles[fh] = h
         node.handles += 1
         return fi
@@ -1437,17 +1440,17 @@ class MemosOperations(pyfuse3.Operations):
                 return self.pusher.claim(node, source)
         return None
 
-    def _ready_for_writer(self, node: Slot) -> None:
+    def _ready_for_writer(self, node: Slot, pid: int = 0) -> None:
         """Before an O_TRUNC writer is sent back (ESTALE) to look the name up
         again: make sure what it will find has no page-cache readers, and
         stays so until it arrives (readers meanwhile read around the cache),
         so the kernel's one retry succeeds."""
         if node.readers > 0:
             node = self._supersede(node)
-        # Counted: several writers may have been sent here, and each must find
-        # no page-cache readers on its one retry.
-        node.pending_writers += 1
-        node.pending_until = time.monotonic() + WRITER_RETRY_S
+        # By pid (the kernel retries from the same thread): several writers may
+        # have been sent here, and each must find no page-cache readers on its
+        # one retry, however many other writers come and go meanwhile.
+        node.pending[pid] = time.monotonic() + WRITER_RETRY_S
 
     def _supersede(self, node: Slot) -> Slot:
         """Give node's name a fresh inode holding the same version; node keeps
@@ -1459,8 +1462,7 @@ class MemosOperations(pyfuse3.Operations):
         new.atime_ns, new.mtime_ns, new.ctime_ns = node.atime_ns, node.mtime_ns, node.ctime_ns
         new.version, new.pub_size, new.stored = node.version, node.pub_size, node.stored
         # writers sent (ESTALE) to look this name up will find the new inode
-        new.pending_writers, new.pending_until = node.pending_writers, node.pending_until
-        node.pending_writers = 0
+        new.pending, node.pending = node.pending, {}
         node.parent.children[node.name] = new
         node.successor = new
         self.inodes[new.ino] = new
