@@ -34,9 +34,8 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import select
-from typing import Callable, Iterable, Optional
+from typing import Callable, Optional
 
 import pyfuse3
 import trio
@@ -130,41 +129,19 @@ class Coherence:
         if protocol == 0:
             return None
         deadline = _Deadline(int(self.knobs["coherence_timeout_ms"]))
-        while True:
-            rc = (self.dir.write(key, agent, protocol) if writer
-                  else self.dir.read(key, agent, protocol))
-            self._after_change()
-            if rc != WAIT:
-                break
-            if nonblock:
-                raise self._refuse(errno.EAGAIN, key, agent,
-                                   "a writer holds the slot (O_NONBLOCK)")
-            if not await self._wait(key, deadline):
-                self._wait_ns += deadline.waited_ns()
-                raise self._refuse(errno.ETIMEDOUT, key, agent,
-                                   "a writer held the slot past coherence_timeout_ms")
+        if writer:
+            rc = await self._request(lambda: self.dir.write(key, agent, protocol),
+                                     key, agent, nonblock, deadline)
+        else:
+            rc = await self._request(lambda: self.dir.read(key, agent, protocol),
+                                     key, agent, nonblock, deadline)
         hold = Hold(key, agent, writer, handle)
         self.holds.setdefault((key, agent), set()).add(hold)
         if rc == PENDING:
-            self.deliver()                        # strong: tell the holders now
-            if nonblock:
+            if not await self._granted(key, agent, nonblock, deadline, keep_handle=False):
                 self._drop(hold)
-                self.dir.cancel(key, agent)
-                self._after_change()
-                raise self._refuse(errno.EAGAIN, key, agent,
-                                   "holders have not acknowledged (O_NONBLOCK)")
-            while self.dir.state(key, agent) == "P":
-                if not await self._wait(key, deadline):
-                    self._drop(hold)
-                    if self.dir.cancel(key, agent):
-                        self._after_change()
-                        self._wait_ns += deadline.waited_ns()
-                        raise self._refuse(
-                            errno.ETIMEDOUT, key, agent,
-                            "holders did not acknowledge within coherence_timeout_ms: "
-                            + ", ".join(f"{agent_name(a)}={s}"
-                                        for a, s in self.dir.holders(key) if a != agent))
-                    break                         # granted at the last moment
+                self._wait_ns += deadline.waited_ns()
+                raise self._not_acknowledged(key, agent, nonblock)
             self._wait_ns += deadline.waited_ns()
         elif writer and protocol == 1:
             self._schedule_delivery()
@@ -173,31 +150,59 @@ class Coherence:
     async def upgrade(self, hold: Hold, nonblock: bool) -> None:
         """A write on a handle whose agent lost E/M (a reader downgraded it, or
         a later writer invalidated it): acquire the write again."""
-        if self.dir.state(hold.key, hold.agent) in ("E", "M"):
+        key, agent = hold.key, hold.agent
+        if self.dir.state(key, agent) in ("E", "M"):
             return
         protocol = max(self.protocol, 1)
         deadline = _Deadline(int(self.knobs["coherence_timeout_ms"]))
+        rc = await self._request(lambda: self.dir.write(key, agent, protocol, True),
+                                 key, agent, nonblock, deadline)
+        if rc != PENDING:
+            self._schedule_delivery()
+        elif not await self._granted(key, agent, nonblock, deadline, keep_handle=True):
+            raise self._not_acknowledged(key, agent, nonblock)
+
+    async def _request(self, call: Callable[[], int], key: bytes, agent: int,
+                       nonblock: bool, deadline: "_Deadline") -> int:
+        """Ask the directory until it does not say WAIT (protocol 2: a writer
+        holds the slot); EAGAIN with O_NONBLOCK, ETIMEDOUT at the deadline."""
         while True:
-            rc = self.dir.write(hold.key, hold.agent, protocol, True)
+            rc = call()
             self._after_change()
             if rc != WAIT:
-                break
-            if nonblock or not await self._wait(hold.key, deadline):
-                raise self._refuse(errno.ETIMEDOUT if not nonblock else errno.EAGAIN,
-                                   hold.key, hold.agent, "another writer holds the slot")
-        if rc == PENDING:
-            self.deliver()
-            while self.dir.state(hold.key, hold.agent) == "P":
-                if not await self._wait(hold.key, deadline):
-                    if self.dir.cancel(hold.key, hold.agent):
-                        # the cancel dropped this handle's write count: put it back
-                        self.dir.write(hold.key, hold.agent, 1, False)
-                        self._after_change()
-                        raise self._refuse(errno.ETIMEDOUT, hold.key, hold.agent,
-                                           "holders did not acknowledge in time")
-                    break
-        else:
-            self._schedule_delivery()
+                return rc
+            if nonblock:
+                raise self._refuse(errno.EAGAIN, key, agent,
+                                   "a writer holds the slot (O_NONBLOCK)")
+            if not await self._wait(key, deadline):
+                self._wait_ns += deadline.waited_ns()
+                raise self._refuse(errno.ETIMEDOUT, key, agent,
+                                   "a writer held the slot past coherence_timeout_ms")
+
+    async def _granted(self, key: bytes, agent: int, nonblock: bool,
+                       deadline: "_Deadline", keep_handle: bool) -> bool:
+        """A writer in P: tell the holders now, then wait until every one has
+        acknowledged (True), or give up at the deadline — at once with
+        O_NONBLOCK — restoring the holders (False)."""
+        self.deliver()
+        while self.dir.state(key, agent) == "P":
+            if not nonblock and await self._wait(key, deadline):
+                continue
+            if self.dir.cancel(key, agent, keep_handle):
+                self._after_change()
+                return False
+            break                                 # granted at the last moment
+        return True
+
+    def _not_acknowledged(self, key: bytes, agent: int, nonblock: bool
+                          ) -> pyfuse3.FUSEError:
+        if nonblock:
+            return self._refuse(errno.EAGAIN, key, agent,
+                                "holders have not acknowledged (O_NONBLOCK)")
+        return self._refuse(errno.ETIMEDOUT, key, agent,
+                            "holders did not acknowledge within coherence_timeout_ms: "
+                            + ", ".join(f"{agent_name(a)}={s}"
+                                        for a, s in self.dir.holders(key) if a != agent))
 
     def release(self, hold: Optional[Hold]) -> None:
         if hold is None:

@@ -515,7 +515,7 @@ int dir_publish(dir_table *d, const void *key, size_t klen, uint64_t agent)
     return MEMOS_OK;
 }
 
-int dir_cancel(dir_table *d, const void *key, size_t klen, uint64_t agent)
+int dir_cancel(dir_table *d, const void *key, size_t klen, uint64_t agent, int keep_handle)
 {
     uint64_t hv = hash_key(key, klen);
     pthread_mutex_lock(&d->lock);
@@ -527,9 +527,9 @@ int dir_cancel(dir_table *d, const void *key, size_t klen, uint64_t agent)
     }
     undo_pending(d, s, h);
     d->st.timeouts++;
-    if (h->writers > 0)
+    if (!keep_handle && h->writers > 0)
         h->writers--;
-    set_state(d, s, h, h->readers > 0 ? DIR_S : DIR_I, DIR_CAUSE_CANCEL);
+    set_state(d, s, h, keep_handle || h->readers > 0 ? DIR_S : DIR_I, DIR_CAUSE_CANCEL);
     if (h->readers + h->writers == 0)
         remove_holder(d, s, h);
     drop_if_empty(d, s);

@@ -102,10 +102,12 @@ int dir_release(dir_table *d, const void *key, size_t klen, uint64_t agent, int 
  * write is acquired first: last publish wins). */
 int dir_publish(dir_table *d, const void *key, size_t klen, uint64_t agent);
 
-/* A pending writer gives up (timeout): it drops its write handle, and the
- * holders that had not acknowledged are restored to S, as if nothing had
- * happened.  Returns MEMOS_OK, or MEMOS_ENOENT if it was not pending. */
-int dir_cancel(dir_table *d, const void *key, size_t klen, uint64_t agent);
+/* A pending writer gives up (timeout): it drops its write handle (unless
+ * keep_handle: an upgrade of a handle that stays open, which goes back to S),
+ * and the holders that had not acknowledged are restored to S, as if nothing
+ * had happened.  Returns MEMOS_OK, or MEMOS_ENOENT if it was not pending. */
+int dir_cancel(dir_table *d, const void *key, size_t klen, uint64_t agent,
+               int keep_handle);
 
 /* The agent's state for key (DIR_I when it holds nothing). */
 int dir_state(dir_table *d, const void *key, size_t klen, uint64_t agent);

@@ -104,9 +104,10 @@ static PyObject *py_cancel(DirectoryObject *self, PyObject *args)
 {
     Py_buffer k;
     unsigned long long agent;
-    if (!PyArg_ParseTuple(args, "y*K", &k, &agent))
+    int keep = 0;
+    if (!PyArg_ParseTuple(args, "y*K|p", &k, &agent, &keep))
         return NULL;
-    int rc = dir_cancel(self->d, k.buf, (size_t)k.len, agent);
+    int rc = dir_cancel(self->d, k.buf, (size_t)k.len, agent, keep);
     PyBuffer_Release(&k);
     return PyBool_FromLong(rc == MEMOS_OK);
 }
@@ -256,7 +257,7 @@ static PyMethodDef dir_methods[] = {
      "release(key, agent, writer) -> grants: a handle closed"},
     {"publish", (PyCFunction)py_publish, METH_VARARGS, "publish(key, agent): E -> M"},
     {"cancel", (PyCFunction)py_cancel, METH_VARARGS,
-     "cancel(key, agent) -> bool: a pending writer gives up; others restored"},
+     "cancel(key, agent, keep_handle=False) -> bool: a pending writer gives up; others restored"},
     {"state", (PyCFunction)py_state, METH_VARARGS, "state(key, agent) -> 'I'|'S'|'E'|'M'|'P'"},
     {"holders", (PyCFunction)py_holders, METH_VARARGS, "holders(key) -> [(agent, state)]"},
     {"forget", (PyCFunction)py_forget, METH_VARARGS, "forget(key) -> holders dropped"},

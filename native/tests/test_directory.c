@@ -167,11 +167,11 @@ static void test_cancel_restores(void)
     dir_read(d, K, KL, C, 2);
     CHECK_EQ(dir_write(d, K, KL, B, 2, 0), DIR_PENDING);
     CHECK_EQ(dir_ack(d, K, KL, C), 0);            /* A has not acked yet */
-    CHECK_EQ(dir_cancel(d, K, KL, B), MEMOS_OK);
+    CHECK_EQ(dir_cancel(d, K, KL, B, 0), MEMOS_OK);
     CHECK_EQ(dir_state(d, K, KL, A), DIR_S);      /* nothing changed for A */
     CHECK_EQ(dir_state(d, K, KL, C), DIR_I);      /* C dropped its copy already */
     CHECK_EQ(dir_state(d, K, KL, B), DIR_I);
-    CHECK_EQ(dir_cancel(d, K, KL, B), MEMOS_ENOENT);
+    CHECK_EQ(dir_cancel(d, K, KL, B, 0), MEMOS_ENOENT);
     dir_stats st;
     dir_get_stats(d, &st);
     CHECK_EQ(st.timeouts, 1);
@@ -285,7 +285,7 @@ static void test_random(void)
                 dir_publish(d, k, kl, a);
             break;
         case 6:
-            if (dir_state(d, k, kl, a) == DIR_P && dir_cancel(d, k, kl, a) == MEMOS_OK)
+            if (dir_state(d, k, kl, a) == DIR_P && dir_cancel(d, k, kl, a, 0) == MEMOS_OK)
                 writes[a][s]--;
             break;
         }
