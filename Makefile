@@ -18,7 +18,7 @@ APT_PKGS += python3.11-doc
 APT_PKGS += g++ clang libcuckoo-dev libabsl-dev libjemalloc-dev libjemalloc2
 # The remote tier's tests and `bench remote` start a Redis Cluster on loopback
 APT_PKGS += redis-server
-NATIVE   := $(wildcard native/*.c native/*.h)
+NATIVE   := $(wildcard native/*.c native/*.h native/fuse/*.c)
 PYTEST_ARGS ?=
 MODEL    ?= 1
 FUZZ_SECONDS ?= 20

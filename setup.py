@@ -1,6 +1,7 @@
 """Build the C core (native/) as the extension module memosfs._native."""
 import glob
 import os
+import subprocess
 
 from setuptools import Extension, setup
 
@@ -11,6 +12,18 @@ if os.environ.get("MEMOS_SANITIZE"):
 
 sources = sorted(glob.glob("native/*.c"))
 
+
+def _pkg_includes(pkg: str) -> list[str]:
+    try:
+        out = subprocess.run(["pkg-config", "--cflags-only-I", pkg], capture_output=True,
+                             text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return ["/usr/include/fuse3"]
+    return [f[2:] for f in out.split() if f.startswith("-I")]
+
+
+FUSE_INCLUDES = _pkg_includes("fuse3")
+
 setup(
     ext_modules=[
         Extension(
@@ -20,6 +33,15 @@ setup(
             include_dirs=["native"],
             extra_compile_args=CFLAGS,
             libraries=["pthread"],
-        )
+        ),
+        # fallocate and the flusher's pid for pyfuse3 (loaded before it, RTLD_GLOBAL)
+        Extension(
+            "memosfs._fuseshim",
+            sources=["native/fuse/fuseshim.c"],
+            include_dirs=FUSE_INCLUDES,
+            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra",
+                                "-Wno-unused-parameter", "-fvisibility=hidden"],
+            libraries=["fuse3", "dl"],
+        ),
     ]
 )

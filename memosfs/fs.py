@@ -38,6 +38,11 @@ import pyfuse3
 import trio
 
 from . import _native, kvfile
+
+try:
+    from . import _fuseshim
+except ImportError:             # not built: fallocate is EOPNOTSUPP, every
+    _fuseshim = None            # flush of a writer publishes
 from .control import (KNOB_BY_NAME, KNOBS, KnobError, Trace, format_metrics,
                       format_stats, stats_json)
 from .coherence import Coherence, Hold
@@ -60,11 +65,29 @@ WRITER_RETRY_S = 5.0            # how long an ESTALE'd writer's retry is waited 
 PUSH_MIN_BYTES = 1 << 20        # smaller versions: reading them through the daemon costs less than a push (its attribute refresh is a round trip)
 DECODED_CACHE_BYTES = 512 << 20   # logical bytes of quantized versions kept decoded
 
-ROOT, AGENT, SESSION, CTL = "root", "agent", "session", "ctl"
+ROOT, AGENT, SESSION, SUBDIR, CTL = "root", "agent", "session", "dir", "ctl"
+SLOT_DIRS = (SESSION, SUBDIR)   # directories that hold slots (and directories)
 
 
 def _now() -> int:
     return time.time_ns()
+
+
+def tgid_of(pid: int) -> int:
+    """The process (thread group) a FUSE request's thread belongs to: the
+    kernel sends the calling thread's id, and a writer's view and the right
+    to publish belong to the whole process.  The id itself if /proc cannot
+    tell (the thread is gone)."""
+    if pid <= 0:
+        return pid
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return pid
 
 
 class Refused(pyfuse3.FUSEError):
@@ -122,6 +145,28 @@ class Dir(Node):
     def size(self) -> int:
         return 4096
 
+    def path(self) -> str:
+        """agent/session/d1/... below the root ("" for the root)."""
+        parts = []
+        d: Optional[Dir] = self
+        while d is not None and d.level != ROOT:
+            parts.append(d.name)
+            d = d.parent
+        return "/".join(reversed(parts))
+
+    def key_of(self, name: str) -> bytes:
+        """The store key of a slot called name in this directory."""
+        return f"{self.path()}/{name}".encode("utf-8", "surrogateescape")
+
+    def contains(self, other: "Node") -> bool:
+        """Whether other is this directory or lies below it."""
+        n: Optional[Node] = other
+        while n is not None:
+            if n is self:
+                return True
+            n = n.parent
+        return False
+
 
 class Slot(Node):
     @property
@@ -143,23 +188,42 @@ class Slot(Node):
         self.readers = 0                # open read handles in page-cache mode
         self.pending: dict[int, float] = {}  # pid of a writer sent here by ESTALE
                                         # -> until when its retry is waited for
-        self.writers = 0                # open write handles (direct_io)
-        self.draft_size: Optional[int] = None  # size of the latest draft written
+        self.writers = 0                # open write handles (they share the draft)
+        self.writer_pids: collections.Counter[int] = collections.Counter()
+                                        # tgid of each write handle's opener
+        self.draft: Optional[_native.Draft] = None   # the writers' shared draft
+        self.base: Optional[_native.Ref] = None      # published version the draft
+                                        # will start from (copied at the first write)
+        self.base_decoded: Optional[bytes] = None    # its logical bytes, if quantized
+        self.changed = False            # the draft holds unpublished changes
+        self.draft_mtime_ns = 0         # mtime the writers see (and the next publish sets)
+        self.write_failed = False       # a write was refused since the last publish
         self.cache_version = -1         # version the kernel may hold pages of
         self.successor: Optional[Slot] = None  # the inode that took our name
         self.pushing = 0                # page-cache pushes in flight (PUSH_LOCK)
 
     @property
     def key(self) -> bytes:
-        session = self.parent
-        agent = session.parent
-        return f"{agent.name}/{session.name}/{self.name}".encode("utf-8", "surrogateescape")
+        parts = [self.name]
+        d = self.parent
+        while d is not None and d.level != ROOT:
+            parts.append(d.name)
+            d = d.parent
+        return "/".join(reversed(parts)).encode("utf-8", "surrogateescape")
 
     def size(self) -> int:
-        # Always the published version's size.  The kernel keeps one size per
-        # inode for every process: reporting a writer's draft size (even to the
-        # writer alone) lets a reader that opens meanwhile stop short of its
-        # version's end, a torn read (regression: test_no_torn_reads_under_load).
+        """The published version's size: what every process but the
+        writers sees (see `MemosOperations._attr` for the writers' view)."""
+        return self.pub_size
+
+    def draft_size(self) -> int:
+        """The size the writers see: their draft's, or the base they will start from."""
+        if self.draft is not None:
+            return self.draft.size
+        if self.base_decoded is not None:
+            return len(self.base_decoded)
+        if self.base is not None:
+            return self.base.size
         return self.pub_size
 
     def blocks(self) -> int:
@@ -185,10 +249,12 @@ def quant_error_limit(scheme: str, knob: str) -> float:
 
 
 class Handle:
-    """An open file."""
+    """An open file.  A write handle has no bytes of its own: every write
+    handle on a slot shares the slot's draft (`Slot.draft`), as every
+    descriptor of a file shares its pages on any filesystem."""
 
-    __slots__ = ("fh", "node", "flags", "kind", "ref", "draft", "base", "append",
-                 "unpublished", "data", "mtime_ns", "decoded", "failed", "dio", "hold")
+    __slots__ = ("fh", "node", "flags", "kind", "ref", "append", "data", "decoded",
+                 "dio", "hold", "opener")
 
     def __init__(self, fh: int, node: Node, flags: int, kind: str) -> None:
         self.fh = fh
@@ -196,16 +262,12 @@ class Handle:
         self.flags = flags
         self.kind = kind                # "read" | "write" | "pseudo"
         self.ref: Optional[_native.Ref] = None    # reader's pinned snapshot
-        self.base: Optional[_native.Ref] = None   # writer's published base
-        self.draft: Optional[_native.Draft] = None
         self.append = bool(flags & os.O_APPEND)
-        self.unpublished = False        # writes since the last publish
         self.data = b""                 # pseudo-file snapshot / written text
-        self.mtime_ns: Optional[int] = None  # mtime the next publish sets
         self.decoded: Optional[bytes] = None  # logical bytes of a quantized version
-        self.failed = 0                 # errno of a write the draft lost (0: none)
         self.dio = False                # a reader reading around the page cache
         self.hold: Optional[Hold] = None   # its place in the coherence directory
+        self.opener = 0                 # tgid of the process that opened it
 
 
 # ---------------------------------------------------------------- operations
@@ -248,6 +310,10 @@ class MemosOperations(pyfuse3.Operations):
         self._build_control()
         self.fed = FedTree(self)        # .federated/ (memosfs/fedfs.py): inodes >= FED_INO
         self.trio_token = None          # set when serving: other threads post here
+        self._flusher: Optional[tuple[int, int]] = None   # (fh, pid) of the FLUSH
+                                        # being served (memosfs._fuseshim)
+        if _fuseshim is not None:
+            _fuseshim.install(self.fallocate, self._flush_note)
         self.coherence = Coherence(self.knobs, self.trace, self._invalidate_pages)
         store.prefetch = self.prefetch = PrefetchEngine(
             store.prefetch_fetch, store._in_memory, self._session_slot_names, self.knobs)
@@ -274,15 +340,15 @@ class MemosOperations(pyfuse3.Operations):
                 "xattrs": {k.hex(): v.hex() for k, v in node.xattrs.items()}}
 
     def _namespace(self) -> list[dict]:
-        """Agents and sessions, with owners, modes and times (namespace.json)."""
+        """Every directory below the root, parents first, with owners, modes
+        and times (namespace.json)."""
         out = []
-        for agent in list(self.root.children.values()):
-            if not isinstance(agent, Dir) or agent.level != AGENT:
-                continue
-            out.append(self._dir_record(agent.name, agent))
-            for sess in list(agent.children.values()):
-                if isinstance(sess, Dir):
-                    out.append(self._dir_record(f"{agent.name}/{sess.name}", sess))
+        todo = [a for a in self.root.children.values()
+                if isinstance(a, Dir) and a.level == AGENT]
+        while todo:
+            d = todo.pop(0)
+            out.append(self._dir_record(d.path(), d))
+            todo.extend(c for c in list(d.children.values()) if isinstance(c, Dir))
         return out
 
     @staticmethod
@@ -291,24 +357,33 @@ class MemosOperations(pyfuse3.Operations):
                 "mtime_ns": d.mtime_ns, "xattrs": {k.hex(): v.hex() for k, v in d.xattrs.items()}}
 
     def restore(self) -> int:
-        """At mount: agents, sessions and slots as the SSD tier kept them."""
+        """At mount: directories and slots as the SSD tier kept them."""
         entries = self.store.restore()
         records = self.store.ssd.read_json("namespace.json", []) if self.store.ssd else []
         for rec in records:
             try:
                 parts = rec["path"].split("/")
-                if len(parts) not in (1, 2) or not all(parts):
+                if not all(parts) or CONTROL_DIR in parts[:1]:
                     raise ValueError(rec["path"])
                 d = self._ensure_dirs(parts, rec["uid"], rec["gid"], rec["mode"])
+                d.mode = stat.S_IFDIR | (int(rec["mode"]) & 0o7777)
+                d.uid, d.gid = int(rec["uid"]), int(rec["gid"])
                 d.mtime_ns = d.ctime_ns = int(rec.get("mtime_ns", d.mtime_ns))
                 d.xattrs = {bytes.fromhex(k): bytes.fromhex(v)
                             for k, v in rec.get("xattrs", {}).items()}
             except (KeyError, ValueError, TypeError) as e:
                 log.error("namespace.json: bad record %r (%s); skipped", rec, e)
         for e in entries:
-            agent, session, name = split_key(e.key)
+            parts = e.key.decode("utf-8", "surrogateescape").split("/")
+            if len(parts) < 3 or not all(parts):
+                log.error("SSD tier: slot key %r has no place in the tree; skipped", e.key)
+                continue
             m = e.meta
-            sess = self._ensure_dirs([agent, session], m.get("uid", 0), m.get("gid", 0), 0o755)
+            sess = self._ensure_dirs(parts[:-1], m.get("uid", 0), m.get("gid", 0), 0o755)
+            name = parts[-1]
+            if name in sess.children:
+                log.error("SSD tier: %r is a directory and a slot; the slot is skipped", e.key)
+                continue
             node = Slot(self._new_ino(), name, sess, int(m.get("mode", 0o644)),
                         int(m.get("uid", 0)), int(m.get("gid", 0)))
             node.version, node.stored = e.version, e.file_bytes
@@ -323,20 +398,23 @@ class MemosOperations(pyfuse3.Operations):
 
     def _ensure_dirs(self, parts: list[str], uid: int, gid: int, mode: int) -> "Dir":
         d = self.root
-        for level, name in zip((AGENT, SESSION), parts):
+        for depth, name in enumerate(parts):
+            level = (AGENT, SESSION)[depth] if depth < 2 else SUBDIR
             child = d.children.get(name)
             if not isinstance(child, Dir):
-                child = Dir(self._new_ino(), name, d, mode, uid, gid, level)
+                child = Dir(self._new_ino(), name, d, int(mode) & 0o7777, int(uid),
+                            int(gid), level)
                 d.children[name] = child
                 self.inodes[child.ino] = child
             d = child
         return d
 
     def _slot_by_key(self, key: bytes) -> Optional["Slot"]:
-        agent, session, name = split_key(key)
-        a = self.root.children.get(agent)
-        sess = a.children.get(session) if isinstance(a, Dir) else None
-        node = sess.children.get(name) if isinstance(sess, Dir) else None
+        node: Optional[Node] = self.root
+        for part in key.decode("utf-8", "surrogateescape").split("/"):
+            if not isinstance(node, Dir):
+                return None
+            node = node.children.get(part)
         return node if isinstance(node, Slot) else None
 
     # ---- the control plane ----
@@ -426,6 +504,24 @@ class MemosOperations(pyfuse3.Operations):
         if not isinstance(session, Dir) or session.level != SESSION:
             raise KnobError(f"no session {t!r}")
         self.store.reset_session(parts[0], parts[1])
+        # the whole subtree goes: slots no tier holds now, then the directories
+        for slot in list(self._walk_slots(session)):
+            if not slot.writers:
+                parent = slot.parent
+                self._detach(slot, "reset")
+                self._forget_entry(parent, slot.name)
+        for child in [c for c in session.children.values() if isinstance(c, Dir)]:
+            if not any(True for _ in self._walk_slots(child)):
+                self._drop_tree(child)
+        self.store.namespace_changed()
+
+    def _drop_tree(self, d: Dir) -> None:
+        for child in [c for c in d.children.values() if isinstance(c, Dir)]:
+            self._drop_tree(child)
+        parent = d.parent
+        self._detach(d, "reset")
+        if parent is not None:
+            self._forget_entry(parent, d.name)
 
     def _write_trace(self, text: str) -> None:
         t = text.strip()
@@ -542,7 +638,14 @@ class MemosOperations(pyfuse3.Operations):
                          len(raw), NAME_MAX)
         return raw.decode("utf-8", "surrogateescape")
 
-    def _attr(self, node: Node) -> pyfuse3.EntryAttributes:
+    def _attr(self, node: Node, ctx=None) -> pyfuse3.EntryAttributes:
+        """node's attributes as the caller sees them: while a slot is open for
+        writing, the processes that opened it for writing see the draft (size,
+        mtime) and everybody else the published version; neither is cached
+        by the kernel then (attr_timeout 0), so each asks again.  Without a
+        caller (readdirplus) the writers' view is given: a writer must never
+        have its size taken back under its pages; other processes' stat asks
+        again anyway."""
         a = pyfuse3.EntryAttributes()
         a.st_ino = node.ino
         a.generation = 0
@@ -560,15 +663,25 @@ class MemosOperations(pyfuse3.Operations):
             a.st_blksize = 4096
             a.attr_timeout = 0
             a.entry_timeout = 3600
-        else:
-            a.st_blksize = SLOT_BLKSIZE if isinstance(node, Slot) else 4096
-            a.attr_timeout = ATTR_TIMEOUT
-            a.entry_timeout = ENTRY_TIMEOUT
+            return a
+        a.st_blksize = SLOT_BLKSIZE if isinstance(node, Slot) else 4096
+        a.attr_timeout = ATTR_TIMEOUT
+        a.entry_timeout = ENTRY_TIMEOUT
+        if isinstance(node, Slot) and (node.writers or node.draft is not None):
+            a.attr_timeout = 0
+            if ctx is None or tgid_of(ctx.pid) in node.writer_pids:
+                size = node.draft_size()
+                a.st_size = size
+                a.st_blocks = max(node.blocks(), (size + 511) // 512)
+                if node.changed:
+                    a.st_mtime_ns = a.st_ctime_ns = node.draft_mtime_ns
+        if isinstance(node, Slot) and not node.version:
+            a.entry_timeout = 0         # unpublished: others get ENOENT (lookup)
         return a
 
-    def _entry(self, node: Node) -> pyfuse3.EntryAttributes:
+    def _entry(self, node: Node, ctx=None) -> pyfuse3.EntryAttributes:
         node.lookups += 1
-        return self._attr(node)
+        return self._attr(node, ctx)
 
     def _detach(self, node: Node, reason: str) -> None:
         parent = node.parent
@@ -596,14 +709,12 @@ class MemosOperations(pyfuse3.Operations):
 
     def _slot_dropped(self, key: bytes, reason: str) -> None:
         """The store let a slot go (eviction, ring, reset): remove its name."""
-        agent, session, name = split_key(key)
-        a = self.root.children.get(agent)
-        s = a.children.get(session) if isinstance(a, Dir) else None
-        node = s.children.get(name) if isinstance(s, Dir) else None
-        if not isinstance(node, Slot):
+        node = self._slot_by_key(key)
+        if node is None:
             return
+        parent = node.parent
         self._detach(node, reason)
-        self._forget_entry(s, name)
+        self._forget_entry(parent, node.name)
 
     def _forget_attrs(self, node: Node) -> None:
         """Make the kernel ask for node's attributes again (its cached size may
@@ -641,18 +752,21 @@ class MemosOperations(pyfuse3.Operations):
         if n == "..":
             return self._entry(parent.parent or parent)
         node = parent.children.get(n)
-        if node is None and parent.level == SESSION and self.store.remote is not None:
+        if node is None and parent.level in SLOT_DIRS and self.store.remote is not None:
             node = await self._remote_name(parent, n)
+        if isinstance(node, Slot) and not node.version \
+                and tgid_of(ctx.pid) not in node.writer_pids:
+            node = None                 # created, never published: not a hit
         if node is None:
-            if parent.level == SESSION:
+            if parent.level in SLOT_DIRS:
                 self._lookup_misses += 1
             raise pyfuse3.FUSEError(errno.ENOENT)
-        return self._entry(node)
+        return self._entry(node, ctx)
 
     async def _remote_name(self, sess: "Dir", n: str) -> Optional["Node"]:
         """A name no local tier has: made from the remote tier's manifest (a
         slot another mount published), or None.  Network: off the loop."""
-        key = make_key(sess.parent.name, sess.name, n)
+        key = sess.key_of(n)
         try:
             if self.mounted:
                 e = await trio.to_thread.run_sync(self.store.remote_lookup, key)
@@ -662,9 +776,8 @@ class MemosOperations(pyfuse3.Operations):
             log.exception("remote lookup of %s", n)
             return None
         node = sess.children.get(n)
-        if node is not None or e is None or sess.parent is None \
-                or sess.parent.children.get(sess.name) is not sess:
-            return node                 # made meanwhile, absent, or the session went
+        if node is not None or e is None or sess.detached:
+            return node                 # made meanwhile, absent, or the directory went
         m = e.meta
         node = Slot(self._new_ino(), n, sess, int(m.get("mode", 0o644)),
                     int(m.get("uid", sess.uid)), int(m.get("gid", sess.gid)))
@@ -691,10 +804,11 @@ class MemosOperations(pyfuse3.Operations):
             self._maybe_forget(node)
 
     async def getattr(self, inode, ctx):
-        """Attributes; a slot shows its published version (a lone writer: its draft)."""
+        """Attributes; a slot shows its published version, and its draft to
+        the processes writing it (see `_attr`)."""
         if inode >= FED_INO:
             return await self.fed.getattr(inode, ctx)
-        return self._attr(self._node(inode))
+        return self._attr(self._node(inode), ctx)
 
     async def setattr(self, inode, attr, fields, fh, ctx):
         """chmod, chown, utimens, truncate (path truncate publishes at once)."""
@@ -706,7 +820,7 @@ class MemosOperations(pyfuse3.Operations):
             if isinstance(node, Dir):
                 raise refuse(errno.EISDIR, "truncate of directory %s", node.name)
             if isinstance(node, Slot):
-                self._truncate(node, attr.st_size, fh)
+                await self._truncate(node, attr.st_size, fh, ctx)
         if fields.update_mode:
             node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(attr.st_mode)
         if fields.update_uid:
@@ -717,12 +831,12 @@ class MemosOperations(pyfuse3.Operations):
             node.atime_ns = attr.st_atime_ns
         if fields.update_mtime:
             node.mtime_ns = attr.st_mtime_ns
-            for h in self._writer_handles(node):
-                h.mtime_ns = attr.st_mtime_ns
+            if isinstance(node, Slot):
+                node.draft_mtime_ns = attr.st_mtime_ns
         node.ctime_ns = now
         self._metadata_changed(node, fields.update_mode or fields.update_uid
                                or fields.update_gid or fields.update_mtime)
-        return self._attr(node)
+        return self._attr(node, ctx)
 
     def _metadata_changed(self, node: Node, persisted: bool = True) -> None:
         """Owner, mode, times or xattrs changed: the SSD tier must learn it."""
@@ -731,32 +845,22 @@ class MemosOperations(pyfuse3.Operations):
         if isinstance(node, Slot) and node.version and not node.detached \
                 and node.successor is None:
             self.store.mark_dirty(node.key)
-        elif isinstance(node, Dir) and node.level in (AGENT, SESSION):
+        elif isinstance(node, Dir) and node.level in (AGENT, SESSION, SUBDIR):
             self.store.namespace_changed()
 
-    def _writer_handles(self, node: Node) -> Iterator[Handle]:
-        if isinstance(node, Slot) and node.writers:
-            for h in self.handles.values():
-                if h.node is node and h.kind == "write":
-                    yield h
-
-    def _truncate(self, node: Slot, size: int, fh: Optional[int]) -> None:
+    async def _truncate(self, node: Slot, size: int, fh: Optional[int], ctx) -> None:
+        """ftruncate, or truncate(2) by a process writing the slot: the shared
+        draft.  truncate(2) by anybody else: a new version at once."""
         h = self.handles.get(fh) if fh is not None else None
-        if h is not None and h.kind == "write":
-            self._check_not_failed(h)
-            try:
-                d = self._ensure_draft(h)
-                self._native_call(d.truncate, size)
-            except pyfuse3.FUSEError as e:
-                self._fail_draft(h, e.errno)
-                raise
-            h.unpublished = True
-            h.mtime_ns = _now()
-            node.draft_size = d.size
-            return
         if h is not None and h.kind == "pseudo":
             return
-        # truncate(2) by path: a new version at once.
+        if (h is not None and h.kind == "write") or node.writers:
+            if h is not None and h.hold is not None:
+                await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))
+            d = self._ensure_draft(node)
+            self._draft_call(node, d.truncate, size)
+            self._changed(node)
+            return
         base = self._native_call(self.store.load, node.key) if node.version else None
         try:
             d = self._draft_from(base, self._logical(base))
@@ -778,7 +882,8 @@ class MemosOperations(pyfuse3.Operations):
     # ---- directories ----
 
     async def mkdir(self, parent_inode, name, mode, ctx):
-        """An agent (in the root) or a session (in an agent); +1 lookup."""
+        """An agent (in the root), a session (in an agent), or a directory
+        at any depth below a session; +1 lookup."""
         if parent_inode >= FED_INO:
             return await self.fed.mkdir(parent_inode, name, mode, ctx)
         parent = self._dir(parent_inode)
@@ -787,8 +892,8 @@ class MemosOperations(pyfuse3.Operations):
             level = AGENT
         elif parent.level == AGENT:
             level = SESSION
-        elif parent.level == SESSION:
-            raise refuse(errno.EPERM, "mkdir %s: a session holds slots, not directories", n)
+        elif parent.level in SLOT_DIRS:
+            level = SUBDIR
         else:
             raise refuse(errno.EPERM, "mkdir %s: the control plane is fixed", n)
         if n in parent.children:
@@ -802,10 +907,10 @@ class MemosOperations(pyfuse3.Operations):
         self.inodes[d.ino] = d
         self.trace.emit("MKDIR", level=level, name=n, uid=ctx.uid)
         self.store.namespace_changed()
-        return self._entry(d)
+        return self._entry(d, ctx)
 
     async def rmdir(self, parent_inode, name, ctx):
-        """Remove an empty agent or session."""
+        """Remove an empty directory."""
         if parent_inode >= FED_INO:
             return await self.fed.rmdir(parent_inode, name, ctx)
         parent = self._dir(parent_inode)
@@ -900,10 +1005,13 @@ class MemosOperations(pyfuse3.Operations):
         if isinstance(node, Pseudo) or (isinstance(node, Dir) and node.level == CTL) \
                 or dst_dir.level == CTL:
             raise refuse(errno.EPERM, "rename %s: the control plane is fixed", old)
-        want = {AGENT: ROOT, SESSION: AGENT}.get(getattr(node, "level", None), SESSION)
-        if dst_dir.level != want:
+        level = getattr(node, "level", None)
+        want = {AGENT: (ROOT,), SESSION: (AGENT,)}.get(level, SLOT_DIRS)
+        if dst_dir.level not in want:
             raise refuse(errno.EPERM, "rename %s: a %s belongs in a %s", old,
-                         getattr(node, "level", "slot"), want)
+                         level or "slot", " or ".join(want))
+        if isinstance(node, Dir) and node.contains(dst_dir):
+            raise refuse(errno.EINVAL, "rename %s: into itself", old)
         target = dst_dir.children.get(new)
         if target is node:
             return
@@ -916,6 +1024,9 @@ class MemosOperations(pyfuse3.Operations):
                 raise refuse(errno.EISDIR, "rename %s over a directory", old)
             if isinstance(target, Dir) and target.children:
                 raise refuse(errno.ENOTEMPTY, "rename over %s: not empty", new)
+            if isinstance(target, Dir) and target.level != level:
+                raise refuse(errno.EPERM, "rename %s over %s: a %s is not a %s", old, new,
+                             level, target.level)
         if isinstance(node, Dir):
             old_keys = [(s, s.key) for s in self._walk_slots(node)]
         else:
@@ -953,19 +1064,21 @@ class MemosOperations(pyfuse3.Operations):
         return fh
 
     async def create(self, parent_inode, name, mode, flags, ctx):
-        """A new slot in a session, open for writing; it is published (as an
-        empty or written version) on close or fsync.  +1 lookup."""
+        """A new slot in a session (or a directory below one), open for
+        writing; it is published (as an empty or written version) by the
+        opener's close or fsync.  Until then only the writing process finds
+        it.  +1 lookup."""
         if parent_inode >= FED_INO:
             return await self.fed.create(parent_inode, name, mode, flags, ctx)
         parent = self._dir(parent_inode)
         n = self._name(name)
-        if parent.level != SESSION:
-            raise refuse(errno.EPERM, "create %s: a slot belongs in agent/session/",
+        if parent.level not in SLOT_DIRS:
+            raise refuse(errno.EPERM, "create %s: a slot belongs in agent/session/ or below",
                          n)
         existing = parent.children.get(n)
         if existing is not None and flags & os.O_EXCL:
             raise pyfuse3.FUSEError(errno.EEXIST)
-        key = f"{parent.parent.name}/{parent.name}/{n}".encode("utf-8", "surrogateescape")
+        key = parent.key_of(n)
         hold = await self.coherence.acquire(key, self.coherence.agent_of(ctx), True,
                                             bool(flags & os.O_NONBLOCK))
         try:
@@ -988,13 +1101,19 @@ class MemosOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EEXIST)
         elif not isinstance(node, Slot):
             raise refuse(errno.EISDIR, "create %s: a directory", n)
-        fi = self._open_slot(node, flags | os.O_TRUNC, None, pid=ctx.pid)
-        return fi, self._entry(node)
+        elif node.readers > 0 or node.pushing > 0:
+            # an existing slot with page-cache readers: they keep this inode
+            self._ready_for_writer(node, ctx.pid)
+            raise refuse(errno.ESTALE, "create %s: readers keep this inode", n,
+                         level=logging.DEBUG)
+        fi = self._open_slot(node, flags | os.O_TRUNC, None, ctx=ctx)
+        return fi, self._entry(node, ctx)
 
     async def open(self, inode, flags, ctx):
-        """Readers pin the version they open (a snapshot); writers get a draft.
-        First the agent becomes a holder in the coherence directory (under
-        protocol 2 this waits for acknowledgements or for a writer)."""
+        """Readers pin the version they open (a snapshot); writers share the
+        slot's draft.  First the agent becomes a holder in the coherence
+        directory (under protocol 2 this waits for acknowledgements or for a
+        writer)."""
         if inode >= FED_INO:
             return await self.fed.open(inode, flags, ctx)
         node = self._node(inode)
@@ -1009,7 +1128,7 @@ class MemosOperations(pyfuse3.Operations):
             live.key, self.coherence.agent_of(ctx), (flags & os.O_ACCMODE) != os.O_RDONLY,
             bool(flags & os.O_NONBLOCK))
         try:
-            fi = await self._open_version(inode, flags, ctx.pid)
+            fi = await self._open_version(inode, flags, ctx)
         except BaseException:
             self.coherence.release(hold)
             raise
@@ -1022,7 +1141,8 @@ class MemosOperations(pyfuse3.Operations):
             h.hold = hold
             hold.handle = h
 
-    async def _open_version(self, inode, flags, pid: int = 0):
+    async def _open_version(self, inode, flags, ctx):
+        pid = ctx.pid
         node = self._node(inode)
         acc = flags & os.O_ACCMODE
         inode_node = node               # the inode the kernel opens
@@ -1035,35 +1155,41 @@ class MemosOperations(pyfuse3.Operations):
             if acc == os.O_RDONLY or node.detached not in ("unlink", "replaced"):
                 raise refuse(errno.ENOENT, "open %s: the name is gone", node.name,
                              level=logging.DEBUG)
-            return self._open_slot(node, flags | os.O_TRUNC, None, pid=pid)
+            return self._open_slot(node, flags | os.O_TRUNC, None, ctx=ctx)
+        if not node.version and tgid_of(pid) not in node.writer_pids \
+                and (acc == os.O_RDONLY or not node.writers):
+            raise refuse(errno.ENOENT, "open %s: not published yet", node.name,
+                         level=logging.DEBUG)
         if node is not inode_node:
-            # a stale dentry (or a retry that lost a race): serve the current
-            # version on this old inode, around its page cache, which belongs
-            # to the older version's readers
-            if acc != os.O_RDONLY and flags & os.O_TRUNC and inode_node.readers > 0:
+            # a stale dentry (or a retry that lost a race): readers get the
+            # current version on this old inode, around its page cache, which
+            # belongs to the older version's readers; writers look again
+            if acc != os.O_RDONLY:
                 self._ready_for_writer(node, pid)
                 raise refuse(errno.ESTALE, "open %s: a newer inode holds this name",
                              node.name, level=logging.DEBUG)
             ref = None
-            if node.version and (acc == os.O_RDONLY or not flags & os.O_TRUNC):
-                fn = self.store.get if acc == os.O_RDONLY else self.store.load
-                ref = await self._off_loop(fn, node.key)
+            if node.version:
+                ref = await self._off_loop(self.store.get, node.key)
                 if ref is None:
                     raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
-            return self._open_slot(inode_node, flags, ref, around_cache=True, pid=pid)
-        if acc != os.O_RDONLY and flags & os.O_TRUNC and node.readers > 0 \
+            return self._open_slot(inode_node, flags, ref, around_cache=True, ctx=ctx)
+        if acc != os.O_RDONLY and (node.readers > 0 or node.pushing > 0) \
                 and pid not in node.pending:
-            # A writer's O_TRUNC would drop the kernel's size of this inode
-            # under its page-cache readers: leave them this inode and send the
-            # writer (the kernel retries the open on ESTALE) to a fresh one,
-            # which readers read around the page cache until the writer is in.
+            # Writers share the inode's page cache with their draft: readers
+            # reading a snapshot through that page cache keep this inode, and
+            # the writer (the kernel retries the open on ESTALE) goes to a
+            # fresh one, which readers read around the page cache until the
+            # writer is in.
             self._ready_for_writer(node, pid)
             raise refuse(errno.ESTALE, "open %s for writing: readers keep this inode",
                          node.name, level=logging.DEBUG)
         ref = None
-        if node.version and (acc == os.O_RDONLY or not flags & os.O_TRUNC):
-            # readers pin the current version (a lookup: hit or SSD hit); a
-            # writer that keeps the content starts from it
+        need_base = acc != os.O_RDONLY and not flags & os.O_TRUNC and node.draft is None \
+            and node.base is None
+        if node.version and (acc == os.O_RDONLY or need_base):
+            # readers pin the current version (a lookup: hit or SSD hit); the
+            # first writer that keeps the content starts from it
             fn = self.store.get if acc == os.O_RDONLY else self.store.load
             tier = self.store.tier_of(node.key)
             if tier == "ssd" or (tier != "mem" and self.store.remote is not None):
@@ -1085,7 +1211,12 @@ class MemosOperations(pyfuse3.Operations):
         # newer version: then this reader's version must stay out of its pages.
         stale = ref is not None and (ref.version != node.version
                                      or node.successor is not None or bool(node.detached))
-        return self._open_slot(node, flags, ref, around_cache=stale, pid=pid)
+        if stale and acc != os.O_RDONLY:
+            ref.release()
+            self._ready_for_writer(node, pid)
+            raise refuse(errno.ESTALE, "open %s: a newer version landed meanwhile",
+                         node.name, level=logging.DEBUG)
+        return self._open_slot(node, flags, ref, around_cache=stale, ctx=ctx)
 
     async def _off_loop(self, fn, *args):
         """Run blocking store work (SSD I/O) in a worker thread while the loop
@@ -1114,20 +1245,21 @@ class MemosOperations(pyfuse3.Operations):
         return fi
 
     def _open_slot(self, node: Slot, flags: int, ref: Optional["_native.Ref"],
-                   around_cache: bool = False, pid: int = 0) -> pyfuse3.FileInfo:
+                   around_cache: bool = False, ctx=None) -> pyfuse3.FileInfo:
         """A handle on node; `ref` (pinned, taken over) is the reader's
-        version or the writer's base."""
+        version or the writers' base."""
         acc = flags & os.O_ACCMODE
         fh = self._fh()
         fi = pyfuse3.FileInfo(fh=fh)
+        pid = ctx.pid if ctx is not None else 0
         if acc == os.O_RDONLY:
             h = Handle(fh, node, flags, "read")
             h.ref = ref
             h.decoded = self._logical(ref)
             version = ref.version if ref is not None else 0
             if node.writers or node.writer_pending or around_cache:
-                # A writer's direct writes move the kernel's size of this inode
-                # under a page-cache reader; read around the page cache instead.
+                # The writers' draft lives in this inode's page cache: read
+                # around it.
                 fi.direct_io = True
                 h.dio = True
             else:
@@ -1139,40 +1271,53 @@ class MemosOperations(pyfuse3.Operations):
             node.atime_ns = _now()
         else:
             h = Handle(fh, node, flags, "write")
+            h.opener = tgid_of(pid)
             if flags & os.O_TRUNC:
                 if ref is not None:
                     ref.release()
-                h.draft = self._native_call(self.store.draft)
-                h.unpublished = True
-                h.mtime_ns = _now()
-                node.draft_size = 0
-            else:
-                h.base = ref
-                h.decoded = self._logical(ref)
-            fi.direct_io = True
+                self._release_base(node)
+                if node.draft is None:
+                    node.draft = self._native_call(self.store.draft)
+                else:
+                    self._draft_call(node, node.draft.truncate, 0)
+                self._changed(node)
+            elif ref is not None:
+                node.base = ref
+                node.base_decoded = self._logical(ref)
+            # Writers go through the page cache (shared mmap works, the kernel
+            # keeps their size and O_APPEND offsets), which is theirs alone:
+            # readers of this inode read around it while a writer is open.
+            fi.keep_cache = False
+            node.cache_version = -2
             node.writers += 1
+            node.writer_pids[h.opener] += 1
             node.pending.pop(pid, None)           # the writer sent here is in
         self.handles[fh] = h
         node.handles += 1
         return fi
 
     async def read(self, fh, off, size):
-        """Bytes of the handle's version (a reader's snapshot, a writer's draft)."""
+        """Bytes of the handle's version (a reader's snapshot, the writers' draft)."""
         if fh in self.fed.handles:
             return await self.fed.read(fh, off, size)
         h = self.handles[fh]
         if h.kind == "pseudo":
             return h.data[off:off + size]
         self._read_requests += 1
-        if h.decoded is not None and (h.kind == "read" or h.draft is None):
-            return h.decoded[off:off + size]
-        src = h.ref if h.kind == "read" else (h.draft or h.base)
-        if src is None:
-            return b""
-        return src.read(off, size)
+        if h.kind == "read":
+            if h.decoded is not None:
+                return h.decoded[off:off + size]
+            return h.ref.read(off, size) if h.ref is not None else b""
+        node = h.node
+        if node.draft is not None:
+            return node.draft.read(off, size)
+        if node.base_decoded is not None:
+            return node.base_decoded[off:off + size]
+        return node.base.read(off, size) if node.base is not None else b""
 
     async def write(self, fh, off, buf):
-        """Into the draft; visible to others after flush/close or fsync."""
+        """Into the writers' shared draft; visible to others once the opener
+        closes or fsyncs.  A refused write changes nothing."""
         if fh in self.fed.handles:
             return await self.fed.write(fh, off, buf)
         h = self.handles[fh]
@@ -1180,21 +1325,41 @@ class MemosOperations(pyfuse3.Operations):
             return self._write_pseudo(h, off, buf)
         if h.kind != "write":
             raise refuse(errno.EBADF, "write on a read handle")
-        self._check_not_failed(h)
         if h.hold is not None:
             await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))
-        try:
-            d = self._ensure_draft(h)
-            if h.append:
-                off = d.size
-            self._native_call(d.write, off, buf)
-        except pyfuse3.FUSEError as e:
-            self._fail_draft(h, e.errno)
-            raise
-        h.unpublished = True
-        h.mtime_ns = _now()
-        h.node.draft_size = d.size
+        node = h.node
+        d = self._ensure_draft(node)
+        if h.append and off != d.size:
+            # the kernel placed this append by a size another process's stat
+            # gave it: the record goes to the end all the same, and the
+            # kernel's copy of these pages is dropped
+            off = d.size
+            self._invalidate_pages(node)
+        self._draft_call(node, d.write, off, buf)
+        self._changed(node)
         return len(buf)
+
+    def fallocate(self, fh: int, mode: int, offset: int, length: int) -> int:
+        """fallocate(2) (through memosfs._fuseshim, on the trio thread):
+        mode 0 extends the writers' draft to offset+length (zeros); other
+        modes are EOPNOTSUPP.  Returns an errno (0: done)."""
+        h = self.handles.get(fh)
+        if h is None or h.kind != "write":
+            return errno.EBADF
+        if mode != 0:
+            log.info("refused (EOPNOTSUPP): fallocate mode %#x on %s", mode, h.node.name)
+            return errno.EOPNOTSUPP
+        if offset < 0 or length <= 0:
+            return errno.EINVAL
+        node = h.node
+        try:
+            d = self._ensure_draft(node)
+            if offset + length > d.size:
+                self._draft_call(node, d.truncate, offset + length)
+                self._changed(node)
+        except pyfuse3.FUSEError as e:
+            return e.errno
+        return 0
 
     def _write_pseudo(self, h: Handle, off: int, buf: bytes) -> int:
         node = h.node
@@ -1212,14 +1377,32 @@ class MemosOperations(pyfuse3.Operations):
         h.data = text
         return len(buf)
 
-    def _ensure_draft(self, h: Handle) -> "_native.Draft":
-        if h.draft is None:
-            h.draft = self._draft_from(h.base, h.decoded)
-            if h.base is not None:      # the draft holds its own copy now: let the
-                h.base.release()        # published version be evicted if need be
-                h.base = None
-            h.decoded = None
-        return h.draft
+    def _changed(self, node: Slot) -> None:
+        node.changed = True
+        node.draft_mtime_ns = _now()
+
+    def _draft_call(self, node: Slot, fn, *args):
+        """A change to the draft; refused, it changes nothing (the C core
+        leaves a draft as it was when a write or truncate fails)."""
+        try:
+            return self._native_call(fn, *args)
+        except pyfuse3.FUSEError:
+            node.write_failed = True
+            raise
+
+    def _ensure_draft(self, node: Slot) -> "_native.Draft":
+        """The writers' draft, made from the base at the first change."""
+        if node.draft is None:
+            node.draft = self._draft_from(node.base, node.base_decoded)
+            self._release_base(node)    # the draft holds its own copy now: let the
+                                        # published version be evicted if need be
+        return node.draft
+
+    def _release_base(self, node: Slot) -> None:
+        if node.base is not None:
+            node.base.release()
+            node.base = None
+        node.base_decoded = None
 
     def _draft_from(self, base: Optional["_native.Ref"],
                     decoded: Optional[bytes]) -> "_native.Draft":
@@ -1296,18 +1479,30 @@ class MemosOperations(pyfuse3.Operations):
             self._refused += 1
             raise refuse(e.errno or errno.EIO, "%s", e, level=logging.WARNING) from None
 
+    def _flush_note(self, fh: int, pid: int, lock_owner: int) -> None:
+        """From memosfs._fuseshim, just before flush(fh) runs: who closes."""
+        self._flusher = (fh, pid)
+
     async def flush(self, fh):
-        """close(2) of one descriptor: publish what was written; returns once
-        the new version is in the kernel page cache too."""
+        """close(2) of one descriptor.  Publishes the draft only when the
+        closing process is the one that opened this handle for writing (its
+        threads included): a forked or exec'd child closing an inherited
+        copy publishes nothing.  Returns once the new version is in the
+        kernel page cache too."""
         if fh in self.fed.handles:
             return await self.fed.flush(fh)
+        note, self._flusher = self._flusher, None
         h = self.handles[fh]
-        if h.kind == "write":
-            self._check_not_failed(h)
-        if h.kind == "write" and h.unpublished:
-            job = self._publish(h)
-            if job is not None:
-                await self.pusher.run(job)
+        if h.kind != "write" or not h.node.changed:
+            return
+        if note is not None and note[0] == fh and note[1] != h.opener \
+                and tgid_of(note[1]) != h.opener:
+            log.debug("%s: closed by pid %d, not by its opener %d: not published",
+                      h.node.name, note[1], h.opener)
+            return
+        job = self._publish(h)
+        if job is not None:
+            await self.pusher.run(job)
 
     async def fsync(self, fh, datasync):
         """Publish, then return once this slot's version is durable on the SSD."""
@@ -1317,9 +1512,7 @@ class MemosOperations(pyfuse3.Operations):
         if h.kind == "pseudo":
             return
         node = h.node
-        if h.kind == "write":
-            self._check_not_failed(h)
-        if h.kind == "write" and h.unpublished:
+        if h.kind == "write" and node.changed:
             job = self._publish(h)
             if job is not None:
                 # not awaited: the kernel holds this inode's lock during fsync,
@@ -1331,14 +1524,25 @@ class MemosOperations(pyfuse3.Operations):
         if isinstance(node, Slot) and node.version and not node.detached:
             await self._off_loop(self.store.persist, node.key)
 
+    async def fsyncdir(self, fh, datasync):
+        """fsync of a directory: every rename, unlink and mkdir made so far
+        is durable when it returns."""
+        if fh >= FED_INO:
+            return
+        sync = getattr(self.store, "sync_namespace", None)
+        if sync is not None:
+            await self._off_loop(sync)
+
     async def release(self, fh):
-        """The last descriptor is gone: publish anything left, unpin, free."""
+        """The last copy of a descriptor is gone: the last writer of a slot
+        publishes what its opener left unpublished (a child's writes after
+        the opener closed, or an opener that died); unpin, free."""
         if fh in self.fed.handles:
             return await self.fed.release(fh)
         h = self.handles.pop(fh)
         node = h.node
         try:
-            if h.kind == "write" and h.unpublished:
+            if h.kind == "write" and node.writers == 1 and node.changed:
                 try:
                     job = self._publish(h)
                 except pyfuse3.FUSEError:
@@ -1346,69 +1550,90 @@ class MemosOperations(pyfuse3.Operations):
                 if job is not None:
                     trio.lowlevel.spawn_system_task(self.pusher.run, job)
         finally:
-            for r in (h.ref, h.base):
-                if r is not None:
-                    r.release()
-            if h.draft is not None:
-                h.draft.free()
+            if h.ref is not None:
+                h.ref.release()
             self.coherence.release(h.hold)
             node.handles -= 1
             if isinstance(node, Slot):
                 if h.kind == "read" and not h.dio:
                     node.readers -= 1
                 elif h.kind == "write":
-                    node.writers -= 1
-                    if node.writers == 0:
-                        node.draft_size = None
+                    self._writer_gone(node, h)
             self._maybe_forget(node)
+
+    def _writer_gone(self, node: Slot, h: Handle) -> None:
+        node.writers -= 1
+        node.writer_pids[h.opener] -= 1
+        if node.writer_pids[h.opener] <= 0:
+            del node.writer_pids[h.opener]
+        if node.writers:
+            return
+        # the last writer: its draft goes; the pages it left in the kernel
+        # are the published version's when everything was published
+        clean = not node.changed and node.base_decoded is None   # (quantized: the
+                                        # published bytes are not the written ones)
+        if node.draft is not None:
+            node.draft.free()
+            node.draft = None
+        self._release_base(node)
+        node.changed = node.write_failed = False
+        with PUSH_LOCK:
+            node.cache_version = node.version if clean and node.version else -2
+        self._forget_attrs(node)
+        if not node.version and not node.detached and node.parent is not None:
+            # created and never published (its writes were refused): the
+            # failed create leaves nothing behind
+            parent = node.parent
+            log.info("%s: never published; the name goes", node.name)
+            self._detach(node, "unpublished")
+            self._forget_entry(parent, node.name)
 
     # ---- publish ----
 
-    def _fail_draft(self, h: Handle, code: int) -> None:
-        """A write the draft could not take: the draft is never published (a
-        slot is never torn), and the handle reports the error from now on."""
-        h.failed = code
-        h.unpublished = False
-        if h.draft is not None:
-            h.draft.free()
-            h.draft = None
-        log.warning("%s: a write failed (%s); this handle's changes will not be published",
-                    h.node.name, errno.errorcode.get(code, code))
-
-    def _check_not_failed(self, h: Handle) -> None:
-        if h.failed:
-            raise refuse(h.failed, "%s: an earlier write on this handle failed", h.node.name)
-
     def _publish(self, h: Handle) -> Optional[tuple]:
-        """Publish the handle's draft; returns a page-cache push to run, if any."""
+        """Publish the writers' draft; returns a page-cache push to run, if any."""
         node = h.node
         assert isinstance(node, Slot)
         while node.successor is not None:
             node = node.successor
-        if node.detached in ("unlink", "replaced") or node.parent is None \
+        src = h.node
+        if node.detached in ("unlink", "replaced", "unpublished") or node.parent is None \
                 or node.parent.detached:
             # Written to a name that is gone: the bytes go with it (POSIX).
-            h.unpublished = False
-            if h.draft is not None:
-                h.draft.free()
-                h.draft = None
+            src.changed = False
             return None
-        d = self._ensure_draft(h)
-        h.draft = None
-        d, logical = self._maybe_quantize(d)
+        if not node.version and src.write_failed and src.draft_size() == 0:
+            # a create whose writes were all refused: nothing to publish (the
+            # name goes with the last writer)
+            src.changed = False
+            return None
+        d = self._ensure_draft(src)
+        # The writers go on from what is published now: their draft moves to
+        # the store, they keep a (lazily copied) base.
+        src.draft = None
+        try:
+            d, logical = self._maybe_quantize(d)
+        except BaseException:
+            src.draft = d
+            raise
         key = node.key
         try:
             ref = self._native_call(self.store.publish, d, key)
         except BaseException:
-            d.free()
+            # nothing changes: the writers keep their draft
+            if logical is None:
+                src.draft = d
+            else:
+                d.free()
+                src.draft = self._draft_from(None, logical)
             raise
-        if h.base is not None:
-            h.base.release()
-        h.base = ref
-        h.decoded = logical
+        self._release_base(src)
+        src.base = ref                  # the writers go on from this version
+        src.base_decoded = logical
         if logical is not None:
             self._remember_decoded((key, ref.version), logical)
-        h.unpublished = False
+        src.changed = False
+        src.write_failed = False
         self.coherence.published(h.hold)
         parent = node.parent
         current = parent.children.get(node.name)
@@ -1418,7 +1643,7 @@ class MemosOperations(pyfuse3.Operations):
                 parent.children[node.name] = node
                 current = node
         target = current if isinstance(current, Slot) else node
-        return self._published(target, ref, h.mtime_ns or _now(), logical)
+        return self._published(target, ref, src.draft_mtime_ns or _now(), logical)
 
     def _published(self, node: Slot, ref: "_native.Ref", mtime_ns: int,
                    logical: Optional[bytes] = None) -> Optional[tuple]:
@@ -1426,6 +1651,7 @@ class MemosOperations(pyfuse3.Operations):
         when readers hold this one (they keep their snapshot)."""
         if node.readers > 0 or node.pushing > 0:
             node = self._supersede(node)
+        node.cache_version = -2 if node.writers else node.cache_version
         node.version = ref.version
         node.pub_size = len(logical) if logical is not None else ref.size
         node.stored = ref.stored
@@ -1433,7 +1659,8 @@ class MemosOperations(pyfuse3.Operations):
         node.ctime_ns = _now()
         self._forget_attrs(node)
         if self.pusher is not None and self.knobs["page_cache_push"] == "1" \
-                and node.pub_size >= PUSH_MIN_BYTES:
+                and node.pub_size >= PUSH_MIN_BYTES and not node.writers:
+            # (with writers open, the page cache holds their draft: no push)
             pin = self.store.peek(node.key)
             if pin is not None:
                 source = pin if logical is None else BytesSource(logical, pin)

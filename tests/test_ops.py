@@ -125,7 +125,13 @@ def test_wrong_places(fs):
     sess = fs.lookup("a/s")
     assert fs.errno_of(fs.call, "create", root, b"f", 0o644, os.O_WRONLY, CTX) == errno.EPERM
     assert fs.errno_of(fs.call, "create", agent, b"f", 0o644, os.O_WRONLY, CTX) == errno.EPERM
-    assert fs.errno_of(fs.call, "mkdir", sess, b"d", 0o755, CTX) == errno.EPERM
+    # directories at any depth below a session hold slots too (engines keep
+    # one per request or prefix hash)
+    d = fs.call("mkdir", sess, b"d", 0o755, CTX).st_ino
+    e = fs.call("mkdir", d, b"e", 0o755, CTX).st_ino
+    fi, _ = fs.call("create", e, b"slot", 0o644, os.O_WRONLY, CTX)
+    fs.call("release", fi.fh)
+    assert fs.read("a/s/d/e/slot") == b""
     assert fs.errno_of(fs.call, "mkdir", sess, b"x" * 256, 0o755, CTX) == errno.ENAMETOOLONG
     assert fs.errno_of(fs.call, "lookup", sess, b"x" * 256, CTX) == errno.ENAMETOOLONG
     ctl = fs.lookup(".memos")
@@ -167,8 +173,18 @@ def test_keep_cache_only_for_the_cached_version(fs):
     fs.call("release", fi2.fh)
     fs.write("a/s/x", b"v2")
     fi3 = fs.open_read("a/s/x")
-    assert not fi3.keep_cache                 # new version: drop stale pages
+    assert fi3.keep_cache                     # written through this inode's pages
     fs.call("release", fi3.fh)
+    attr = pyfuse3.EntryAttributes()
+    attr.st_size = 1
+    fields = type("Fields", (), {f: False for f in (
+        "update_mode", "update_uid", "update_gid", "update_atime", "update_mtime")})()
+    fields.update_size = True
+    fs.call("setattr", fs.lookup("a/s/x"), attr, fields, None, CTX)   # truncate(2)
+    fi4 = fs.open_read("a/s/x")
+    assert not fi4.keep_cache                 # a version made elsewhere: drop stale pages
+    assert fs.call("read", fi4.fh, 0, 10) == b"v"
+    fs.call("release", fi4.fh)
 
 
 def test_writer_sees_its_draft_and_others_do_not(fs):
@@ -176,7 +192,7 @@ def test_writer_sees_its_draft_and_others_do_not(fs):
     fs.write("a/s/x", b"base")
     ino = fs.lookup("a/s/x")
     w = fs.call("open", ino, os.O_RDWR, CTX)
-    assert w.direct_io
+    assert not w.direct_io and not w.keep_cache     # the page cache is the writers'
     fs.call("write", w.fh, 4, b"+more")
     assert fs.call("read", w.fh, 0, 100) == b"base+more"
     assert fs.read("a/s/x") == b"base"

@@ -1,0 +1,168 @@
+/*
+ * fuseshim.c — the FUSE requests pyfuse3 does not pass on, built as
+ * memosfs._fuseshim.
+ *
+ * pyfuse3 3.5 hands libfuse a table of low-level operations without
+ * `fallocate`, and its `flush` handler drops the caller's pid.  memosfs needs
+ * both: fallocate(2) mode 0 is how fsx and many writers preallocate, and only
+ * the process that opened a slot for writing may publish it on close (a
+ * forked child's close of an inherited descriptor sends FLUSH too).
+ *
+ * How: this library defines `fuse_session_new`.  It is loaded with
+ * RTLD_GLOBAL before pyfuse3 (memosfs/__init__.py), so the dynamic linker
+ * binds pyfuse3's call to this definition; it copies pyfuse3's table, adds
+ * `fallocate`, wraps `flush` to note the caller's pid and lock owner, wraps
+ * `init` to turn off the kernel's automatic page invalidation on mtime
+ * changes (see shim_init), and calls the real `fuse_session_new` in libfuse.  The Python side registers
+ * two callables with `install()`:
+ *
+ *   fallocate(fh, mode, offset, length) -> errno (0: done)   (trio thread)
+ *   flush_note(fh, pid, lock_owner)                          (just before
+ *                                        pyfuse3's flush handler runs)
+ *
+ * pyfuse3 runs a request's handler right after fuse_session_process_buf()
+ * returns, with no other request in between, so the note read at the top of
+ * the Python flush handler belongs to that request.
+ *
+ * If pyfuse3 was loaded before this library, nothing is intercepted:
+ * `active()` says so, fallocate stays EOPNOTSUPP and flush publishes as
+ * before (the log says why).
+ */
+#define FUSE_USE_VERSION 34
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <string.h>
+#include <fuse_lowlevel.h>
+
+typedef struct fuse_session *(*session_new_fn)(struct fuse_args *,
+                                               const struct fuse_lowlevel_ops *,
+                                               size_t, void *);
+
+static struct fuse_lowlevel_ops shim_ops;      /* pyfuse3's table plus ours */
+static void (*pyfuse3_flush)(fuse_req_t, fuse_ino_t, struct fuse_file_info *);
+static PyObject *fallocate_cb;                 /* owned; GIL */
+static PyObject *flush_note_cb;                /* owned; GIL */
+static int intercepted;                        /* fuse_session_new came here */
+
+/* ---- the added operations ---- */
+
+static void shim_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
+                           off_t length, struct fuse_file_info *fi)
+{
+    int err = EOPNOTSUPP;
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (fallocate_cb) {
+        PyObject *r = PyObject_CallFunction(fallocate_cb, "KiLL",
+                                            (unsigned long long)fi->fh, mode,
+                                            (long long)offset, (long long)length);
+        if (r) {
+            long v = PyLong_AsLong(r);
+            err = (v == -1 && PyErr_Occurred()) ? EIO : (int)v;
+            Py_DECREF(r);
+        } else {
+            err = EIO;
+        }
+        if (PyErr_Occurred()) {
+            PyErr_WriteUnraisable(fallocate_cb);
+            err = EIO;
+        }
+    }
+    PyGILState_Release(g);
+    fuse_reply_err(req, err);
+}
+
+static void shim_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    const struct fuse_ctx *ctx = fuse_req_ctx(req);
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (flush_note_cb) {
+        PyObject *r = PyObject_CallFunction(flush_note_cb, "KiK",
+                                            (unsigned long long)fi->fh, (int)ctx->pid,
+                                            (unsigned long long)fi->lock_owner);
+        if (r)
+            Py_DECREF(r);
+        else
+            PyErr_WriteUnraisable(flush_note_cb);
+    }
+    PyGILState_Release(g);
+    pyfuse3_flush(req, ino, fi);
+}
+
+static void (*pyfuse3_init)(void *, struct fuse_conn_info *);
+
+/* pyfuse3's init, then: no automatic invalidation of a file's pages when its
+ * mtime changes.  memosfs says when pages are stale (keep_cache at open,
+ * invalidations on publish and coherence); a writer's pages must survive the
+ * mtime the daemon reports for its draft, which is never the kernel's own. */
+static void shim_init(void *userdata, struct fuse_conn_info *conn)
+{
+    if (pyfuse3_init)
+        pyfuse3_init(userdata, conn);
+    conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+}
+
+/* ---- the interposed libfuse entry point ---- */
+
+__attribute__((visibility("default")))
+struct fuse_session *fuse_session_new(struct fuse_args *args,
+                                      const struct fuse_lowlevel_ops *op,
+                                      size_t op_size, void *userdata)
+{
+    session_new_fn real = (session_new_fn)dlvsym(RTLD_NEXT, "fuse_session_new", "FUSE_3.0");
+    if (!real)
+        real = (session_new_fn)dlsym(RTLD_NEXT, "fuse_session_new");
+    if (!real) {
+        errno = ENOSYS;
+        return NULL;
+    }
+    memset(&shim_ops, 0, sizeof shim_ops);
+    memcpy(&shim_ops, op, op_size < sizeof shim_ops ? op_size : sizeof shim_ops);
+    if (shim_ops.flush) {
+        pyfuse3_flush = shim_ops.flush;
+        shim_ops.flush = shim_flush;
+    }
+    pyfuse3_init = shim_ops.init;
+    shim_ops.init = shim_init;
+    if (!shim_ops.fallocate)
+        shim_ops.fallocate = shim_fallocate;
+    intercepted = 1;
+    return real(args, &shim_ops, sizeof shim_ops, userdata);
+}
+
+/* ---- the Python module ---- */
+
+static PyObject *py_install(PyObject *self, PyObject *args)
+{
+    PyObject *fa, *fl;
+    if (!PyArg_ParseTuple(args, "OO", &fa, &fl))
+        return NULL;
+    Py_XSETREF(fallocate_cb, fa == Py_None ? NULL : Py_NewRef(fa));
+    Py_XSETREF(flush_note_cb, fl == Py_None ? NULL : Py_NewRef(fl));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_active(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(intercepted);
+}
+
+static PyMethodDef methods[] = {
+    {"install", py_install, METH_VARARGS,
+     "install(fallocate, flush_note): the callables the added requests call (None: off)."},
+    {"active", py_active, METH_NOARGS,
+     "Whether the mounted session went through this library."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "memosfs._fuseshim",
+    "fallocate and the flusher's pid for pyfuse3 (see native/fuse/fuseshim.c).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fuseshim(void)
+{
+    return PyModule_Create(&module);
+}
