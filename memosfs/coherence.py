@@ -72,12 +72,14 @@ class Hold:
 class _Deadline:
     """A wait's end, fixed by the first wait (no clock read when nothing waits)."""
 
-    __slots__ = ("ms", "start", "end")
+    __slots__ = ("ms", "start", "end", "pid", "interrupted")
 
-    def __init__(self, ms: int) -> None:
+    def __init__(self, ms: int, pid: int = 0) -> None:
         self.ms = ms
         self.start: Optional[float] = None
         self.end = 0.0
+        self.pid = pid                  # the caller's thread (for interrupts)
+        self.interrupted = False
 
     def at(self) -> float:
         if self.start is None:
@@ -107,6 +109,9 @@ class Coherence:
         self._batches = 0
         self._wait_ns = 0
         self._batch_due = False
+        self._waiting: dict[int, set[trio.CancelScope]] = {}   # caller's thread -> its waits
+        self._interrupted: set[int] = set()     # threads whose wait the kernel interrupted
+        self._interrupts = 0
 
     # ---- knobs ----
 
@@ -122,13 +127,15 @@ class Coherence:
     # ---- acquire / release ----
 
     async def acquire(self, key: bytes, agent: int, writer: bool, nonblock: bool,
-                      handle: object = None) -> Optional[Hold]:
+                      handle: object = None, pid: int = 0) -> Optional[Hold]:
         """Register a handle; under protocol 2 wait for the right to.  Returns
-        None when the protocol is 0 (nothing tracked)."""
+        None when the protocol is 0 (nothing tracked).  A wait that ends
+        without a grant (timeout, O_NONBLOCK, the kernel interrupting thread
+        `pid`: EINTR) changes nothing."""
         protocol = self.protocol
         if protocol == 0:
             return None
-        deadline = _Deadline(int(self.knobs["coherence_timeout_ms"]))
+        deadline = _Deadline(int(self.knobs["coherence_timeout_ms"]), pid)
         if writer:
             rc = await self._request(lambda: self.dir.write(key, agent, protocol),
                                      key, agent, nonblock, deadline)
@@ -141,7 +148,7 @@ class Coherence:
             if not await self._granted(key, agent, nonblock, deadline, keep_handle=False):
                 self._drop(hold)
                 self._wait_ns += deadline.waited_ns()
-                raise self._not_acknowledged(key, agent, nonblock)
+                raise self._not_acknowledged(key, agent, nonblock, deadline)
             self._wait_ns += deadline.waited_ns()
         elif writer and protocol == 1:
             self._schedule_delivery()
@@ -160,7 +167,7 @@ class Coherence:
         if rc != PENDING:
             self._schedule_delivery()
         elif not await self._granted(key, agent, nonblock, deadline, keep_handle=True):
-            raise self._not_acknowledged(key, agent, nonblock)
+            raise self._not_acknowledged(key, agent, nonblock, deadline)
 
     async def _request(self, call: Callable[[], int], key: bytes, agent: int,
                        nonblock: bool, deadline: "_Deadline") -> int:
@@ -176,6 +183,9 @@ class Coherence:
                                    "a writer holds the slot (O_NONBLOCK)")
             if not await self._wait(key, deadline):
                 self._wait_ns += deadline.waited_ns()
+                if deadline.interrupted:
+                    raise self._refuse(errno.EINTR, key, agent,
+                                       "the caller was interrupted while a writer held the slot")
                 raise self._refuse(errno.ETIMEDOUT, key, agent,
                                    "a writer held the slot past coherence_timeout_ms")
 
@@ -194,8 +204,11 @@ class Coherence:
             break                                 # granted at the last moment
         return True
 
-    def _not_acknowledged(self, key: bytes, agent: int, nonblock: bool
-                          ) -> pyfuse3.FUSEError:
+    def _not_acknowledged(self, key: bytes, agent: int, nonblock: bool,
+                          deadline: Optional["_Deadline"] = None) -> pyfuse3.FUSEError:
+        if deadline is not None and deadline.interrupted:
+            return self._refuse(errno.EINTR, key, agent,
+                                "the caller was interrupted before holders acknowledged")
         if nonblock:
             return self._refuse(errno.EAGAIN, key, agent,
                                 "holders have not acknowledged (O_NONBLOCK)")
@@ -302,15 +315,39 @@ class Coherence:
     async def _wait(self, key: bytes, deadline: "_Deadline") -> bool:
         """Until key's holders change (True) or the deadline (False)."""
         at = deadline.at()
-        if trio.current_time() >= at:
+        if deadline.interrupted or trio.current_time() >= at:
             return False
         ev = self._changed.get(key)
         if ev is None:
             ev = self._changed[key] = trio.Event()
-        with trio.move_on_at(at):
-            await ev.wait()
-            return True
+        scope = trio.move_on_at(at)
+        scopes = self._waiting.setdefault(deadline.pid, set()) if deadline.pid else None
+        if scopes is not None:
+            scopes.add(scope)
+        try:
+            with scope:
+                await ev.wait()
+                return True
+        finally:
+            if scopes is not None:
+                scopes.discard(scope)
+                if not scopes:
+                    self._waiting.pop(deadline.pid, None)
+        if deadline.pid in self._interrupted:
+            self._interrupted.discard(deadline.pid)
+            deadline.interrupted = True
         return False
+
+    def interrupt(self, pid: int) -> None:
+        """The kernel interrupted a request of thread pid (a signal reached
+        it): its waits end, and fail with EINTR."""
+        scopes = self._waiting.get(pid)
+        if not scopes:
+            return
+        self._interrupts += 1
+        self._interrupted.add(pid)
+        for scope in list(scopes):
+            scope.cancel()
 
     def _after_change(self) -> None:
         """Trace the directory's transitions and wake whoever waits on a key
@@ -344,4 +381,5 @@ class Coherence:
         st["coherence_delivered"] = self._delivered
         st["coherence_batches"] = self._batches
         st["coherence_wait_ms"] = self._wait_ns // 1_000_000
+        st["coherence_interrupts"] = self._interrupts
         return st

@@ -313,7 +313,7 @@ class MemosOperations(pyfuse3.Operations):
         self._flusher: Optional[tuple[int, int]] = None   # (fh, pid) of the FLUSH
                                         # being served (memosfs._fuseshim)
         if _fuseshim is not None:
-            _fuseshim.install(self.fallocate, self._flush_note)
+            _fuseshim.install(self.fallocate, self._flush_note, self.coherence_interrupt)
         self.coherence = Coherence(self.knobs, self.trace, self._invalidate_pages)
         store.prefetch = self.prefetch = PrefetchEngine(
             store.prefetch_fetch, store._in_memory, self._session_slot_names, self.knobs)
@@ -1080,7 +1080,7 @@ class MemosOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EEXIST)
         key = parent.key_of(n)
         hold = await self.coherence.acquire(key, self.coherence.agent_of(ctx), True,
-                                            bool(flags & os.O_NONBLOCK))
+                                            bool(flags & os.O_NONBLOCK), pid=ctx.pid)
         try:
             fi, entry = self._create(parent, n, mode, flags, ctx)
         except BaseException:
@@ -1126,7 +1126,7 @@ class MemosOperations(pyfuse3.Operations):
             live = live.successor
         hold = await self.coherence.acquire(
             live.key, self.coherence.agent_of(ctx), (flags & os.O_ACCMODE) != os.O_RDONLY,
-            bool(flags & os.O_NONBLOCK))
+            bool(flags & os.O_NONBLOCK), pid=ctx.pid)
         try:
             fi = await self._open_version(inode, flags, ctx)
         except BaseException:
@@ -1478,6 +1478,11 @@ class MemosOperations(pyfuse3.Operations):
         except OSError as e:
             self._refused += 1
             raise refuse(e.errno or errno.EIO, "%s", e, level=logging.WARNING) from None
+
+    def coherence_interrupt(self, pid: int) -> None:
+        """From memosfs._fuseshim: the kernel interrupted an open or create of
+        thread pid; a coherence wait it is in ends with EINTR."""
+        self.coherence.interrupt(pid)
 
     def _flush_note(self, fh: int, pid: int, lock_owner: int) -> None:
         """From memosfs._fuseshim, just before flush(fh) runs: who closes."""

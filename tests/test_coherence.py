@@ -504,3 +504,24 @@ def test_shared_slots_follow_rewrites(make_mount, agents, protocol):
         assert slots.read(str(slot)) == b"two" * 1000
         assert slots.invalidations >= 1 and slots.opens >= 2
     assert m.stats()["coherence_timeouts"] == 0
+
+
+def test_regression_a_killed_strong_writer_dies_at_once_and_changes_nothing(make_mount, agents):
+    """A writer waiting in open() for acknowledgements is killed: FUSE's
+    INTERRUPT ends its wait (EINTR), it dies at once, and its O_TRUNC open
+    never happens (the shared prompt slot keeps its bytes)."""
+    m = make_mount(world=True)
+    slot = shared_slot(m, b"prompt" * 100)
+    knob(m, "coherence_protocol", "2")
+    knob(m, "coherence_timeout_ms", "30000")
+    a, b = agents(20001), agents(20002)
+    assert a(f"open {slot} r") == "ok"
+    b.send(f"open {slot} w")
+    assert b.recv(0.5) is None                        # waiting for a's acknowledgement
+    b.proc.send_signal(signal.SIGKILL)
+    b.proc.wait(timeout=5)                            # not stuck in state D
+    assert slot.read_bytes() == b"prompt" * 100
+    assert a(f"state {slot}") == "S"
+    assert a("read") == (b"prompt" * 100).hex()
+    assert m.stats()["coherence_interrupts"] >= 1
+    assert "EINTR" in m.logtext()

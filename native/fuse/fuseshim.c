@@ -19,6 +19,8 @@
  *   fallocate(fh, mode, offset, length) -> errno (0: done)   (trio thread)
  *   flush_note(fh, pid, lock_owner)                          (just before
  *                                        pyfuse3's flush handler runs)
+ *   interrupted(pid)       the kernel interrupted an open or create of that
+ *                          thread (a signal, SIGKILL included)   (trio thread)
  *
  * pyfuse3 runs a request's handler right after fuse_session_process_buf()
  * returns, with no other request in between, so the note read at the top of
@@ -33,6 +35,7 @@
 #include <Python.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdint.h>
 #include <string.h>
 #include <fuse_lowlevel.h>
 
@@ -91,6 +94,42 @@ static void shim_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 }
 
 static void (*pyfuse3_init)(void *, struct fuse_conn_info *);
+static void (*pyfuse3_open)(fuse_req_t, fuse_ino_t, struct fuse_file_info *);
+static void (*pyfuse3_create)(fuse_req_t, fuse_ino_t, const char *, mode_t,
+                              struct fuse_file_info *);
+static PyObject *interrupt_cb;                 /* owned; GIL */
+
+/* libfuse calls this when the kernel interrupts a request (a signal reached
+ * the caller, SIGKILL included): memosfs ends that caller's waits with EINTR.
+ * `data` is the caller's thread id. */
+static void shim_interrupted(fuse_req_t req, void *data)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (interrupt_cb) {
+        PyObject *r = PyObject_CallFunction(interrupt_cb, "i", (int)(intptr_t)data);
+        if (r)
+            Py_DECREF(r);
+        else
+            PyErr_WriteUnraisable(interrupt_cb);
+    }
+    PyGILState_Release(g);
+}
+
+/* open and create may wait (coherence protocol 2): make them interruptible. */
+static void shim_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    fuse_req_interrupt_func(req, shim_interrupted,
+                            (void *)(intptr_t)fuse_req_ctx(req)->pid);
+    pyfuse3_open(req, ino, fi);
+}
+
+static void shim_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+                        struct fuse_file_info *fi)
+{
+    fuse_req_interrupt_func(req, shim_interrupted,
+                            (void *)(intptr_t)fuse_req_ctx(req)->pid);
+    pyfuse3_create(req, parent, name, mode, fi);
+}
 
 /* pyfuse3's init, then: no automatic invalidation of a file's pages when its
  * mtime changes.  memosfs says when pages are stale (keep_cache at open,
@@ -125,6 +164,14 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
     }
     pyfuse3_init = shim_ops.init;
     shim_ops.init = shim_init;
+    if (shim_ops.open) {
+        pyfuse3_open = shim_ops.open;
+        shim_ops.open = shim_open;
+    }
+    if (shim_ops.create) {
+        pyfuse3_create = shim_ops.create;
+        shim_ops.create = shim_create;
+    }
     if (!shim_ops.fallocate)
         shim_ops.fallocate = shim_fallocate;
     intercepted = 1;
@@ -135,11 +182,12 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
 
 static PyObject *py_install(PyObject *self, PyObject *args)
 {
-    PyObject *fa, *fl;
-    if (!PyArg_ParseTuple(args, "OO", &fa, &fl))
+    PyObject *fa, *fl, *in = Py_None;
+    if (!PyArg_ParseTuple(args, "OO|O", &fa, &fl, &in))
         return NULL;
     Py_XSETREF(fallocate_cb, fa == Py_None ? NULL : Py_NewRef(fa));
     Py_XSETREF(flush_note_cb, fl == Py_None ? NULL : Py_NewRef(fl));
+    Py_XSETREF(interrupt_cb, in == Py_None ? NULL : Py_NewRef(in));
     Py_RETURN_NONE;
 }
 
@@ -150,7 +198,8 @@ static PyObject *py_active(PyObject *self, PyObject *unused)
 
 static PyMethodDef methods[] = {
     {"install", py_install, METH_VARARGS,
-     "install(fallocate, flush_note): the callables the added requests call (None: off)."},
+     "install(fallocate, flush_note[, interrupted]): the callables the added requests "
+     "call (None: off)."},
     {"active", py_active, METH_NOARGS,
      "Whether the mounted session went through this library."},
     {NULL, NULL, 0, NULL},
