@@ -573,6 +573,7 @@ class MemosOperations(pyfuse3.Operations):
             "index_entries": c["index_entries"],
             "index_buckets": c["index_buckets"],
             "alloc_failures": c["alloc_failures"],
+            "alloc_waits": c["alloc_waits"],
             "reclaim_runs": c.get("reclaim_runs", 0),
             "fragmentation": c.get("fragmentation", 0.0),
             "pages_pending": c.get("pages_pending", 0),
@@ -1101,11 +1102,11 @@ class MemosOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EEXIST)
         elif not isinstance(node, Slot):
             raise refuse(errno.EISDIR, "create %s: a directory", n)
-        elif node.readers > 0 or node.pushing > 0:
-            # an existing slot with page-cache readers: they keep this inode
-            self._ready_for_writer(node, ctx.pid)
-            raise refuse(errno.ESTALE, "create %s: readers keep this inode", n,
-                         level=logging.DEBUG)
+        elif node.readers > 0 or node.pushing > 0 or node.writers > 0:
+            # an existing slot with page-cache readers or other writers: they
+            # keep this inode, and the name moves to a fresh one for this
+            # writer's whole new version (the last publish wins, untorn)
+            node = self._supersede(node)
         fi = self._open_slot(node, flags | os.O_TRUNC, None, ctx=ctx)
         return fi, self._entry(node, ctx)
 
@@ -1165,7 +1166,12 @@ class MemosOperations(pyfuse3.Operations):
             # current version on this old inode, around its page cache, which
             # belongs to the older version's readers; writers look again
             if acc != os.O_RDONLY:
-                self._ready_for_writer(node, pid)
+                if flags & os.O_TRUNC and not (inode_node.readers or inode_node.pushing
+                                               or inode_node.writers):
+                    # a whole new version needs no base: made on the inode
+                    # this writer found, published under the name (no retry)
+                    return self._open_slot(inode_node, flags, None, ctx=ctx)
+                self._ready_for_writer(node, pid, bool(flags & os.O_TRUNC))
                 raise refuse(errno.ESTALE, "open %s: a newer inode holds this name",
                              node.name, level=logging.DEBUG)
             ref = None
@@ -1174,14 +1180,17 @@ class MemosOperations(pyfuse3.Operations):
                 if ref is None:
                     raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
             return self._open_slot(inode_node, flags, ref, around_cache=True, ctx=ctx)
-        if acc != os.O_RDONLY and (node.readers > 0 or node.pushing > 0) \
-                and pid not in node.pending:
+        if acc != os.O_RDONLY and pid not in node.pending and (
+                node.readers > 0 or node.pushing > 0
+                or (flags & os.O_TRUNC and (node.writers > 0 or node.writer_pending))):
             # Writers share the inode's page cache with their draft: readers
             # reading a snapshot through that page cache keep this inode, and
             # the writer (the kernel retries the open on ESTALE) goes to a
             # fresh one, which readers read around the page cache until the
-            # writer is in.
-            self._ready_for_writer(node, pid)
+            # writer is in.  So does a writer that replaces the whole slot
+            # (O_TRUNC) while others write: each makes a whole version, the
+            # last publish wins, nobody publishes a mix of two.
+            self._ready_for_writer(node, pid, bool(flags & os.O_TRUNC))
             raise refuse(errno.ESTALE, "open %s for writing: readers keep this inode",
                          node.name, level=logging.DEBUG)
         ref = None
@@ -1213,7 +1222,7 @@ class MemosOperations(pyfuse3.Operations):
                                      or node.successor is not None or bool(node.detached))
         if stale and acc != os.O_RDONLY:
             ref.release()
-            self._ready_for_writer(node, pid)
+            self._ready_for_writer(node, pid, bool(flags & os.O_TRUNC))
             raise refuse(errno.ESTALE, "open %s: a newer version landed meanwhile",
                          node.name, level=logging.DEBUG)
         return self._open_slot(node, flags, ref, around_cache=stale, ctx=ctx)
@@ -1507,7 +1516,10 @@ class MemosOperations(pyfuse3.Operations):
             return
         job = self._publish(h)
         if job is not None:
-            await self.pusher.run(job)
+            try:
+                await self.pusher.run(job)
+            except Exception:           # a push failure is the push's problem
+                log.warning("page-cache push of %s failed", h.node.name, exc_info=True)
 
     async def fsync(self, fh, datasync):
         """Publish, then return once this slot's version is durable on the SSD."""
@@ -1583,7 +1595,11 @@ class MemosOperations(pyfuse3.Operations):
         self._release_base(node)
         node.changed = node.write_failed = False
         with PUSH_LOCK:
-            node.cache_version = node.version if clean and node.version else -2
+            # the writers' pages are not trusted to be the published version
+            # (the kernel may have kept pages of several drafts): only a push
+            # of it (flush) makes this inode's pages a version's
+            if not (clean and node.version and node.cache_version == node.version):
+                node.cache_version = -2
         self._forget_attrs(node)
         if not node.version and not node.detached and node.parent is not None:
             # created and never published (its writes were refused): the
@@ -1595,8 +1611,10 @@ class MemosOperations(pyfuse3.Operations):
 
     # ---- publish ----
 
-    def _publish(self, h: Handle) -> Optional[tuple]:
-        """Publish the writers' draft; returns a page-cache push to run, if any."""
+    def _publish(self, h: Handle, push_over_writer: bool = False) -> Optional[tuple]:
+        """Publish the writers' draft; returns a page-cache push to run, if
+        any (into the writer's own inode only with push_over_writer: the
+        opener's close, when no other writer is open there)."""
         node = h.node
         assert isinstance(node, Slot)
         while node.successor is not None:
@@ -1648,10 +1666,12 @@ class MemosOperations(pyfuse3.Operations):
                 parent.children[node.name] = node
                 current = node
         target = current if isinstance(current, Slot) else node
-        return self._published(target, ref, src.draft_mtime_ns or _now(), logical)
+        return self._published(target, ref, src.draft_mtime_ns or _now(), logical,
+                               push_over_writer)
 
     def _published(self, node: Slot, ref: "_native.Ref", mtime_ns: int,
-                   logical: Optional[bytes] = None) -> Optional[tuple]:
+                   logical: Optional[bytes] = None,
+                   push_over_writer: bool = False) -> Optional[tuple]:
         """Point the name at the new version: in place, or on a fresh inode
         when readers hold this one (they keep their snapshot)."""
         if node.readers > 0 or node.pushing > 0:
@@ -1664,7 +1684,8 @@ class MemosOperations(pyfuse3.Operations):
         node.ctime_ns = _now()
         self._forget_attrs(node)
         if self.pusher is not None and self.knobs["page_cache_push"] == "1" \
-                and node.pub_size >= PUSH_MIN_BYTES and not node.writers:
+                and node.pub_size >= PUSH_MIN_BYTES \
+                and (not node.writers or (push_over_writer and node.writers == 1)):
             # (with writers open, the page cache holds their draft: no push)
             pin = self.store.peek(node.key)
             if pin is not None:
@@ -1672,12 +1693,13 @@ class MemosOperations(pyfuse3.Operations):
                 return self.pusher.claim(node, source)
         return None
 
-    def _ready_for_writer(self, node: Slot, pid: int = 0) -> None:
+    def _ready_for_writer(self, node: Slot, pid: int = 0, trunc: bool = True) -> None:
         """Before an O_TRUNC writer is sent back (ESTALE) to look the name up
         again: make sure what it will find has no page-cache readers, and
         stays so until it arrives (readers meanwhile read around the cache),
         so the kernel's one retry succeeds."""
-        if node.readers > 0:
+        if node.readers > 0 or node.pushing > 0 or (trunc and (node.writers > 0
+                                                               or node.writer_pending)):
             node = self._supersede(node)
         # By pid (the kernel retries from the same thread): several writers may
         # have been sent here, and each must find no page-cache readers on its

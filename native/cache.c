@@ -53,6 +53,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "arena.h"
 #include "index.h"
@@ -106,7 +107,13 @@ struct memos_cache {
     uint32_t     gen;           /* last eviction generation handed out (lock) */
     uint32_t     victim_gen;    /* generation the policy filter skips (lock) */
     memos_stats  st;            /* counters kept incrementally (lock) */
+    unsigned     evicting;      /* victims in other threads' callbacks now (lock) */
+    pthread_cond_t evicted;     /* signalled when an eviction run's callbacks end (lock) */
 };
+
+/* How long an allocation waits for other threads' evictions (write-backs to
+ * the SSD) to free pages before it gives up with MEMOS_ENOMEM. */
+#define ALLOC_WAIT_MS 30000
 
 /* ---- private prototypes ---- */
 
@@ -166,6 +173,7 @@ memos_cache *memos_cache_new(uint64_t capacity, unsigned evict_batch,
     c->idx.fail_ctx = c;
     policy_init(&c->pol, "lru_lfu", evictable, c);
     pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->evicted, NULL);
     c->all.all_next = c->all.all_prev = &c->all;
     c->evict_batch = evict_batch;
     c->cb = cb;
@@ -188,6 +196,7 @@ void memos_cache_free(memos_cache *c)
     policy_destroy(&c->pol);
     arena_destroy(&c->ar);
     pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->evicted);
     free(c);
 }
 
@@ -730,6 +739,7 @@ static void do_unpin(memos_cache *c, memos_entry *e)
  * dropped and retaken around eviction callbacks. */
 static int do_alloc(memos_cache *c, unsigned k, uint32_t gen, extent *out)
 {
+    unsigned waited_ms = 0;
     for (;;) {
         arena_run r;
         if (arena_alloc_pages(&c->ar, k, &r) == MEMOS_OK) {
@@ -741,9 +751,23 @@ static int do_alloc(memos_cache *c, unsigned k, uint32_t gen, extent *out)
             return MEMOS_ENOMEM;
         size_t picked = 0;
         do_evict_run(c, gen, &picked);
-        /* No victim left: pages still awaiting the sweep are the last resort. */
-        if (picked == 0 && arena_reclaim(&c->ar) == 0)
-            return MEMOS_ENOMEM;
+        /* No victim left: pages still awaiting the sweep are the last resort,
+         * then the victims other threads are writing back right now (their
+         * pages are freed when the write-back ends): wait for them, bounded. */
+        if (picked == 0 && arena_reclaim(&c->ar) == 0) {
+            if (c->evicting == 0 || waited_ms >= ALLOC_WAIT_MS)
+                return MEMOS_ENOMEM;
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += 50 * 1000000L;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&c->evicted, &c->lock, &until);
+            waited_ms += 50;
+            c->st.alloc_waits++;
+        }
     }
 }
 
@@ -771,10 +795,12 @@ static int do_evict_run(memos_cache *c, uint32_t gen, size_t *picked)
             rcs[i] = MEMOS_OK;
         }
         if (c->cb) {
+            c->evicting += (unsigned)got;
             unlock(c);
             for (size_t i = 0; i < got; i++)
                 rcs[i] = c->cb(c->cb_ctx, entry_of_pnode(v[i]));
             lock(c);
+            c->evicting -= (unsigned)got;
         }
         for (size_t i = 0; i < got; i++) {
             memos_entry *e = entry_of_pnode(v[i]);
@@ -792,6 +818,8 @@ static int do_evict_run(memos_cache *c, uint32_t gen, size_t *picked)
             }
             do_unpin(c, e);
         }
+        if (c->cb)
+            pthread_cond_broadcast(&c->evicted);
     }
     return evicted;
 }

@@ -523,9 +523,9 @@ static PyObject *cache_stats_core(CacheObject *self, PyObject *noarg)
         return NULL;
 #define U(f) #f, (unsigned long long)s.f
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsdsKsdsKsKsKsdsK}",
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsdsKsdsKsKsKsdsK}",
         U(lookups), U(hits), U(misses), U(inserts), U(replaces), U(removes),
-        U(evictions), U(eviction_runs), U(evict_refused), U(alloc_failures),
+        U(evictions), U(eviction_runs), U(evict_refused), U(alloc_failures), U(alloc_waits),
         U(slots), U(drafts), U(dead_pinned), U(pinned), U(bytes_used),
         U(bytes_draft), U(pages_used), U(free_pages), U(capacity),
         U(superblocks), U(huge_pages), U(evict_batch), U(index_buckets),

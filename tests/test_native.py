@@ -71,7 +71,7 @@ def test_stats_has_every_field():
     c = N.Cache(2 * MiB)
     fields = {
         "lookups", "hits", "misses", "inserts", "replaces", "removes", "evictions",
-        "eviction_runs", "evict_refused", "alloc_failures", "slots", "drafts",
+        "eviction_runs", "evict_refused", "alloc_failures", "alloc_waits", "slots", "drafts",
         "dead_pinned", "pinned", "bytes_used", "bytes_draft", "pages_used",
         "free_pages", "capacity", "superblocks", "huge_pages", "evict_batch",
         "index_buckets", "index_entries", "index_load_factor",
