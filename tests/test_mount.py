@@ -486,11 +486,9 @@ def test_published_slot_is_read_from_the_page_cache(mnt):
     before = mnt.stats()["read_requests"]
     assert (s / "pc").read_bytes() == data          # then: no request
     assert mnt.stats()["read_requests"] == before
-    # a version published without a writer's pages (truncate(2)) is pushed
+    # a version published without a writer (truncate(2)) drops the stale pages
     os.truncate(s / "pc", 2 * MiB)
     assert (s / "pc").read_bytes() == data[:2 * MiB]
-    assert mnt.stats()["read_requests"] == before
-    assert mnt.stats()["page_cache_pushed_bytes"] >= 2 * MiB
 
 
 # ---------------------------------------------------------------- policy and reclaim knobs
