@@ -12,10 +12,16 @@ fsync'd, then renamed over the old file, so after a crash at any point the
 name holds either the old version or the new one, never a mix.  A durable
 write (fsync of a slot, flush, unmount) also fsyncs the folder, so the
 rename itself survives.  Temporary files left by a crash are removed at
-mount.  A file whose footer, trailer or size does not check out is reported
-(log and `ssd_corrupt`) and moved aside into `corrupt/` at mount; a payload
-whose checksum fails is caught when it is read, reported the same way, and
-never served.
+mount.  A slot renamed to another key is copied under the new key's name
+(renamed over whatever file that key had: never removed first), its folder
+fsync'd, and only then is the old key's file removed: at every point one of
+the two names holds it.  Removals and renames are durable once `sync` has
+fsync'd the folders they touched (the fsync of a directory on the mount).
+
+A file whose footer, trailer or size does not check out is reported (log
+and `ssd_corrupt`) and moved aside into `corrupt/` at mount; a payload whose
+checksum fails is caught when it is read, reported the same way, and never
+served.
 
 Besides the slots, the folder holds `order.json` (keys, most recently used
 first: the warm-up order) and `namespace.json` (agents and sessions with
@@ -116,7 +122,9 @@ class SSDTier:
         os.makedirs(self.slots_dir, exist_ok=True)
         self.index: dict[bytes, SSDEntry] = {}
         self.lock = threading.RLock()           # guards index and counters
-        self.write_lock = threading.Lock()      # one writer at a time
+        # one writer at a time; reentrant, so that the store can hold it
+        # across a rename of both tiers
+        self.write_lock = threading.RLock()
         self._seq = itertools.count()
         self.used_bytes = 0                     # file bytes of indexed slots
         self.corrupt = 0                        # files found bad
@@ -132,6 +140,9 @@ class SSDTier:
     def scan(self) -> list[SSDEntry]:
         """Rebuild the index from the files; returns the entries found."""
         found: dict[bytes, SSDEntry] = {}
+        for name in os.listdir(self.root):
+            if name.endswith(".tmp"):           # a metadata file a crash cut short
+                _discard(os.path.join(self.root, name))
         for shard in sorted(os.listdir(self.slots_dir)):
             sdir = os.path.join(self.slots_dir, shard)
             if not os.path.isdir(sdir):
@@ -195,56 +206,72 @@ class SSDTier:
 
     def put(self, ref: "_native.Ref", meta: dict[str, Any], durable: bool) -> Optional[SSDEntry]:
         """Write the version `ref` pins; returns its entry, or None when that
-        version no longer needs writing (replaced or removed meanwhile: a
-        stale write must never cover a newer version or bring back a removed
-        slot).  OSError (ENOSPC, EIO) leaves the previous version in place
-        and the index unchanged."""
+        version no longer needs writing (replaced, renamed or removed
+        meanwhile: a stale write must never cover a newer version or bring
+        back a removed or renamed slot).  OSError (ENOSPC, EIO) leaves the
+        previous version in place and the index unchanged."""
         key = ref.key
-        size = ref.size
         crc = ref.crc32c()
+        self._check_room(key, ref.size + _trailer_bound(key, meta))
+        with self.write_lock:
+            # checked under the writer lock, which remove() and rename() take too
+            current = self.get(key)
+            if not ref.live or ref.key != key \
+                    or (current is not None and current.version > ref.version):
+                return None
+            return self._write_locked(ref, key, meta, durable, crc)
+
+    def _write_locked(self, ref: "_native.Ref", key: bytes, meta: dict[str, Any],
+                      durable: bool, crc: Optional[int] = None) -> SSDEntry:
+        """Write ref's bytes as `key`'s version, atomically replacing the file
+        key had (writer lock held)."""
+        size = ref.size
+        if crc is None:
+            crc = ref.crc32c()
         trailer = encode_trailer(key, ref.version, size, crc, meta)
         total = size + len(trailer)
-        self._check_room(key, total)
+        sdir, final = self._path_of(key)
+        os.makedirs(sdir, exist_ok=True)
+        tmp = self._tmp_path(sdir, key)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                if size:
+                    written = ref.write_to_fd(fd)
+                    if written != size:
+                        raise OSError(errno.EIO, f"short write ({written} of {size})")
+                _pwrite_all(fd, trailer, size)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, final)
+        except OSError:
+            with self.lock:
+                self.write_errors += 1
+            _discard(tmp)
+            raise
+        entry = SSDEntry(key, ref.version, size, crc, final, total, dict(meta))
+        with self.lock:
+            old = self.index.get(key)
+            self.used_bytes += total - (old.file_bytes if old else 0)
+            self.index[key] = entry
+            self.writes += 1
+            self.write_bytes += size
+        if durable:
+            _fsync_dir(sdir)
+        else:
+            with self.lock:
+                self._dirty_dirs.add(sdir)
+        return entry
+
+    def _path_of(self, key: bytes) -> tuple[str, str]:
+        """(shard folder, file path) of key's slot file."""
         name = _name_of(key)
         sdir = os.path.join(self.slots_dir, name[:2])
-        final = os.path.join(sdir, name + ".slot")
-        with self.write_lock:
-            # checked under the writer lock, which remove() takes too
-            current = self.get(key)
-            if not ref.live or (current is not None and current.version > ref.version):
-                return None
-            os.makedirs(sdir, exist_ok=True)
-            tmp = os.path.join(sdir, f".{name}.{os.getpid()}.{next(self._seq)}.tmp")
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-                try:
-                    if size:
-                        written = ref.write_to_fd(fd)
-                        if written != size:
-                            raise OSError(errno.EIO, f"short write ({written} of {size})")
-                    _pwrite_all(fd, trailer, size)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.rename(tmp, final)
-            except OSError:
-                with self.lock:
-                    self.write_errors += 1
-                _discard(tmp)
-                raise
-            entry = SSDEntry(key, ref.version, size, crc, final, total, dict(meta))
-            with self.lock:
-                old = self.index.get(key)
-                self.used_bytes += total - (old.file_bytes if old else 0)
-                self.index[key] = entry
-                self.writes += 1
-                self.write_bytes += size
-            if durable:
-                _fsync_dir(sdir)
-            else:
-                with self.lock:
-                    self._dirty_dirs.add(sdir)
-        return entry
+        return sdir, os.path.join(sdir, name + ".slot")
+
+    def _tmp_path(self, sdir: str, key: bytes) -> str:
+        return os.path.join(sdir, f".{_name_of(key)}.{os.getpid()}.{next(self._seq)}.tmp")
 
     def _check_room(self, key: bytes, total: int) -> None:
         if not self.capacity:
@@ -302,72 +329,106 @@ class SSDTier:
                 self.used_bytes -= entry.file_bytes
         self._set_aside(entry.path, why)
 
-    def remove(self, key: bytes) -> bool:
+    def remove(self, key: bytes, entry: Optional[SSDEntry] = None) -> bool:
+        """Forget key and unlink its file (durable at the next `sync`); with
+        `entry`, only if that is still key's version (a newer one stays)."""
         with self.write_lock:               # orders it with put()'s check
             with self.lock:
-                entry = self.index.pop(key, None)
-                if entry is None:
+                current = self.index.get(key)
+                if current is None or (entry is not None and current is not entry):
                     return False
-                self.used_bytes -= entry.file_bytes
-            try:
-                os.unlink(entry.path)
-                with self.lock:
-                    self._dirty_dirs.add(os.path.dirname(entry.path))
-            except FileNotFoundError:
-                pass
+                del self.index[key]
+                self.used_bytes -= current.file_bytes
+            self._unlink_locked(current.path)
         return True
 
-    def rename(self, old: bytes, new: bytes, meta: dict[str, Any]) -> bool:
-        """Give a stored version a new key: the file is rewritten under the
-        new name (the key lives in the file), then the old one goes."""
-        entry = self.get(old)
-        if entry is None:
-            return False
-        name = _name_of(new)
-        sdir = os.path.join(self.slots_dir, name[:2])
-        final = os.path.join(sdir, name + ".slot")
-        trailer = encode_trailer(new, entry.version, entry.size, entry.crc, meta)
+    def _unlink_locked(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        with self.lock:
+            self._dirty_dirs.add(os.path.dirname(path))
+
+    def rename(self, old: bytes, new: bytes, meta: dict[str, Any],
+               ref: Optional["_native.Ref"] = None) -> Optional[SSDEntry]:
+        """Give old's stored version the key `new`, replacing new's: the file
+        is copied under new's name (the key lives in the file) and renamed
+        over new's file, new's folder is fsync'd, and only then does old's
+        file go.  Without a stored version of old, `ref` (old's version in
+        memory, if any) is written as new's when new has a file, so that
+        new's file is replaced, never left holding the replaced version.
+        Returns new's entry, or None if nothing was written (nothing stored
+        for old; new's file, if any, is left alone).  OSError: nothing changed."""
         with self.write_lock:
+            entry = self.get(old)
+            if entry is None:
+                if ref is None or self.get(new) is None:
+                    return None
+                # the version check does not apply: new's file is the
+                # replaced slot's, whatever its version
+                self._check_room(new, ref.size + _trailer_bound(new, meta))
+                return self._write_locked(ref, new, meta, durable=False)
+            sdir, final = self._path_of(new)
+            trailer = encode_trailer(new, entry.version, entry.size, entry.crc, meta)
+            total = entry.size + len(trailer)
+            self._check_room(new, total)
             os.makedirs(sdir, exist_ok=True)
-            tmp = os.path.join(sdir, f".{name}.{os.getpid()}.{next(self._seq)}.tmp")
+            tmp = self._tmp_path(sdir, new)
             try:
-                with open(entry.path, "rb") as src, open(tmp, "xb") as dst:
-                    _copy_range(src.fileno(), dst.fileno(), entry.size)
-                    _pwrite_all(dst.fileno(), trailer, entry.size)
-                    dst.flush()
-                    os.fsync(dst.fileno())
+                src = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                                  0o600)
+                    try:
+                        _copy_range(src, dst, entry.size)
+                        _pwrite_all(dst, trailer, entry.size)
+                        os.fsync(dst)
+                    finally:
+                        os.close(dst)
+                finally:
+                    os.close(src)
                 os.rename(tmp, final)
+                _fsync_dir(sdir)                # new's name is durable before old's goes
             except OSError:
+                with self.lock:
+                    self.write_errors += 1
                 _discard(tmp)
                 raise
-        total = entry.size + len(trailer)
-        moved = SSDEntry(new, entry.version, entry.size, entry.crc, final, total, dict(meta))
-        with self.lock:
-            replaced = self.index.pop(new, None)
-            if replaced is not None:
-                self.used_bytes -= replaced.file_bytes
-            self.index[new] = moved
-            self.used_bytes += total
-            self._dirty_dirs.add(sdir)
-        self.remove(old)
-        return True
+            moved = SSDEntry(new, entry.version, entry.size, entry.crc, final, total,
+                             dict(meta))
+            with self.lock:
+                replaced = self.index.pop(new, None)
+                if replaced is not None:
+                    self.used_bytes -= replaced.file_bytes
+                self.index[new] = moved
+                self.used_bytes += total
+                if self.index.get(old) is entry:
+                    del self.index[old]
+                    self.used_bytes -= entry.file_bytes
+            self._unlink_locked(entry.path)
+            return moved
 
     # ---- durability ----
 
     def sync(self) -> None:
         """fsync every folder with a rename or unlink not yet durable."""
         with self.lock:
-            dirs, self._dirty_dirs = self._dirty_dirs, set()
-        for d in dirs:
+            dirs, self._dirty_dirs = sorted(self._dirty_dirs), set()
+        for i, d in enumerate(dirs):
             try:
                 _fsync_dir(d)
             except FileNotFoundError:
                 pass
+            except OSError:
+                with self.lock:                 # still not durable: next time
+                    self._dirty_dirs.update(dirs[i:])
+                raise
 
     def write_json(self, name: str, obj: Any, durable: bool) -> None:
         """Replace root/name atomically with obj as JSON."""
         path = os.path.join(self.root, name)
-        tmp = f"{path}.{os.getpid()}.tmp"
+        tmp = f"{path}.{os.getpid()}.{next(self._seq)}.tmp"     # callers may race
         data = json.dumps(obj, separators=(",", ":")).encode()
         try:
             with open(tmp, "wb") as f:
@@ -467,6 +528,12 @@ class SSDFull(OSError):
     def __init__(self, excess: int) -> None:
         super().__init__(errno.ENOSPC, f"ssd tier {excess} bytes over ssd_capacity")
         self.excess = excess
+
+
+def _trailer_bound(key: bytes, meta: dict[str, Any]) -> int:
+    """The bytes a trailer for key and meta takes (the room check's estimate)."""
+    return _FIXED.size + len(key) + len(json.dumps(meta, separators=(",", ":"))) \
+        + _FOOTER.size
 
 
 def _pwrite_all(fd: int, data: bytes, off: int) -> None:

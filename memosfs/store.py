@@ -16,6 +16,13 @@ of the slot) and `flush`, and (4) at close.  A clean version is on the SSD
 already, so evicting it only frees memory; the slot stays listed and is
 promoted back on its next read (an SSD hit).
 
+Namespace changes: `rename` moves the SSD copy with the name (copied under
+the new key and renamed over the target's file, the old file removed only
+after that), so an acknowledged version always has a copy on the SSD; a
+dirty memory copy moves too and stays dirty.  `remove` unlinks the SSD file
+at once.  Both are durable after `sync_namespace` (the fsync of a
+directory), which also writes namespace.json and order.json durably.
+
 Drops: a slot leaves the namespace only when no tier holds it any more
 (eviction with no SSD tier, the SSD tier's own capacity eviction, a ring
 recycling the oldest slot of a session, reset_context).  Whoever shows the
@@ -71,11 +78,14 @@ def make_key(agent: str, session: str, name: str) -> bytes:
 
 
 def split_key(key: bytes) -> tuple[str, str, str]:
+    """(agent, session, name); the name may hold "/" (directories below a
+    session: agent/session/d1/d2/slot)."""
     agent, session, name = key.decode("utf-8", "surrogateescape").split("/", 2)
     return agent, session, name
 
 
 def _session_of(key: bytes) -> bytes:
+    """The directory a key is in (its ring): agent/session or deeper."""
     return key.rsplit(b"/", 1)[0]
 
 
@@ -136,6 +146,10 @@ class Store:
         self.namespace_of: Callable[[], Any] = lambda: []
         self._namespace_dirty = False
         self._recency_dirty = False
+        self._meta_lock = threading.Lock()      # one writer of order/namespace.json
+        # keys renamed into while their version had no SSD copy: the next
+        # sync_namespace writes them, so that the new name is durable
+        self._renamed_unsaved: set[bytes] = set()
         self._c = collections.Counter()
         self._warm_total = 0
         self._warm_done = 0
@@ -399,29 +413,26 @@ class Store:
         return removed
 
     def rename(self, old: bytes, new: bytes) -> bool:
-        """Move a slot to a new key in every tier, replacing what was there."""
+        """Move a slot to a new key in every tier, replacing what was there.
+
+        An acknowledged version never lacks a copy on the SSD: old's SSD copy
+        moves to new (renamed over new's file, which is never removed first),
+        even when memory holds a newer, dirty version (that one moves too and
+        stays dirty).  A version only memory holds replaces new's file if new
+        has one.  Durable after sync_namespace."""
         if self.prefetch is not None:
             self.prefetch.on_remove(old)
+            self.prefetch.on_remove(new)
         if self.remote is not None and old not in self:
             ref = self._promote_remote(old)     # only on the remote tier: fetch it first
             if ref is not None:
                 ref.release()
-        in_mem = self.cache.rename(old, new)
-        on_ssd = False
-        if self.ssd is not None:
-            if in_mem:
-                # the memory copy is the one to keep: write it under its new key
-                self.ssd.remove(old)
-                self.ssd.remove(new)
-                ref = self.cache.peek(new)
-                if ref is not None:
-                    ref.dirty = True
-                    ref.release()
-                    with self.lock:
-                        self._dirty_since[new] = time.monotonic()
-            else:
-                self.cache.remove(new)
-                on_ssd = self.ssd.rename(old, new, self.meta_of(new))
+        if self.ssd is None:
+            with self.lock:
+                in_mem = self.cache.rename(old, new)
+            on_ssd = False
+        else:
+            in_mem, on_ssd = self._rename_tiers(old, new)
         with self.lock:
             src = self._order.get(_session_of(old))
             if src is not None:
@@ -429,10 +440,20 @@ class Store:
             dst = self._order.get(_session_of(new))
             if dst is not None:
                 dst.pop(new, None)
-            self._dirty_since.pop(old, None)
+            since = self._dirty_since.pop(old, None)
+            self._dirty_since.pop(new, None)
             self._recency.pop(old, None)
+            self._renamed_unsaved.discard(old)
             if in_mem or on_ssd:
                 self._order.setdefault(_session_of(new), collections.OrderedDict())[new] = None
+            if in_mem:
+                ref = self.cache.peek(new)
+                if ref is not None:
+                    if ref.dirty:
+                        self._dirty_since[new] = since or time.monotonic()
+                        if not on_ssd and self.ssd is not None:
+                            self._renamed_unsaved.add(new)
+                    ref.release()
         if in_mem or on_ssd:
             self._touch(new)
             self.trace.emit("RENAME", src=_k(old), dst=_k(new))
@@ -440,6 +461,42 @@ class Store:
                 self.remote.delete_async(old)
                 self.remote.put_async(new, lambda: self._remote_source(new))
         return in_mem or on_ssd
+
+    def _rename_tiers(self, old: bytes, new: bytes) -> tuple[bool, bool]:
+        """Rename in the SSD tier, then in memory, under the SSD writer lock
+        so that no write-back of `old` lands in between (it would bring the
+        old name back).  Returns (moved in memory, new has an SSD copy of
+        the moved slot)."""
+        meta = self.meta_of(new)
+        with self.ssd.write_lock:
+            ref = self.cache.peek(old)
+            try:
+                moved = self.ssd.rename(old, new, meta, ref)
+            except OSError as e:
+                if ref is None:
+                    raise                       # nothing changed; only the SSD holds it
+                # memory holds it (dirty from here on); the SSD's copies go,
+                # so that nothing stale is left under either name
+                log.error("rename %s -> %s: the SSD copy could not be moved (%s); the "
+                          "memory copy will be written back", _k(old), _k(new), e)
+                moved = None
+                self.ssd.remove(old)
+                self.ssd.remove(new)
+            finally:
+                if ref is not None:
+                    ref.release()
+            with self.lock:
+                in_mem = self.cache.rename(old, new)
+                if not in_mem and moved is not None:
+                    self.cache.remove(new)      # the replaced slot's memory copy
+                if in_mem:
+                    cur = self.cache.peek(new)
+                    if cur is not None:
+                        entry = self.ssd.get(new)
+                        if entry is None or entry.version != cur.version:
+                            cur.dirty = True    # memory's copy is newer than the SSD's
+                        cur.release()
+        return in_mem, moved is not None
 
     def mark_dirty(self, key: bytes) -> None:
         """The slot's metadata changed: write it back again."""
@@ -458,13 +515,21 @@ class Store:
             return list(order) if order else []
 
     def reset_session(self, agent: str, session: str) -> int:
-        """Drop every slot of a session (all tiers); returns how many."""
-        keys = self.session_keys(agent, session)
+        """Drop every slot of a session, at any depth below it (all tiers);
+        returns how many."""
+        prefix = make_key(agent, session, "")           # b"agent/session/"
+        with self.lock:
+            keys = dict.fromkeys(k for group, order in self._order.items()
+                                 if group == prefix[:-1] or group.startswith(prefix)
+                                 for k in order)
+        keys.update(dict.fromkeys(k for k in self.cache.keys() if k.startswith(prefix)))
+        if self.ssd is not None:
+            keys.update(dict.fromkeys(k for k in self.ssd.keys() if k.startswith(prefix)))
         for key in keys:
             self._remove_everywhere(key)
             self._dropped(key, "reset")
         if self.remote is not None:             # and those only the remote tier has
-            self.remote.delete_session_async(make_key(agent, session, "")[:-1])
+            self.remote.delete_session_async(prefix[:-1])
         self._c["resets"] += 1
         self.trace.emit("RESET", session=f"{agent}/{session}", slots=len(keys))
         return len(keys)
@@ -482,12 +547,14 @@ class Store:
             self._make_ssd_room(full.excess, keep=key)
             entry = self.ssd.put(ref, meta, durable)
         with self.lock:
-            if ref.live and self.ssd.get(key) is not None \
-                    and self.ssd.get(key).version == ref.version:
+            stored = self.ssd.get(key)
+            if ref.live and ref.key == key and stored is not None \
+                    and stored.version == ref.version:
                 ref.dirty = False
                 self._dirty_since.pop(key, None)
+                self._renamed_unsaved.discard(key)
         if entry is None:
-            return                              # a newer version or a removal won
+            return                              # a newer version, a rename or a removal won
         self._c["writebacks"] += 1
         self.trace.emit("WRITEBACK", key=_k(key), bytes=ref.size, version=ref.version)
 
@@ -575,16 +642,48 @@ class Store:
         self.trace.emit("FLUSH", written=written, swept_pages=swept)
         return written
 
+    def sync_namespace(self) -> None:
+        """The fsync of a directory: make every rename, unlink and mkdir done
+        so far durable (call it off the trio thread: it does file I/O).  A
+        slot renamed while it had no SSD copy is written first, so that its
+        new name exists after a crash; then the SSD folders touched are
+        fsync'd, and namespace.json and order.json written durably."""
+        if self.ssd is None:
+            return
+        with self.lock:
+            renamed, self._renamed_unsaved = self._renamed_unsaved, set()
+        for key in renamed:
+            ref = self.cache.peek(key)
+            if ref is None:
+                continue
+            try:
+                if ref.dirty and self.ssd.get(key) is None:
+                    self._write_back(ref, durable=False)
+            except OSError:
+                with self.lock:
+                    self._renamed_unsaved.add(key)
+                raise
+            finally:
+                ref.release()
+        self.ssd.sync()
+        self.save_metadata(durable=True)
+
     def save_metadata(self, durable: bool) -> None:
         """order.json (keys, most recent first) and namespace.json."""
         if self.ssd is None:
             return
-        with self.lock:
-            recency = [k.decode("utf-8", "surrogateescape") for k in reversed(self._recency)]
-            self._recency_dirty = False
-            self._namespace_dirty = False
-        self.ssd.write_json("order.json", recency, durable)
-        self.ssd.write_json("namespace.json", self.namespace_of(), durable)
+        with self._meta_lock:                   # the writer thread and an fsync may race
+            with self.lock:
+                recency = [k.decode("utf-8", "surrogateescape")
+                           for k in reversed(self._recency)]
+                self._recency_dirty = False
+                self._namespace_dirty = False
+            try:
+                self.ssd.write_json("order.json", recency, durable)
+                self.ssd.write_json("namespace.json", self.namespace_of(), durable)
+            except BaseException:
+                self._recency_dirty = self._namespace_dirty = True
+                raise
 
     def namespace_changed(self) -> None:
         self._namespace_dirty = True
