@@ -26,7 +26,9 @@ directory), which also writes namespace.json and order.json durably.
 Drops: a slot leaves the namespace only when no tier holds it any more
 (eviction with no SSD tier, the SSD tier's own capacity eviction, a ring
 recycling the oldest slot of a session, reset_context).  Whoever shows the
-namespace registers `on_drop(key, reason)` to hear of it.
+namespace registers `on_drop(key, reason)` to hear of it.  Evicting a
+version that is no longer its key's current one (replaced, renamed or
+removed meanwhile) drops nothing: the name belongs to the current version.
 
 Remote tier (optional, `remote.RemoteTier`, a Redis Cluster shared by several
 mounts): reads go memory -> SSD -> remote, and a remote hit is promoted into
@@ -195,22 +197,34 @@ class Store:
     # ---- the eviction callback ----
 
     def _on_evict(self, ref: "_native.Ref") -> bool:
-        """From the C core, victim pinned: write it back if dirty, then let it go."""
-        key = ref.key
-        if ref.dirty and self.ssd is not None:
+        """From the C core, victim pinned: write it back if dirty, then let it
+        go.  A victim that is no longer its key's current version (replaced,
+        renamed or removed while its write-back ran) touches no name: the C
+        core frees only a victim that is still live.  The name is dropped,
+        and the data counted lost, only when no tier holds the key."""
+        if ref.dirty and ref.live and self.ssd is not None:
             try:
                 self._write_back(ref, durable=False)
                 self._c["evict_writebacks"] += 1
             except OSError as e:
                 self._log_io_error("eviction kept %s in memory: write-back failed: %s",
-                                   _k(key), e)
+                                   _k(ref.key), e)
                 return False
+        with self.lock:                         # publish and rename take it too
+            if not ref.live:
+                return True                     # an old version: nothing to drop
+            key = ref.key                       # its key now (a rename moves it)
+            entry = self.ssd.get(key) if self.ssd is not None else None
+            if self.ssd is not None and ref.dirty:
+                return False                    # its write-back lost a race: later
+            gone = entry is None
+            lost = ref.dirty                    # no SSD tier: memory had the only copy
         self.trace.emit("EVICT", key=_k(key), bytes=ref.size, version=ref.version,
                         to="ssd" if self.ssd is not None else "none")
-        if self.ssd is None or key not in self.ssd:
-            if ref.dirty:
-                log.warning("evicting %s (%d bytes): no SSD tier holds it", _k(key), ref.size)
+        if lost:
+            log.warning("evicting %s (%d bytes): no SSD tier holds it", _k(key), ref.size)
             self._c["drops_lost"] += 1
+        if gone:
             self._dropped(key, "evicted")
         if self.prefetch is not None:
             self.prefetch.on_evict(key)
@@ -313,8 +327,17 @@ class Store:
 
     def _corrupt(self, entry: SSDEntry, why: str) -> None:
         self.ssd.report_corrupt(entry, why)
-        if not self._in_memory(entry.key):
+        ref = self.cache.peek(entry.key)
+        if ref is None:
             self._dropped(entry.key, "corrupt")
+            return
+        try:                                    # memory's copy is the only one now
+            if not ref.dirty:
+                ref.dirty = True
+                with self.lock:
+                    self._dirty_since.setdefault(entry.key, time.monotonic())
+        finally:
+            ref.release()
 
     def peek(self, key: bytes) -> Optional["_native.Ref"]:
         """A pinned reference to the in-memory version, without counting."""
@@ -559,8 +582,9 @@ class Store:
         self.trace.emit("WRITEBACK", key=_k(key), bytes=ref.size, version=ref.version)
 
     def _make_ssd_room(self, excess: int, keep: bytes) -> None:
-        """Evict SSD versions, least recently used first: those memory does
-        not hold are lost (the slot is dropped); those it holds become dirty."""
+        """Evict SSD versions, least recent first: those memory does not hold
+        are lost (the slot is dropped); those it holds become dirty.  A
+        version replaced or removed meanwhile is not touched."""
         with self.lock:
             order = list(reversed(self._recency))     # most recent first
         freed = 0
@@ -569,15 +593,16 @@ class Store:
                 break
             if entry.key == keep:
                 continue
-            self.ssd.remove(entry.key)
+            if not self.ssd.remove(entry.key, entry):
+                continue                        # replaced or removed meanwhile
             freed += entry.file_bytes
-            ref = self.cache.peek(entry.key)
-            if ref is not None:
-                ref.dirty = True
-                ref.release()
-                with self.lock:
+            with self.lock:
+                ref = self.cache.peek(entry.key)
+                if ref is not None:
+                    ref.dirty = True
+                    ref.release()
                     self._dirty_since.setdefault(entry.key, time.monotonic())
-            else:
+            if ref is None:
                 self._c["drops_lost"] += 1
                 self.trace.emit("SSD_EVICT", key=_k(entry.key), bytes=entry.size)
                 self._dropped(entry.key, "ssd-evicted")

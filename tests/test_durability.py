@@ -1,10 +1,12 @@
-"""Durability of namespace changes.
+"""Durability of namespace changes, and what eviction may touch.
 
 The store alone (no mount): a rename never leaves an acknowledged version
 without a copy on the SSD, at any point where the daemon could die (the
 crash is simulated by stopping at each file-system call, then reading the
 SSD directory with a fresh tier, as the next mount does); sync_namespace
-(the fsync of a directory) makes renames, unlinks and mkdirs durable.
+(the fsync of a directory) makes renames, unlinks and mkdirs durable;
+evicting a version that was replaced, renamed or removed meanwhile never
+touches the name's current version.
 
 Then on real mounts: rename + fsync of the directory, unlink + fsync, mkdir
 + fsync of the parent, each followed by kill -9 and a remount.
@@ -275,6 +277,118 @@ def test_reset_session_drops_every_depth_and_nothing_else(tmp_path):
     assert sorted(store.cache.keys()) == sorted(outside)
     store.close()
     assert sorted(on_disk(tmp_path)) == sorted(outside)
+
+
+# ---------------------------------------------------------------- eviction
+
+
+def _evict_store(tmp_path=None) -> tuple[Store, list]:
+    store = Store(16 * MiB, ssd=SSDTier(str(tmp_path)) if tmp_path else None,
+                  writeback_delay_ms=3600000)
+    dropped: list = []
+    store.on_drop(lambda key, why: dropped.append((key, why)))
+    return store, dropped
+
+
+def test_evicting_a_replaced_version_keeps_the_name(tmp_path):
+    """No SSD tier: the victim is an old version (a reader pinned it)."""
+    store, dropped = _evict_store()
+    _put(store, b"a/s/k", b"v1" * 100)
+    old = store.peek(b"a/s/k")
+    _put(store, b"a/s/k", b"v2" * 100)
+    assert store._on_evict(old) is True
+    old.release()
+    assert dropped == []
+    assert store.statistics().drops_lost == 0
+    assert store.tier_of(b"a/s/k") == "mem"
+    store.close()
+
+
+def test_evicting_the_current_version_without_an_ssd_tier_loses_it():
+    store, dropped = _evict_store()
+    _put(store, b"a/s/k", b"v1" * 100)
+    ref = store.peek(b"a/s/k")
+    assert store._on_evict(ref) is True
+    ref.release()
+    assert dropped == [(b"a/s/k", "evicted")]
+    assert store.statistics().drops_lost == 1
+    store.close()
+
+
+@pytest.mark.parametrize("meanwhile", ["replaced", "renamed", "removed"])
+def test_a_write_back_racing_a_namespace_change_never_drops_the_current_name(
+        tmp_path, meanwhile):
+    """A dirty victim's write-back runs while the name changes: the name's
+    current version (here a new one in memory only) keeps its name."""
+    store, dropped = _evict_store(tmp_path)
+    key = b"a/s/k"
+    _put(store, key, b"v1" * 100)
+    victim = store.peek(key)
+    real_put = store.ssd.put
+
+    def put(ref, meta, durable):
+        if meanwhile == "renamed":
+            store.rename(key, b"a/s/moved")
+        elif meanwhile == "removed":
+            store.remove(key)
+        _put(store, key, b"new" * 100)       # the current version: memory only
+        return real_put(ref, meta, durable)
+
+    store.ssd.put = put
+    evicted = store._on_evict(victim)
+    # renamed: the version was written under its new key with the old key's
+    # metadata, so it stays dirty and memory keeps it until written again
+    assert evicted is (meanwhile != "renamed")
+    victim.release()
+    store.ssd.put = real_put
+    assert dropped == []
+    assert store.statistics().drops_lost == 0
+    ref = store.peek(key)
+    assert ref.read(0, 3) == b"new" and ref.dirty
+    ref.release()
+    if meanwhile == "renamed":
+        assert store.tier_of(b"a/s/moved") in ("mem", "ssd")
+    store.close()
+    expect = {key: b"new" * 100}
+    if meanwhile == "renamed":
+        expect[b"a/s/moved"] = b"v1" * 100
+    assert on_disk(tmp_path) == expect
+
+
+def test_a_clean_victim_whose_ssd_copy_went_bad_is_written_again(tmp_path):
+    """The SSD copy of a slot memory holds turns out corrupt: the memory copy
+    becomes dirty, so evicting it writes it back instead of losing it."""
+    store, dropped = _evict_store(tmp_path)
+    _put(store, b"a/s/k", b"k" * 5000)
+    store.flush()
+    store._corrupt(store.ssd.get(b"a/s/k"), "test")
+    ref = store.peek(b"a/s/k")
+    assert ref.dirty
+    assert store._on_evict(ref) is True
+    ref.release()
+    assert dropped == [] and store.statistics().drops_lost == 0
+    assert store.ssd.get(b"a/s/k") is not None
+    store.close()
+
+
+def test_making_ssd_room_never_removes_a_newer_version(tmp_path):
+    """The LRU list names a version that a newer write replaced meanwhile."""
+    store, dropped = _evict_store(tmp_path)
+    k = b"a/s/k"
+    _put(store, k, b"1" * 5000)
+    store.flush()
+    stale = store.ssd.get(k)
+    _put(store, k, b"2" * 5000)
+    store.flush()
+    store.cache.remove(k)                    # only the SSD holds version 2
+    _put(store, b"a/s/other", b"o" * 5000)
+    store.flush()
+    store.ssd.lru_candidates = lambda order: iter([stale])
+    store._make_ssd_room(1, keep=b"a/s/new")
+    assert dropped == [] and store.statistics().drops_lost == 0
+    assert store.ssd.get(k).version == 2
+    store.close()
+    assert on_disk(tmp_path)[k] == b"2" * 5000
 
 
 # ---------------------------------------------------------------- mounted
