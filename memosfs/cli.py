@@ -2,7 +2,8 @@
 
     memosfs SOURCE MOUNTPOINT [-o opts] [-f]   mount (the mount(8) convention)
     memosfs mount  SOURCE MOUNTPOINT [...]     the same, spelled out
-    memosfs umount MOUNTPOINT [-l]             unmount
+    memosfs umount MOUNTPOINT [-l]             unmount (waits for the daemon to persist
+                                               everything; exit 1 if it lost slots)
     memosfs stat   MOUNTPOINT [--json]         the stats as a table
     memosfs calc-size --tokens N --layers L (--hidden H | --kv-heads K --head-dim D)
                       [--dtype fp16] [--redundancy 2]
@@ -26,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from typing import Optional, Sequence
 
 from .control import KNOB_BY_NAME, KNOBS, KnobError
@@ -129,7 +131,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from . import _native
     from .fs import MemosOperations
     from .ssd import SSDTier
-    from .store import Store
+    from .store import Store, UnsavedSlots
 
     knobs, own, fuse_opts = parse_mount_options(args.o or [])
     foreground = args.foreground or "foreground" in own
@@ -199,6 +201,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     log.info("mounted %s at %s, capacity %d, options %s", args.source, mountpoint,
              store.cache.capacity, ",".join(sorted(options)))
 
+    _note_daemon(mountpoint)            # for `memosfs umount`: who to wait for
     store.start_background()
     if remote is not None and not remote.wait_ready(3.0):
         log.warning("remote tier %s not reachable yet; serving local tiers, retrying in "
@@ -207,24 +210,132 @@ def cmd_mount(args: argparse.Namespace) -> int:
     store.start_warmup(float(knob("warmup_ratio")), bar.update if bar else None)
     unmount = True
     status = 0
+    unsaved = 0
+    error = ""
     try:
         unmount = trio.run(_serve, ops)
     except BaseException:
         log.exception("main loop failed")
+        status = 1
+        error = "the main loop failed"
         raise
     finally:
         ops.stop_kernel_notifications()
         try:
             store.close()               # persists every dirty slot
+        except UnsavedSlots as e:       # each one is in the log, at ERROR
+            log.error("unmount: %s", e.strerror)
+            unsaved, error, status = e.count, e.strerror, 1
         except OSError as e:
             log.error("unmount: could not persist every dirty slot: %s", e)
-            status = 1
+            error, status = f"could not persist every dirty slot: {e}", 1
         finally:
             pyfuse3.close(unmount=unmount)
         log.info("unmounted %s", mountpoint)
+        if error:
+            print(f"memosfs: unmount of {mountpoint}: {error}", file=sys.stderr, flush=True)
         if foreground:
             print(f"memosfs: unmounted {mountpoint}", flush=True)
+        _note_exit(mountpoint, status, unsaved, error)
     return status
+
+
+# A mounted daemon leaves its pid in the run folder, and at exit how its
+# unmount went, so that `memosfs umount` (another process) can wait for it
+# and report slots it could not save.
+
+def _run_dir() -> Optional[str]:
+    """/run/memosfs as root, else $XDG_RUNTIME_DIR/memosfs or /tmp/memosfs-UID;
+    None if it cannot be made ours."""
+    uid = os.geteuid()
+    if uid == 0:
+        base = "/run/memosfs"
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        base = os.path.join(os.environ["XDG_RUNTIME_DIR"], "memosfs")
+    else:
+        base = f"/tmp/memosfs-{uid}"
+    try:
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        st = os.lstat(base)
+    except OSError:
+        return None
+    import stat
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        return None
+    return base
+
+
+def _run_file(mountpoint: str, kind: str) -> Optional[str]:
+    import hashlib
+    base = _run_dir()
+    if base is None:
+        return None
+    # abspath, not realpath: a stat of the mountpoint would ask the mount itself
+    # (in the daemon before it serves: a deadlock)
+    tag = hashlib.sha256(os.path.abspath(mountpoint).encode()).hexdigest()[:24]
+    return os.path.join(base, f"{tag}.{kind}")
+
+
+def _write_run_file(path: Optional[str], obj: dict) -> None:
+    if path is None:
+        return
+    try:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(obj, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.debug("run file %s not written: %s", path, e)
+
+
+def _note_daemon(mountpoint: str) -> None:
+    path = _run_file(mountpoint, "pid")
+    _write_run_file(path, {"pid": os.getpid(), "mountpoint": mountpoint})
+    if path is not None:                # what dead daemons left (kill -9), old reports
+        base = os.path.dirname(path)
+        for name in os.listdir(base):
+            f = os.path.join(base, name)
+            try:
+                if name.endswith(".pid"):
+                    stale = not _alive(int((_read_run_file(f) or {}).get("pid", 0)))
+                else:
+                    stale = name.endswith(".exit") and \
+                        time.time() - os.stat(f).st_mtime > 3600
+                if stale:
+                    os.unlink(f)
+            except (OSError, ValueError, TypeError):
+                pass
+
+
+def _note_exit(mountpoint: str, status: int, unsaved: int, error: str) -> None:
+    _write_run_file(_run_file(mountpoint, "exit"),
+                    {"pid": os.getpid(), "status": status, "slots_unsaved": unsaved,
+                     "error": error})
+    pid_file = _run_file(mountpoint, "pid")
+    try:
+        with open(pid_file or "") as f:
+            if json.load(f).get("pid") == os.getpid():
+                os.unlink(pid_file)
+    except (OSError, ValueError):
+        pass
+
+
+def _read_run_file(path: Optional[str]) -> Optional[dict]:
+    try:
+        with open(path or "") as f:
+            obj = json.load(f)
+        return obj if isinstance(obj, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """pid runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 async def _serve(ops) -> bool:
@@ -294,11 +405,46 @@ class _ProgressBar:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
+    """Unmount; unless lazy, wait for the daemon to persist everything and
+    exit 1 (saying how many on stderr) if it could not save every slot."""
+    mountpoint = os.path.abspath(args.mountpoint)
+    daemon = _read_run_file(_run_file(mountpoint, "pid"))
+    pid = daemon.get("pid") if daemon else None
+    if not isinstance(pid, int) or not _alive(pid):
+        pid = None
     cmd = ["fusermount3", "-u"] + (["-z"] if args.lazy else []) + [args.mountpoint]
     if shutil.which("fusermount3") is None:
         cmd = ["umount"] + (["-l"] if args.lazy else []) + [args.mountpoint]
     r = subprocess.run(cmd)
-    return r.returncode
+    if r.returncode != 0 or args.lazy or pid is None:
+        return r.returncode
+    exit_file = _run_file(mountpoint, "exit")
+    deadline = time.monotonic() + args.timeout
+    while True:
+        report = _read_run_file(exit_file)
+        if report is not None and report.get("pid") == pid:
+            break
+        if not _alive(pid):
+            report = _read_run_file(exit_file)
+            if report is None or report.get("pid") != pid:
+                print(f"memosfs: the daemon of {mountpoint} (pid {pid}) ended without "
+                      "saying how its unmount went", file=sys.stderr)
+                return 1
+            break
+        if time.monotonic() > deadline:
+            print(f"memosfs: the daemon of {mountpoint} (pid {pid}) is still persisting "
+                  f"after {args.timeout:g} s", file=sys.stderr)
+            return 1
+        time.sleep(0.05)
+    try:
+        os.unlink(exit_file or "")
+    except OSError:
+        pass
+    if report.get("status", 0) != 0 or report.get("slots_unsaved", 0):
+        print(f"memosfs: unmount of {mountpoint}: "
+              f"{report.get('error') or 'the daemon failed'}", file=sys.stderr)
+        return 1
+    return 0
 
 
 # ---------------------------------------------------------------- stat
@@ -427,6 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("umount", help="unmount")
     u.add_argument("mountpoint")
     u.add_argument("-l", "--lazy", action="store_true")
+    u.add_argument("--timeout", type=float, default=600,
+                   help="seconds to wait for the daemon to persist everything")
     u.set_defaults(fn=cmd_umount)
 
     s = sub.add_parser("stat", help="show the stats of a mount")

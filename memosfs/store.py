@@ -14,7 +14,9 @@ eviction callback, before its pages are freed, (2) from the background
 writer, `writeback_delay_ms` after it was published, (3) on `persist` (fsync
 of the slot) and `flush`, and (4) at close.  A clean version is on the SSD
 already, so evicting it only frees memory; the slot stays listed and is
-promoted back on its next read (an SSD hit).
+promoted back on its next read (an SSD hit).  A close that cannot write
+every dirty slot (the SSD tier is full) logs each one, counts them
+(`slots_unsaved`) and raises UnsavedSlots.
 
 Namespace changes: `rename` moves the SSD copy with the name (copied under
 the new key and renamed over the target's file, the old file removed only
@@ -67,7 +69,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memosfs.store")
 
-__all__ = ["Store", "StoreStats", "make_key", "split_key"]
+__all__ = ["Store", "StoreStats", "UnsavedSlots", "make_key", "split_key"]
 
 WRITEBACK_RETRY_S = 5.0     # a failed background write-back waits this long
 PROMOTE_TRIES = 3           # promotions retried when a newer version lands meanwhile
@@ -89,6 +91,23 @@ def split_key(key: bytes) -> tuple[str, str, str]:
 def _session_of(key: bytes) -> bytes:
     """The directory a key is in (its ring): agent/session or deeper."""
     return key.rsplit(b"/", 1)[0]
+
+
+class UnsavedSlots(OSError):
+    """Slots that a flush (they stay in memory, dirty) or a close (they are
+    lost) could not write to the SSD tier.  `keys`, `count`; errno is the
+    first failure's, ENOSPC when the tier was full."""
+
+    def __init__(self, keys: list[bytes], cause: Optional[OSError] = None,
+                 lost: bool = False) -> None:
+        self.keys = list(keys)
+        self.count = len(self.keys)
+        self.cause = cause
+        err = cause.errno if cause is not None and cause.errno else errno.ENOSPC
+        what = "are lost" if lost else "stay in memory"
+        why = f": {cause.strerror or cause}" if cause is not None else ": the SSD tier is full"
+        super().__init__(err, f"{self.count} slots could not be saved to the SSD tier "
+                              f"and {what}{why}")
 
 
 def _k(key: bytes) -> str:
@@ -123,6 +142,8 @@ class StoreStats:
     remote_queue_dropped: int = 0
     remote_invalidations: int = 0
     remote_drops: int = 0
+    # dirty slots a close could not write to the SSD tier (they were lost)
+    slots_unsaved: int = 0
 
 
 class Store:
@@ -559,15 +580,18 @@ class Store:
 
     # ---- write-back ----
 
-    def _write_back(self, ref: "_native.Ref", durable: bool) -> None:
+    def _write_back(self, ref: "_native.Ref", durable: bool, room_from_older: bool = False
+                    ) -> None:
         """Write the version ref pins to the SSD and mark it clean if it is
-        still the current one."""
+        still the current one.  When the tier is over ssd_capacity, room is
+        made by evicting SSD versions (least recent first; with
+        room_from_older, only versions less recent than this one)."""
         key = ref.key
         meta = self.meta_of(key)
         try:
             entry = self.ssd.put(ref, meta, durable)
         except SSDFull as full:
-            self._make_ssd_room(full.excess, keep=key)
+            self._make_ssd_room(full.excess, keep=key, older_only=room_from_older)
             entry = self.ssd.put(ref, meta, durable)
         with self.lock:
             stored = self.ssd.get(key)
@@ -581,17 +605,20 @@ class Store:
         self._c["writebacks"] += 1
         self.trace.emit("WRITEBACK", key=_k(key), bytes=ref.size, version=ref.version)
 
-    def _make_ssd_room(self, excess: int, keep: bytes) -> None:
-        """Evict SSD versions, least recent first: those memory does not hold
-        are lost (the slot is dropped); those it holds become dirty.  A
-        version replaced or removed meanwhile is not touched."""
+    def _make_ssd_room(self, excess: int, keep: bytes, older_only: bool = False) -> None:
+        """Evict SSD versions, least recent first (with older_only, only those
+        less recent than `keep`): those memory does not hold are lost (the
+        slot is dropped); those it holds become dirty.  A version replaced
+        or removed meanwhile is not touched."""
         with self.lock:
             order = list(reversed(self._recency))     # most recent first
+        rank = {k: i for i, k in enumerate(order)}
+        floor = rank.get(keep, -1)
         freed = 0
         for entry in self.ssd.lru_candidates(order):
             if freed >= excess:
                 break
-            if entry.key == keep:
+            if entry.key == keep or (older_only and rank.get(entry.key, -1) <= floor):
                 continue
             if not self.ssd.remove(entry.key, entry):
                 continue                        # replaced or removed meanwhile
@@ -639,18 +666,24 @@ class Store:
 
     def flush(self) -> int:
         """Persist every dirty slot (durably), save the order and namespace,
-        then reclaim memory.  Returns the number of slots written."""
+        then reclaim memory.  Returns the number of slots written; raises
+        UnsavedSlots (an OSError, ENOSPC when the SSD tier is full) naming
+        the slots it could not write, which stay in memory, dirty.  The most
+        recent slots go first, and room on a full tier is made only from
+        less recent ones, so what cannot be saved is the least recent."""
         self._c["flushes"] += 1
         written = 0
-        failed: Optional[OSError] = None
         if self.ssd is not None:
-            for key in self.cache.keys():
+            tried: dict[bytes, int] = {}            # key -> the version flushed
+            failed: Optional[OSError] = None
+            for key in self._keys_most_recent_first():
                 ref = self.cache.peek(key)
                 if ref is None:
                     continue
                 try:
                     if ref.dirty:
-                        self._write_back(ref, durable=False)
+                        tried[key] = ref.version
+                        self._write_back(ref, durable=False, room_from_older=True)
                         written += 1
                 except OSError as e:
                     log.error("flush could not write %s: %s", _k(key), e)
@@ -659,13 +692,31 @@ class Store:
                     ref.release()
             self.ssd.sync()
             self.save_metadata(durable=True)
-            if failed is not None:
-                raise failed
+            # what failed, and what lost its fresh SSD copy to make room
+            unsaved = [k for k, v in tried.items() if self._dirty_version(k) == v]
+            if unsaved or failed is not None:
+                raise UnsavedSlots(unsaved, failed)
         swept = self.cache.sweep()              # then reclaim memory
         if self.remote is not None and self.remote.durable and not self.remote.wait_all():
             raise OSError(errno.EIO, "remote tier: queued uploads not done")
         self.trace.emit("FLUSH", written=written, swept_pages=swept)
         return written
+
+    def _keys_most_recent_first(self) -> list[bytes]:
+        with self.lock:
+            keys = dict.fromkeys(reversed(self._recency))
+        keys.update(dict.fromkeys(self.cache.keys()))
+        return list(keys)
+
+    def _dirty_version(self, key: bytes) -> Optional[int]:
+        """The version of key memory holds if it is dirty, else None."""
+        ref = self.cache.peek(key)
+        if ref is None:
+            return None
+        try:
+            return ref.version if ref.dirty else None
+        finally:
+            ref.release()
 
     def sync_namespace(self) -> None:
         """The fsync of a directory: make every rename, unlink and mkdir done
@@ -862,22 +913,48 @@ class Store:
                           c["drops_lost"], c["warmup_loaded_bytes"], self._warm_total,
                           self._warm_done,
                           **{f: remote.get(f, 0) for f in _REMOTE_STATS},
-                          remote_drops=c["remote_drops"])
+                          remote_drops=c["remote_drops"], slots_unsaved=c["slots_unsaved"])
 
     def close(self) -> None:
-        """Stop the threads, persist everything, free memory."""
+        """Stop the threads, persist everything, free memory.  Dirty slots
+        that cannot be written (the SSD tier is full, or fails) are lost:
+        each is logged at ERROR, counted in `slots_unsaved`, and close
+        raises UnsavedSlots (ENOSPC or the error met) once memory is freed."""
         if self.prefetch is not None:
             self.prefetch.close()
         self._stop.set()
         self._wake.set()
         for t in self._threads:
             t.join(timeout=30)
+        failed: Optional[OSError] = None
+        unsaved: list[bytes] = []
         try:
-            self.flush()
+            try:
+                self.flush()
+            except UnsavedSlots as e:
+                failed = e.cause                # the slots are counted below
+            except OSError as e:
+                failed = e
+            if self.ssd is not None:
+                for key in self._keys_most_recent_first():
+                    ref = self.cache.peek(key)
+                    if ref is None:
+                        continue
+                    if ref.dirty:
+                        unsaved.append(key)
+                        log.error("unmount: %s (version %d, %d bytes) could not be saved "
+                                  "to the SSD tier: it is lost", _k(key), ref.version,
+                                  ref.size)
+                    ref.release()
+                self._c["slots_unsaved"] += len(unsaved)
         finally:
             if self.remote is not None:
                 self.remote.close()             # uploads what is queued (bounded)
             self.cache.close()
+        if unsaved:
+            raise UnsavedSlots(unsaved, failed, lost=True)
+        if failed is not None:
+            raise failed
 
     # ---- the remote tier ----
 

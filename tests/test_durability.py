@@ -1,4 +1,4 @@
-"""Durability of namespace changes, and what eviction may touch.
+"""Durability of namespace changes and of what eviction and unmount do.
 
 The store alone (no mount): a rename never leaves an acknowledged version
 without a copy on the SSD, at any point where the daemon could die (the
@@ -6,10 +6,12 @@ crash is simulated by stopping at each file-system call, then reading the
 SSD directory with a fresh tier, as the next mount does); sync_namespace
 (the fsync of a directory) makes renames, unlinks and mkdirs durable;
 evicting a version that was replaced, renamed or removed meanwhile never
-touches the name's current version.
+touches the name's current version; a clean unmount that cannot save every
+slot says so.
 
 Then on real mounts: rename + fsync of the directory, unlink + fsync, mkdir
-+ fsync of the parent, each followed by kill -9 and a remount.
++ fsync of the parent, each followed by kill -9 and a remount; and the exit
+status and message of an unmount that lost slots.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import pytest
 from conftest import FUSE_REASON, is_mounted
 from memosfs import faults, ssd as ssd_mod
 from memosfs.ssd import SSDTier
-from memosfs.store import Store
+from memosfs.store import Store, UnsavedSlots
 
 MiB = 1 << 20
 
@@ -391,6 +393,67 @@ def test_making_ssd_room_never_removes_a_newer_version(tmp_path):
     assert on_disk(tmp_path)[k] == b"2" * 5000
 
 
+# ---------------------------------------------------------------- unmount
+
+
+def test_close_with_a_full_ssd_counts_logs_and_raises(tmp_path, caplog):
+    """ssd_capacity fits 5 of 12 slots: the clean unmount keeps the 5 most
+    recent and says which of the others are lost."""
+    store = Store(32 * MiB, ssd=SSDTier(str(tmp_path), capacity=3 * MiB),
+                  writeback_delay_ms=3600000)
+    keys = [f"a/s/k{i:02d}".encode() for i in range(12)]
+    for k in keys:
+        _put(store, k, k * (600 * 1024 // len(k)))
+    caplog.set_level(logging.ERROR, logger="memosfs.store")
+    with pytest.raises(UnsavedSlots) as e:
+        store.close()
+    lost = e.value.keys
+    assert isinstance(e.value, OSError) and e.value.errno == errno.ENOSPC
+    assert e.value.count == len(lost) == store.statistics().slots_unsaved > 0
+    saved = set(on_disk(tmp_path))
+    assert saved | set(lost) == set(keys) and not saved & set(lost)
+    assert saved == set(keys[-len(saved):]), "the most recent slots should be kept"
+    errors = "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+    for k in lost:
+        assert k.decode() in errors
+
+
+def test_close_with_write_errors_counts_them(tmp_path, caplog):
+    store = Store(16 * MiB, ssd=SSDTier(str(tmp_path)), writeback_delay_ms=3600000)
+    for i in range(4):
+        _put(store, f"a/s/k{i}".encode(), b"x" * 1000)
+    real_put = store.ssd.put
+
+    def put(ref, meta, durable):
+        if ref.key in (b"a/s/k1", b"a/s/k3"):
+            raise OSError(errno.EIO, "disk error")
+        return real_put(ref, meta, durable)
+
+    store.ssd.put = put
+    with pytest.raises(UnsavedSlots) as e:
+        store.close()
+    assert sorted(e.value.keys) == [b"a/s/k1", b"a/s/k3"]
+    assert e.value.errno == errno.EIO
+    assert store.statistics().slots_unsaved == 2
+    assert sorted(on_disk(tmp_path)) == [b"a/s/k0", b"a/s/k2"]
+
+
+def test_flush_that_cannot_save_everything_raises_and_keeps_the_slots(tmp_path):
+    store = Store(32 * MiB, ssd=SSDTier(str(tmp_path), capacity=2 * MiB),
+                  writeback_delay_ms=3600000)
+    for i in range(6):
+        _put(store, f"a/s/k{i}".encode(), bytes([i]) * (600 * 1024))
+    with pytest.raises(OSError) as e:
+        store.flush()
+    assert e.value.errno == errno.ENOSPC
+    for i in range(6):                       # nothing is lost by a flush
+        assert store.tier_of(f"a/s/k{i}".encode()) == "mem"
+    assert store.statistics().slots_unsaved == 0
+    store.ssd.capacity = 0
+    store.close()
+    assert len(on_disk(tmp_path)) == 6
+
+
 # ---------------------------------------------------------------- mounted
 
 needs_fuse = pytest.mark.skipif(FUSE_REASON is not None, reason=FUSE_REASON or "")
@@ -487,3 +550,39 @@ def test_mkdir_then_fsync_parent_survives_kill9(make_mount):
     m2 = make_mount(ssd=str(m.ssd), capacity="16M")
     assert sorted(os.listdir(m2.p("a"))) == ["s1", "s2"]
     assert os.listdir(m2.p("a", "s2")) == ["deep"]
+
+
+@needs_fuse
+def test_unmount_that_loses_slots_says_so(make_mount):
+    """A clean unmount with an SSD tier that cannot take every slot: the
+    daemon logs each lost slot, prints how many to stderr and exits non-zero,
+    and so does `memosfs umount`."""
+    m = make_mount(capacity="32M", ssd_capacity="3M", writeback_delay_ms=600000)
+    s = m.p("a", "s")
+    s.mkdir(parents=True)
+    for i in range(12):
+        (s / f"k{i:02d}").write_bytes(bytes([i]) * (600 * 1024))
+    r = subprocess.run([sys.executable, "-m", "memosfs", "umount", str(m.path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0, r
+    assert "could not be saved" in r.stderr, r.stderr
+    rc = m.proc.wait(timeout=60)
+    out = m.proc.stdout.read().decode()
+    assert rc != 0
+    said = re.search(r"(\d+) slots? could not be saved", out)
+    assert said and int(said.group(1)) >= 1, out
+    lost = int(said.group(1))
+    assert f"{lost} slot" in r.stderr
+    errors = [line for line in m.logtext().splitlines() if " ERROR " in line and "a/s/k" in line]
+    assert len(errors) >= lost, m.logtext()
+
+
+@needs_fuse
+def test_clean_unmount_reports_nothing(make_mount):
+    m = make_mount(capacity="16M")
+    m.p("a", "s").mkdir(parents=True)
+    m.p("a", "s", "k").write_bytes(b"k" * 1000)
+    r = subprocess.run([sys.executable, "-m", "memosfs", "umount", str(m.path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r
+    assert m.proc.wait(timeout=60) == 0
