@@ -5,7 +5,11 @@ The kill cycles (memosfs/faults.py holds the writer and the checker, which
 MEMOSFS_FAULT_CYCLES (`make test-faults` sets 100) for the long run and
 MEMOSFS_FAULT_SEED to replay a seed.  Every fsync-acknowledged version must
 come back (or a later one), every slot present must be exactly one version
-the writer wrote, and no mount may be left behind.
+the writer wrote, and no mount may be left behind.  A second run mixes in
+namespace changes made durable by an fsync of the directory: renames over
+existing slots (write tmp, fsync, rename over, fsync the session), unlinks,
+mkdirs of sessions; what those made durable must survive too, and no name
+may come back after its durable unlink.
 
 The full SSD: a small tmpfs as the SSD directory; writes fail with ENOSPC,
 nothing stored is lost, the daemon keeps serving.
@@ -56,20 +60,21 @@ def no_mounts_left(tmp_path):
     assert mounts_under(tmp_path) == [], "a mount was left behind"
 
 
-def test_kill9_during_write_loops(no_mounts_left, make_mount, tmp_path):
+def _run_kill_cycles(make_mount, tmp_path, **ops) -> faults.FaultReport:
     mounts = []
 
     def mount(ssd: str, opts: dict):
         mounts.append(make_mount(ssd=ssd, **opts))
         return mounts[-1]
 
-    rep = faults.run_cycles(str(tmp_path / "faults"), CYCLES, seed=SEED, mount=mount)
+    rep = faults.run_cycles(str(tmp_path / "faults"), CYCLES, seed=SEED, mount=mount, **ops)
     why = f"seed {SEED} (MEMOSFS_FAULT_SEED={SEED} replays it): {rep.summary()}\n" \
           + "\n".join(rep.problems[:50])
     print(why)
     assert rep.cycles == CYCLES, why
     assert rep.slots_corrupted == 0, why
     assert rep.slots_lost == 0, why
+    assert rep.slots_resurrected == 0, why
     assert rep.writer_errors == 0, why
     assert rep.problems == [], why
     assert rep.writes > CYCLES and rep.acked > 0 and rep.slots_checked > 0, why
@@ -79,6 +84,19 @@ def test_kill9_during_write_loops(no_mounts_left, make_mount, tmp_path):
     for m in mounts:
         assert m.proc.poll() is not None, "a daemon outlived its cycle"
         assert not is_mounted(m.path)
+    return rep
+
+
+def test_kill9_during_write_loops(no_mounts_left, make_mount, tmp_path):
+    _run_kill_cycles(make_mount, tmp_path)
+
+
+def test_kill9_during_renames_unlinks_and_mkdirs(no_mounts_left, make_mount, tmp_path):
+    """Writes, renames over slots, unlinks and mkdirs, each namespace change
+    followed by an fsync of its directory (fs.py's fsyncdir ->
+    Store.sync_namespace), killed at random points."""
+    rep = _run_kill_cycles(make_mount, tmp_path, renames=0.3, unlinks=0.1, mkdirs=0.05)
+    assert rep.renames > 0 and rep.unlinks > 0 and rep.dir_syncs > 0, rep.summary()
 
 
 def test_kill9_right_after_fsync(no_mounts_left, make_mount, tmp_path):
