@@ -62,6 +62,8 @@ ENTRY_TIMEOUT = 1.0
 ATTR_TIMEOUT = 1.0
 FIRST_DYNAMIC_INO = 1000
 WRITER_RETRY_S = 5.0            # how long an ESTALE'd writer's retry is waited for
+PUSH_WAIT_S = 2.0               # how long a writer waits for a push into its inode,
+                                # or for another writer to replace the slot first
 PUSH_MIN_BYTES = 1 << 20        # smaller versions: reading them through the daemon costs less than a push (its attribute refresh is a round trip)
 DECODED_CACHE_BYTES = 512 << 20   # logical bytes of quantized versions kept decoded
 
@@ -71,6 +73,7 @@ SLOT_DIRS = (SESSION, SUBDIR)   # directories that hold slots (and directories)
 
 def _now() -> int:
     return time.time_ns()
+
 
 
 def tgid_of(pid: int) -> int:
@@ -552,6 +555,7 @@ class MemosOperations(pyfuse3.Operations):
             "writebacks": s.writebacks,
             "evict_writebacks": s.evict_writebacks,
             "slots_lost": s.drops_lost,
+            "slots_unsaved": getattr(s, "slots_unsaved", 0),
             "warmup_loaded_bytes": s.warmup_loaded_bytes,
             "warmup_total_bytes": s.warmup_total_bytes,
             "warmup_done": s.warmup_done,
@@ -1033,7 +1037,9 @@ class MemosOperations(pyfuse3.Operations):
         else:
             old_keys = [(node, node.key)]
         if target is not None:
-            if isinstance(target, Slot):
+            if isinstance(target, Slot) and not (isinstance(node, Slot) and node.version):
+                # (a published slot replaces the target in every tier
+                # itself, atomically: its durable copy is never removed first)
                 self.store.remove(target.key)
             self._detach(target, "replaced")
         del src_dir.children[old]
@@ -1142,7 +1148,7 @@ class MemosOperations(pyfuse3.Operations):
             h.hold = hold
             hold.handle = h
 
-    async def _open_version(self, inode, flags, ctx):
+    async def _open_version(self, inode, flags, ctx, waited: bool = False):
         pid = ctx.pid
         node = self._node(inode)
         acc = flags & os.O_ACCMODE
@@ -1156,11 +1162,31 @@ class MemosOperations(pyfuse3.Operations):
             if acc == os.O_RDONLY or node.detached not in ("unlink", "replaced"):
                 raise refuse(errno.ENOENT, "open %s: the name is gone", node.name,
                              level=logging.DEBUG)
+            if node.readers or node.pushing or inode_node.readers or inode_node.pushing:
+                # its page cache is its readers' snapshot: look again (the
+                # kernel retries; the name is gone, so O_CREAT makes a new one)
+                raise refuse(errno.ESTALE, "open %s: the name is gone, readers keep the inode",
+                             node.name, level=logging.DEBUG)
             return self._open_slot(node, flags | os.O_TRUNC, None, ctx=ctx)
         if not node.version and tgid_of(pid) not in node.writer_pids \
                 and (acc == os.O_RDONLY or not node.writers):
             raise refuse(errno.ENOENT, "open %s: not published yet", node.name,
                          level=logging.DEBUG)
+        def busy() -> bool:
+            # A page-cache push of the last version is being copied into this
+            # inode: a writer's pages must not meet it (the kernel builds a
+            # write request from the pages after it unlocks them).  Or a
+            # writer sent here (ESTALE) to replace the slot finds another
+            # writer in: two O_TRUNC writers never share a draft.
+            return bool(node.pushing or inode_node.pushing or (
+                flags & os.O_TRUNC and pid in node.pending and node.writers))
+        if acc != os.O_RDONLY and not waited and busy():
+            # pushes take milliseconds, whole-slot writes little more: wait
+            # (bounded), then look again
+            deadline = trio.current_time() + PUSH_WAIT_S
+            while busy() and trio.current_time() < deadline:
+                await trio.sleep(0.002)
+            return await self._open_version(inode, flags, ctx, waited=True)
         if node is not inode_node:
             # a stale dentry (or a retry that lost a race): readers get the
             # current version on this old inode, around its page cache, which
@@ -1180,9 +1206,9 @@ class MemosOperations(pyfuse3.Operations):
                 if ref is None:
                     raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
             return self._open_slot(inode_node, flags, ref, around_cache=True, ctx=ctx)
-        if acc != os.O_RDONLY and pid not in node.pending and (
-                node.readers > 0 or node.pushing > 0
-                or (flags & os.O_TRUNC and (node.writers > 0 or node.writer_pending))):
+        if acc != os.O_RDONLY and (node.pushing > 0 or (flags & os.O_TRUNC and node.writers)
+                                   or pid not in node.pending and (
+                node.readers > 0 or (flags & os.O_TRUNC and node.writer_pending))):
             # Writers share the inode's page cache with their draft: readers
             # reading a snapshot through that page cache keep this inode, and
             # the writer (the kernel retries the open on ESTALE) goes to a
@@ -1276,9 +1302,15 @@ class MemosOperations(pyfuse3.Operations):
                     fi.keep_cache = node.cache_version in (version, -1)
                     node.cache_version = version
             if not h.dio:
+                if node.writers:
+                    log.error("internal check failed: a page-cache reader on %s (inode %d) beside %d writers",
+                              node.name, node.ino, node.writers)
                 node.readers += 1
             node.atime_ns = _now()
         else:
+            if node.readers or node.pushing:
+                log.error("internal check failed: a writer on %s (inode %d) beside %d page-cache readers, %d pushes",
+                          node.name, node.ino, node.readers, node.pushing)
             h = Handle(fh, node, flags, "write")
             h.opener = tgid_of(pid)
             if flags & os.O_TRUNC:
@@ -1685,7 +1717,8 @@ class MemosOperations(pyfuse3.Operations):
         self._forget_attrs(node)
         if self.pusher is not None and self.knobs["page_cache_push"] == "1" \
                 and node.pub_size >= PUSH_MIN_BYTES \
-                and (not node.writers or (push_over_writer and node.writers == 1)):
+                and (not node.writers or (push_over_writer and node.writers == 1)) \
+                and not node.writer_pending:
             # (with writers open, the page cache holds their draft: no push)
             pin = self.store.peek(node.key)
             if pin is not None:
