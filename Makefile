@@ -108,10 +108,17 @@ bench-kv: deps model-deps build
 	$(VENV)/bin/memosfs bench kv --json
 
 # Several processes rewriting and reading the same slots (tests/test_stress.py, which
-# `make test` runs once), repeated.
-STRESS_ROUNDS ?= 5
+# `make test` runs once), repeated; then the mixed stress of tests/test_stress_mixed.py
+# (8 processes: rewrites, tmp+rename, appends, unlinks, renames, pins, stats; then a
+# remount), which `make test` runs for 20 seconds, for STRESS_SECONDS.
+# Variables: STRESS_ROUNDS=5 STRESS_SECONDS=300 STRESS_SEED=0 (the workers' seeds)
+STRESS_ROUNDS  ?= 5
+STRESS_SECONDS ?= 300
+STRESS_SEED    ?= 0
 
 .PHONY: test-stress
 
 test-stress: deps build
 	for i in $$(seq $(STRESS_ROUNDS)); do $(PY) -m pytest -q tests/test_stress.py || exit 1; done
+	MEMOSFS_STRESS_SECONDS=$(STRESS_SECONDS) MEMOSFS_STRESS_SEED=$(STRESS_SEED) \
+	  $(PY) -m pytest -q -s $(PYTEST_ARGS) tests/test_stress_mixed.py
