@@ -37,8 +37,10 @@ body); every log record is one line `wid seq payload check`.  The checks:
 
 Any other errno than the ones each operation may meet (ENOENT where another
 worker may have removed the name; ENOSPC/EFBIG for writes) is a failure too.
+So is an ERROR line in the daemon's log (its internal checks log there).
 The logs exist before the workers start; two appenders creating a log together,
-and a pin of a slot on the SSD tier, have tests of their own below.
+a pin of a slot on the SSD tier, and an appender meeting a reader on a log that
+the SSD tier holds, have tests of their own below.
 MEMOSFS_STRESS_SEED varies the workers' seeds.
 """
 
@@ -619,6 +621,9 @@ def test_mixed_stress_then_remount(make_mount, tmp_path):
     for k in ("ssd_write_errors", "ssd_corrupt"):
         if stats.get(k, 0) != 0:
             problems.append(f"{k} {stats[k]}")
+    errors = [line for line in m.logtext().splitlines() if " ERROR " in line]
+    if errors:
+        problems.append(f"the daemon logged {len(errors)} errors:\n" + "\n".join(errors[:10]))
     if totals.get("append-record", 0) == 0 or totals.get("shared-engine", 0) == 0:
         problems.append("the workers did too little")
     log1 = m.logtext()
@@ -704,3 +709,56 @@ def test_pin_a_slot_on_the_ssd_tier(make_mount):
     assert os.getxattr(d / "x", "user.memos.tier") == b"mem"
     os.setxattr(d / "x", "user.memos.pin", b"0")
     os.setxattr(d / "y", "user.memos.pin", b"0")       # on the SSD tier: a no-op
+
+
+RACER = r'''
+import os, sys, time
+d, role, t0, rounds = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+log = os.path.join(d, "log")
+torn = []
+for i in range(rounds):
+    slot = t0 + i * 0.4
+    if role == "a":
+        while time.time() < slot:
+            time.sleep(0.001)
+        with open(os.path.join(d, "filler%d" % (i % 2)), "wb") as f:
+            f.write(os.urandom(3_500_000))              # sends the log to the SSD tier
+    while time.time() < slot + 0.2:
+        pass
+    if role == "a":
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+        for _ in range(20):
+            assert os.write(fd, b"y" * 99 + b"\n") == 100
+        os.close(fd)
+    else:
+        for _ in range(3):
+            with open(log, "rb") as f:
+                data = f.read()
+            if b"\0" in data or not data.endswith(b"\n"):
+                torn.append((i, len(data), data.find(b"\0"), data.count(b"\0")))
+print("TORN", torn)
+sys.exit(1 if torn else 0)
+'''
+
+
+def test_appender_and_readers_of_a_log_on_the_ssd_tier(make_mount):
+    """An appender opens a log that only the SSD tier holds while a reader opens
+    it: the reader reads a whole published version (whole records), never the
+    appender's draft size filled with zeros."""
+    m = make_mount(capacity="6M", writeback_delay_ms=50)
+    d = m.p("a", "s")
+    d.mkdir(parents=True)
+    (d / "log").write_bytes((b"x" * 99 + b"\n") * 10000)
+    t0 = time.time() + 1.0
+    rounds = 25
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(d), role, str(t0),
+                               str(rounds)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for role in "ar"]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert procs[0].returncode == 0, outs[0]
+    log = m.logtext()
+    assert procs[1].returncode == 0, \
+        f"torn reads (round, size, first NUL, NULs): {outs[1]}\n{log[-3000:]}"
+    assert "internal check failed" not in log, log[-3000:]
+    data = (d / "log").read_bytes()
+    assert data == (b"x" * 99 + b"\n") * 10000 + (b"y" * 99 + b"\n") * 20 * rounds
