@@ -313,10 +313,13 @@ class MemosOperations(pyfuse3.Operations):
         self._build_control()
         self.fed = FedTree(self)        # .federated/ (memosfs/fedfs.py): inodes >= FED_INO
         self.trio_token = None          # set when serving: other threads post here
+        self._writeback: Optional[tuple[int, int]] = None  # (fh, off) of a WRITE
+                                        # from the kernel's page cache (mmap writeback)
         self._flusher: Optional[tuple[int, int]] = None   # (fh, pid) of the FLUSH
                                         # being served (memosfs._fuseshim)
         if _fuseshim is not None:
-            _fuseshim.install(self.fallocate, self._flush_note, self.coherence_interrupt)
+            _fuseshim.install(self.fallocate, self._flush_note, self.coherence_interrupt,
+                              self._write_note)
         self.coherence = Coherence(self.knobs, self.trace, self._invalidate_pages)
         store.prefetch = self.prefetch = PrefetchEngine(
             store.prefetch_fetch, store._in_memory, self._session_slot_names, self.knobs)
@@ -903,6 +906,9 @@ class MemosOperations(pyfuse3.Operations):
             raise refuse(errno.EPERM, "mkdir %s: the control plane is fixed", n)
         if n in parent.children:
             raise refuse(errno.EEXIST, "mkdir %s: exists", n, level=logging.DEBUG)
+        if len(parent.key_of(n)) + 2 > _native.KEY_MAX:
+            raise refuse(errno.ENAMETOOLONG, "mkdir %s: no slot would fit below it "
+                         "(paths below the mount are at most %d bytes)", n, _native.KEY_MAX)
         gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
         d = Dir(self._new_ino(), n, parent, stat.S_IMODE(mode), ctx.uid, gid, level)
         if parent.mode & stat.S_ISGID:
@@ -1032,6 +1038,10 @@ class MemosOperations(pyfuse3.Operations):
             if isinstance(target, Dir) and target.level != level:
                 raise refuse(errno.EPERM, "rename %s over %s: a %s is not a %s", old, new,
                              level, target.level)
+        longest = len(dst_dir.key_of(new)) + self._depth_bytes(node)
+        if longest > _native.KEY_MAX:
+            raise refuse(errno.ENAMETOOLONG, "rename %s to %s: a path below the mount "
+                         "would be %d bytes (at most %d)", old, new, longest, _native.KEY_MAX)
         if isinstance(node, Dir):
             old_keys = [(s, s.key) for s in self._walk_slots(node)]
         else:
@@ -1053,6 +1063,17 @@ class MemosOperations(pyfuse3.Operations):
         dst_dir.mtime_ns = dst_dir.ctime_ns = now
         if isinstance(node, Dir):
             self.store.namespace_changed()
+
+    def _depth_bytes(self, node: Node) -> int:
+        """The longest path below node, "/" included (0 for a slot; a
+        directory counts room for a one-byte slot)."""
+        if not isinstance(node, Dir):
+            return 0
+        best = 2
+        for name, child in node.children.items():
+            best = max(best, 1 + len(name.encode("utf-8", "surrogateescape"))
+                       + self._depth_bytes(child))
+        return best
 
     async def link(self, inode, new_parent_inode, new_name, ctx):
         raise refuse(errno.EPERM, "link: slots have one name")
@@ -1086,6 +1107,9 @@ class MemosOperations(pyfuse3.Operations):
         if existing is not None and flags & os.O_EXCL:
             raise pyfuse3.FUSEError(errno.EEXIST)
         key = parent.key_of(n)
+        if len(key) > _native.KEY_MAX:
+            raise refuse(errno.ENAMETOOLONG, "create %s: the path below the mount is %d "
+                         "bytes (at most %d)", n, len(key), _native.KEY_MAX)
         hold = await self.coherence.acquire(key, self.coherence.agent_of(ctx), True,
                                             bool(flags & os.O_NONBLOCK), pid=ctx.pid)
         try:
@@ -1113,6 +1137,17 @@ class MemosOperations(pyfuse3.Operations):
             # keep this inode, and the name moves to a fresh one for this
             # writer's whole new version (the last publish wins, untorn)
             node = self._supersede(node)
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            # creat(2) for reading: nobody will write, so the empty slot is
+            # published at once and the caller reads it
+            if not node.version:
+                d = self._native_call(self.store.draft)
+                ref = self._native_call(self.store.publish, d, node.key)
+                self._published(node, ref, _now())
+                ref.release()
+            ref = self._native_call(self.store.get, node.key)
+            fi = self._open_slot(node, flags, ref, ctx=ctx)
+            return fi, self._entry(node, ctx)
         fi = self._open_slot(node, flags | os.O_TRUNC, None, ctx=ctx)
         return fi, self._entry(node, ctx)
 
@@ -1366,11 +1401,12 @@ class MemosOperations(pyfuse3.Operations):
             return self._write_pseudo(h, off, buf)
         if h.kind != "write":
             raise refuse(errno.EBADF, "write on a read handle")
+        writeback, self._writeback = self._writeback == (fh, off), None
         if h.hold is not None:
             await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))
         node = h.node
         d = self._ensure_draft(node)
-        if h.append and off != d.size:
+        if h.append and off != d.size and not writeback:
             # the kernel placed this append by a size another process's stat
             # gave it: the record goes to the end all the same, and the
             # kernel's copy of these pages is dropped
@@ -1519,11 +1555,19 @@ class MemosOperations(pyfuse3.Operations):
         except OSError as e:
             self._refused += 1
             raise refuse(e.errno or errno.EIO, "%s", e, level=logging.WARNING) from None
+        except ValueError as e:
+            self._refused += 1
+            raise refuse(errno.EINVAL, "%s", e, level=logging.WARNING) from None
 
     def coherence_interrupt(self, pid: int) -> None:
         """From memosfs._fuseshim: the kernel interrupted an open or create of
         thread pid; a coherence wait it is in ends with EINTR."""
         self.coherence.interrupt(pid)
+
+    def _write_note(self, fh: int, off: int, writepage: int) -> None:
+        """From memosfs._fuseshim, just before write(fh, off): whether the
+        kernel writes back cached pages (their offset holds, O_APPEND or not)."""
+        self._writeback = (fh, off) if writepage else None
 
     def _flush_note(self, fh: int, pid: int, lock_owner: int) -> None:
         """From memosfs._fuseshim, just before flush(fh) runs: who closes."""

@@ -290,3 +290,59 @@ def test_concurrent_appends_lose_no_record(mnt, how):
     assert len(lines) == n * each
     assert sorted(lines) == sorted(f"{i:02d}-{j:04d}-{'x' * 40}".encode()
                                    for i in range(n) for j in range(each))
+
+
+# ---------------------------------------------------------------- found by pjdfstest
+
+
+def test_regression_creat_for_reading_makes_an_empty_slot(mnt):
+    """open(O_CREAT|O_RDONLY) (pjdfstest's `create`) made a name nobody could
+    see, remove or replace: the empty slot is published at once."""
+    s = session(mnt)
+    fd = os.open(s / "ro", os.O_CREAT | os.O_EXCL | os.O_RDONLY, 0o640)
+    try:
+        assert os.read(fd, 10) == b""
+    finally:
+        os.close(fd)
+    assert other_process_stat(s / "ro") == (0, b"")
+    assert oct(os.stat(s / "ro").st_mode & 0o777) == oct(0o640)
+    os.unlink(s / "ro")
+    assert os.listdir(s) == []
+
+
+def test_regression_paths_longer_than_the_store_key_are_enametoolong(mnt):
+    """A path below the mount longer than KEY_MAX was half created (EIO at
+    close, the name stranded): refused up front, nothing changes.  (Relative
+    paths through directory descriptors reach past the kernel's PATH_MAX.)"""
+    from memosfs import _native
+    s = session(mnt)
+    dfd = os.open(s, os.O_RDONLY | os.O_DIRECTORY)
+    rel = len("a/s")
+    try:
+        while True:
+            name = "d" * 200
+            try:
+                os.mkdir(name, dir_fd=dfd)
+            except OSError as e:
+                assert e.errno == errno.ENAMETOOLONG
+                assert rel + 1 + len(name) + 2 > _native.KEY_MAX
+                break
+            nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
+            os.close(dfd)
+            dfd, rel = nfd, rel + 1 + len(name)
+        room = _native.KEY_MAX - rel - 1                # bytes left for a slot's name
+        assert 1 <= room
+        if room <= 255:
+            fd = os.open("f" * room, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=dfd)
+            os.write(fd, b"fits")                        # exactly at the limit
+            os.close(fd)
+        with pytest.raises(OSError) as e:
+            os.open("g" * min(255, room + 1), os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=dfd)
+        assert e.value.errno == errno.ENAMETOOLONG
+        (s / "short").write_bytes(b"moved?")
+        with pytest.raises(OSError) as e:
+            os.rename(s / "short", "h" * min(255, room + 1), dst_dir_fd=dfd)
+        assert e.value.errno == errno.ENAMETOOLONG
+        assert (s / "short").read_bytes() == b"moved?"  # nothing changed
+    finally:
+        os.close(dfd)

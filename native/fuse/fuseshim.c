@@ -21,6 +21,8 @@
  *                                        pyfuse3's flush handler runs)
  *   interrupted(pid)       the kernel interrupted an open or create of that
  *                          thread (a signal, SIGKILL included)   (trio thread)
+ *   write_note(fh, off, writepage)   just before pyfuse3's write handler:
+ *                          whether the kernel writes back cached pages
  *
  * pyfuse3 runs a request's handler right after fuse_session_process_buf()
  * returns, with no other request in between, so the note read at the top of
@@ -98,6 +100,43 @@ static void (*pyfuse3_open)(fuse_req_t, fuse_ino_t, struct fuse_file_info *);
 static void (*pyfuse3_create)(fuse_req_t, fuse_ino_t, const char *, mode_t,
                               struct fuse_file_info *);
 static PyObject *interrupt_cb;                 /* owned; GIL */
+static void (*pyfuse3_write)(fuse_req_t, fuse_ino_t, const char *, size_t, off_t,
+                             struct fuse_file_info *);
+static void (*pyfuse3_write_buf)(fuse_req_t, fuse_ino_t, struct fuse_bufvec *, off_t,
+                                 struct fuse_file_info *);
+static PyObject *write_note_cb;                /* owned; GIL */
+
+/* A write the kernel sends from its page cache (writeback of a shared mmap)
+ * carries FUSE_WRITE_CACHE (fi->writepage): its offset is the page's, even on
+ * an O_APPEND descriptor.  Tell the daemon before pyfuse3's handler runs. */
+static void note_write(struct fuse_file_info *fi, off_t off)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (write_note_cb) {
+        PyObject *r = PyObject_CallFunction(write_note_cb, "KLi",
+                                            (unsigned long long)fi->fh, (long long)off,
+                                            (int)fi->writepage);
+        if (r)
+            Py_DECREF(r);
+        else
+            PyErr_WriteUnraisable(write_note_cb);
+    }
+    PyGILState_Release(g);
+}
+
+static void shim_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size,
+                       off_t off, struct fuse_file_info *fi)
+{
+    note_write(fi, off);
+    pyfuse3_write(req, ino, buf, size, off, fi);
+}
+
+static void shim_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv,
+                           off_t off, struct fuse_file_info *fi)
+{
+    note_write(fi, off);
+    pyfuse3_write_buf(req, ino, bufv, off, fi);
+}
 
 /* libfuse calls this when the kernel interrupts a request (a signal reached
  * the caller, SIGKILL included): memosfs ends that caller's waits with EINTR.
@@ -164,6 +203,14 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
     }
     pyfuse3_init = shim_ops.init;
     shim_ops.init = shim_init;
+    if (shim_ops.write) {
+        pyfuse3_write = shim_ops.write;
+        shim_ops.write = shim_write;
+    }
+    if (shim_ops.write_buf) {
+        pyfuse3_write_buf = shim_ops.write_buf;
+        shim_ops.write_buf = shim_write_buf;
+    }
     if (shim_ops.open) {
         pyfuse3_open = shim_ops.open;
         shim_ops.open = shim_open;
@@ -182,9 +229,10 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
 
 static PyObject *py_install(PyObject *self, PyObject *args)
 {
-    PyObject *fa, *fl, *in = Py_None;
-    if (!PyArg_ParseTuple(args, "OO|O", &fa, &fl, &in))
+    PyObject *fa, *fl, *in = Py_None, *wn = Py_None;
+    if (!PyArg_ParseTuple(args, "OO|OO", &fa, &fl, &in, &wn))
         return NULL;
+    Py_XSETREF(write_note_cb, wn == Py_None ? NULL : Py_NewRef(wn));
     Py_XSETREF(fallocate_cb, fa == Py_None ? NULL : Py_NewRef(fa));
     Py_XSETREF(flush_note_cb, fl == Py_None ? NULL : Py_NewRef(fl));
     Py_XSETREF(interrupt_cb, in == Py_None ? NULL : Py_NewRef(in));
@@ -198,7 +246,8 @@ static PyObject *py_active(PyObject *self, PyObject *unused)
 
 static PyMethodDef methods[] = {
     {"install", py_install, METH_VARARGS,
-     "install(fallocate, flush_note[, interrupted]): the callables the added requests "
+     "install(fallocate, flush_note[, interrupted[, write_note]]): the callables the "
+     "added requests "
      "call (None: off)."},
     {"active", py_active, METH_NOARGS,
      "Whether the mounted session went through this library."},
