@@ -237,7 +237,7 @@ class SSDTier:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
                 if size:
-                    written = ref.write_to_fd(fd)
+                    written = ref.write_to_fd(fd, sparse=True)   # holes stay holes
                     if written != size:
                         raise OSError(errno.EIO, f"short write ({written} of {size})")
                 _pwrite_all(fd, trailer, size)

@@ -989,12 +989,15 @@ static PyObject *Ref_readinto(RefObject *self, PyObject *args)
 }
 
 /* Entry bytes [off, off+n) to the fd at file offset off (a slot image). */
+#define SPARSE_PIECE (64 * 1024)    /* write_to_fd(sparse=True) skips zero pieces this big */
+
 static PyObject *Ref_write_to_fd(RefObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = { "fd", "off", "n", NULL };
-    int fd;
+    static char *kwlist[] = { "fd", "off", "n", "sparse", NULL };
+    int fd, sparse = 0;
     long long off = 0, n = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|LL:write_to_fd", kwlist, &fd, &off, &n) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|LLp:write_to_fd", kwlist, &fd, &off, &n,
+                                     &sparse) ||
         ref_usable(self) < 0)
         return NULL;
     if (off < 0)
@@ -1011,6 +1014,18 @@ static PyObject *Ref_write_to_fd(RefObject *self, PyObject *args, PyObject *kw)
     while (done < want) {
         uint64_t at = (uint64_t)off + done;
         int cnt = memos_entry_iov(e, at, (size_t)(want - done), iov, IOV_BATCH);
+        if (sparse) {
+            /* Holes stay holes: a piece of zeros is skipped (the file is
+             * extended past it by what follows), anything else written. */
+            size_t len = iov[0].iov_len < SPARSE_PIECE ? iov[0].iov_len : SPARSE_PIECE;
+            const char *p = iov[0].iov_base;
+            if (p[0] == 0 && memcmp(p, p + 1, len - 1) == 0) {
+                done += len;
+                continue;
+            }
+            iov[0].iov_len = len;
+            cnt = 1;
+        }
         ssize_t w = pwritev(fd, iov, cnt, (off_t)at);
         if (w < 0) {
             if (errno == EINTR)
@@ -1095,7 +1110,8 @@ static PyMethodDef Ref_methods[] = {
     { "read", (PyCFunction)Ref_read, METH_VARARGS, "read(off, n) -> bytes (short at EOF)" },
     { "readinto", (PyCFunction)Ref_readinto, METH_VARARGS, "readinto(off, buffer) -> int" },
     { "write_to_fd", (PyCFunction)(void (*)(void))Ref_write_to_fd, METH_VARARGS | METH_KEYWORDS,
-      "write_to_fd(fd, off=0, n=-1) -> int: pwritev bytes [off, off+n) at file offset off" },
+      "write_to_fd(fd, off=0, n=-1, sparse=False) -> int: pwritev bytes [off, off+n) at "
+      "file offset off; sparse: 64 KiB pieces of zeros are left as holes" },
     { "crc32c", (PyCFunction)(void (*)(void))Ref_crc32c, METH_VARARGS | METH_KEYWORDS,
       "crc32c(off=0, n=-1) -> int: CRC-32C of bytes [off, off+n) (n < 0: to the end)" },
     { "view", (PyCFunction)Ref_view, METH_VARARGS,

@@ -346,3 +346,21 @@ def test_regression_paths_longer_than_the_store_key_are_enametoolong(mnt):
         assert (s / "short").read_bytes() == b"moved?"  # nothing changed
     finally:
         os.close(dfd)
+
+
+def test_regression_holes_stay_holes_on_the_ssd(make_mount):
+    """fsstress-style writes at large offsets wrote their holes to the SSD in
+    full: a version's zero pieces are left as holes in its SSD file."""
+    m = make_mount(capacity="64M")
+    s = session(m)
+    fd = os.open(s / "sparse", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.pwrite(fd, b"head", 0)
+    os.pwrite(fd, b"tail", 24 << 20)
+    os.fsync(fd)                                        # on the SSD now
+    os.close(fd)
+    on_disk = sum(os.stat(os.path.join(d, f)).st_blocks * 512
+                  for d, _, fs in os.walk(m.ssd) for f in fs)
+    assert on_disk < 1 << 20
+    data = (s / "sparse").read_bytes()
+    assert len(data) == (24 << 20) + 4
+    assert data[:4] == b"head" and data[-4:] == b"tail" and not any(data[4:-4])
