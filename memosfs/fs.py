@@ -1113,14 +1113,14 @@ class MemosOperations(pyfuse3.Operations):
         hold = await self.coherence.acquire(key, self.coherence.agent_of(ctx), True,
                                             bool(flags & os.O_NONBLOCK), pid=ctx.pid)
         try:
-            fi, entry = self._create(parent, n, mode, flags, ctx)
+            fi, entry = await self._create(parent, n, mode, flags, ctx)
         except BaseException:
             self.coherence.release(hold)
             raise
         self._attach(fi, hold)
         return fi, entry
 
-    def _create(self, parent: Dir, n: str, mode: int, flags: int, ctx):
+    async def _create(self, parent: Dir, n: str, mode: int, flags: int, ctx):
         node = parent.children.get(n)
         if node is None:
             gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
@@ -1132,6 +1132,11 @@ class MemosOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EEXIST)
         elif not isinstance(node, Slot):
             raise refuse(errno.EISDIR, "create %s: a directory", n)
+        elif not flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
+            # O_CREAT of a name that exists (the kernel asks create when its
+            # dentry said no, e.g. a slot another process is creating): an
+            # open that keeps the content, joining the writers' draft
+            return await self._join(node, flags, ctx)
         elif node.readers > 0 or node.pushing > 0 or node.writers > 0:
             # an existing slot with page-cache readers or other writers: they
             # keep this inode, and the name moves to a fresh one for this
@@ -1149,6 +1154,30 @@ class MemosOperations(pyfuse3.Operations):
             fi = self._open_slot(node, flags, ref, ctx=ctx)
             return fi, self._entry(node, ctx)
         fi = self._open_slot(node, flags | os.O_TRUNC, None, ctx=ctx)
+        return fi, self._entry(node, ctx)
+
+    async def _join(self, node: Slot, flags: int, ctx):
+        """A writer that keeps the content opens node: it shares the writers'
+        draft, or starts one from the published version."""
+        if node.readers > 0 or node.pushing > 0:
+            node = self._supersede(node)        # its page cache is its readers'
+        ref = None
+        if node.version and node.draft is None and node.base is None:
+            # readers that open while the base is read read around the cache
+            node.pending[ctx.pid] = time.monotonic() + WRITER_RETRY_S
+            try:
+                ref = await self._off_loop(self.store.load, node.key)
+            except BaseException:
+                node.pending.pop(ctx.pid, None)
+                raise
+            if ref is None:
+                node.pending.pop(ctx.pid, None)
+                raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
+            if node.draft is not None or node.base is not None \
+                    or ref.version != node.version:
+                ref.release()                   # another writer came first
+                ref = None
+        fi = self._open_slot(node, flags, ref, ctx=ctx)
         return fi, self._entry(node, ctx)
 
     async def open(self, inode, flags, ctx):
@@ -1263,10 +1292,20 @@ class MemosOperations(pyfuse3.Operations):
             fn = self.store.get if acc == os.O_RDONLY else self.store.load
             tier = self.store.tier_of(node.key)
             if tier == "ssd" or (tier != "mem" and self.store.remote is not None):
-                ref = await self._off_loop(fn, node.key)     # read back from SSD or remote
+                if acc != os.O_RDONLY:
+                    # a reader that opens while the base is read must read
+                    # around the page cache that this writer will use
+                    node.pending[pid] = time.monotonic() + WRITER_RETRY_S
+                try:
+                    ref = await self._off_loop(fn, node.key)  # read back from SSD or remote
+                except BaseException:
+                    if acc != os.O_RDONLY:
+                        node.pending.pop(pid, None)
+                    raise
             else:
                 ref = self._native_call(fn, node.key)
             if ref is None:
+                node.pending.pop(pid, None)
                 raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
             if self.store.remote is not None and tier not in ("mem", "ssd") \
                     and node.successor is None and not node.detached and not node.writers:
@@ -1891,10 +1930,23 @@ class MemosOperations(pyfuse3.Operations):
         if name == b"user.memos.pin" and isinstance(node, Slot):
             if value.strip() not in (b"0", b"1"):
                 raise refuse(errno.EINVAL, "user.memos.pin takes 0 or 1, not %r", value)
-            ref = self.store.peek(node.key) if node.version else None
-            if ref is None:
+            while node.successor is not None:
+                node = node.successor
+            if not node.version:
                 raise refuse(errno.ENOENT, "pin %s: nothing published yet", node.name)
-            ref.sticky = value.strip() == b"1"
+            on = value.strip() == b"1"
+            ref = self.store.peek(node.key)
+            if ref is None and not on:
+                return                          # not in memory: not pinned
+            if ref is None:                     # on the SSD (or remote) tier: bring it in
+                ref = await self._off_loop(self.store.load, node.key)
+                if ref is None:
+                    raise refuse(errno.ENOENT, "pin %s: the slot left every tier", node.name)
+                if not isinstance(ref, _native.Ref):
+                    ref.release()
+                    raise refuse(errno.ENOSPC, "pin %s: the memory tier cannot take it",
+                                 node.name)
+            ref.sticky = on
             ref.release()
             self.trace.emit("PIN", key=node.key.decode("utf-8", "replace"),
                             on=value.strip().decode())

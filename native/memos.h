@@ -51,7 +51,7 @@
 #define MEMOS_SUPERBLOCK_SIZE  (2u * 1024u * 1024u)
 #define MEMOS_PAGES_PER_BLOCK  (MEMOS_BLOCK_SIZE / MEMOS_PAGE_SIZE)        /* 32 */
 #define MEMOS_BLOCKS_PER_SB    (MEMOS_SUPERBLOCK_SIZE / MEMOS_BLOCK_SIZE) /* 16 */
-#define MEMOS_KEY_MAX          4096u
+#define MEMOS_KEY_MAX          16384u
 
 typedef struct memos_cache memos_cache;
 typedef struct memos_entry memos_entry;

@@ -34,7 +34,7 @@ def test_constants():
     assert N.PAGE_SIZE == 4096
     assert N.BLOCK_SIZE == 128 * KiB
     assert N.SUPERBLOCK_SIZE == 2 * MiB
-    assert N.KEY_MAX == 4096
+    assert N.KEY_MAX == 16384
     assert N.tune_malloc() is None
 
 

@@ -698,16 +698,18 @@ def test_pin_a_slot_on_the_ssd_tier(make_mount):
     m = make_mount(capacity="4M")
     d = m.p("a", "s")
     d.mkdir(parents=True)
-    (d / "x").write_bytes(os.urandom(3_000_000))
-    (d / "y").write_bytes(os.urandom(3_000_000))       # evicts x
+    size = 1_500_000                                    # two fit in memory, three do not
+    for name in ("x", "y", "w"):
+        (d / name).write_bytes(os.urandom(size))        # w evicts x
     assert os.getxattr(d / "x", "user.memos.tier") == b"ssd"
-    os.setxattr(d / "x", "user.memos.pin", b"1")
+    os.setxattr(d / "x", "user.memos.pin", b"1")        # brought back, pinned
     assert os.getxattr(d / "x", "user.memos.pin") == b"1"
     assert os.getxattr(d / "x", "user.memos.tier") == b"mem"
-    os.setxattr(d / "y", "user.memos.pin", b"0")
-    (d / "z").write_bytes(os.urandom(3_000_000))       # evicts y, never x
+    for i in range(3):
+        (d / f"z{i}").write_bytes(os.urandom(size))     # evict everything else
     assert os.getxattr(d / "x", "user.memos.tier") == b"mem"
     os.setxattr(d / "x", "user.memos.pin", b"0")
+    assert os.getxattr(d / "y", "user.memos.tier") == b"ssd"
     os.setxattr(d / "y", "user.memos.pin", b"0")       # on the SSD tier: a no-op
 
 
