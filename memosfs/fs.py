@@ -62,7 +62,7 @@ ENTRY_TIMEOUT = 1.0
 ATTR_TIMEOUT = 1.0
 FIRST_DYNAMIC_INO = 1000
 WRITER_RETRY_S = 5.0            # how long an ESTALE'd writer's retry is waited for
-PUSH_WAIT_S = 2.0               # how long a writer waits for a push into its inode,
+PUSH_WAIT_S = 5.0               # how long a writer waits for a push into its inode,
                                 # or for another writer to replace the slot first
 PUSH_MIN_BYTES = 1 << 20        # smaller versions: reading them through the daemon costs less than a push (its attribute refresh is a round trip)
 DECODED_CACHE_BYTES = 512 << 20   # logical bytes of quantized versions kept decoded
@@ -1243,7 +1243,14 @@ class MemosOperations(pyfuse3.Operations):
             # writer sent here (ESTALE) to replace the slot finds another
             # writer in: two O_TRUNC writers never share a draft.
             return bool(node.pushing or inode_node.pushing or (
-                flags & os.O_TRUNC and pid in node.pending and node.writers))
+                flags & os.O_TRUNC and pid in node.pending and node.writers) or (
+                # a writer whose lookup found an inode that another writer has
+                # since left behind (the name moved on): it makes its version
+                # there once that writer is done, instead of a second ESTALE
+                # (or its readers are done: the kernel's one retry of an open
+                # is spent by then, so a wait beats a second ESTALE)
+                flags & os.O_TRUNC and node is not inode_node
+                and (inode_node.writers or inode_node.readers)))
         if acc != os.O_RDONLY and not waited and busy():
             # pushes take milliseconds, whole-slot writes little more: wait
             # (bounded), then look again

@@ -364,3 +364,18 @@ def test_regression_holes_stay_holes_on_the_ssd(make_mount):
     data = (s / "sparse").read_bytes()
     assert len(data) == (24 << 20) + 4
     assert data[:4] == b"head" and data[-4:] == b"tail" and not any(data[4:-4])
+
+
+def test_regression_setuid_is_cleared_when_another_uid_writes(make_mount):
+    """pjdfstest chmod/12: 04777 stayed 04777 after `echo x >> f` by another uid."""
+    m = make_mount(world=True)
+    s = session(m)
+    os.chmod(m.p("a"), 0o777)
+    os.chmod(s, 0o777)
+    (s / "f").write_bytes(b"")
+    os.chmod(s / "f", 0o6777)
+    r = subprocess.run(["sh", "-c", f"echo x >> {s / 'f'}"], capture_output=True,
+                       preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
+    assert r.returncode == 0, r.stderr
+    assert os.stat(s / "f").st_mode & 0o7777 == 0o777
+    assert (s / "f").read_bytes() == b"x\n"
