@@ -315,6 +315,8 @@ class MemosOperations(pyfuse3.Operations):
         self.trio_token = None          # set when serving: other threads post here
         self._writeback: Optional[tuple[int, int]] = None  # (fh, off) of a WRITE
                                         # from the kernel's page cache (mmap writeback)
+        self._sent_back: dict[int, float] = {}    # writer pid -> when it got ESTALE
+        self._private_writers = 0       # retried writers given a draft of their own
         self._flusher: Optional[tuple[int, int]] = None   # (fh, pid) of the FLUSH
                                         # being served (memosfs._fuseshim)
         if _fuseshim is not None:
@@ -611,6 +613,7 @@ class MemosOperations(pyfuse3.Operations):
             "page_cache_pushed_bytes": self.pusher.pushed_bytes if self.pusher else 0,
             "page_cache_pushes": self.pusher.pushes if self.pusher else 0,
             "requests_refused": self._refused,
+            "private_writers": self._private_writers,
             "uptime_s": round(time.monotonic() - self._started, 3),
         }
         out.update(self.coherence.stats())
@@ -1199,7 +1202,7 @@ class MemosOperations(pyfuse3.Operations):
             live.key, self.coherence.agent_of(ctx), (flags & os.O_ACCMODE) != os.O_RDONLY,
             bool(flags & os.O_NONBLOCK), pid=ctx.pid)
         try:
-            fi = await self._open_version(inode, flags, ctx)
+            fi = await self._open_version(inode, flags, ctx, retry=self._is_retry(flags, ctx.pid))
         except BaseException:
             self.coherence.release(hold)
             raise
@@ -1212,7 +1215,43 @@ class MemosOperations(pyfuse3.Operations):
             h.hold = hold
             hold.handle = h
 
-    async def _open_version(self, inode, flags, ctx, waited: bool = False):
+    def _is_retry(self, flags: int, pid: int) -> bool:
+        """Whether this open of a whole-slot writer is the kernel's retry of
+        one we answered ESTALE (it retries once; a second ESTALE would reach
+        the application)."""
+        sent = self._sent_back.pop(pid, None)
+        return bool(flags & os.O_TRUNC) and sent is not None \
+            and sent > time.monotonic() - WRITER_RETRY_S
+
+    def _send_back(self, node: Slot, pid: int, flags: int, why: str) -> Refused:
+        """ESTALE for a writer: the kernel looks the name up again and
+        retries the open once."""
+        self._ready_for_writer(node, pid, bool(flags & os.O_TRUNC))
+        now = time.monotonic()
+        if len(self._sent_back) > 4096:
+            self._sent_back = {p: t for p, t in self._sent_back.items()
+                               if t > now - WRITER_RETRY_S}
+        self._sent_back[pid] = now
+        return refuse(errno.ESTALE, "open %s for writing: %s", node.name, why,
+                      level=logging.DEBUG)
+
+    def _open_private(self, inode_node: Slot, flags: int, ctx) -> pyfuse3.FileInfo:
+        """A whole-slot writer's retried open that still cannot share
+        inode_node's draft (other writers are in; never page-cache readers,
+        whose pages and size its O_TRUNC would take): its draft is its own,
+        written around the page cache (direct_io; no shared mmap), and
+        published under the name like any other (the last publish wins)."""
+        shadow = Slot(self._new_ino(), inode_node.name, inode_node.parent,
+                      stat.S_IMODE(inode_node.mode), inode_node.uid, inode_node.gid)
+        shadow.version = inode_node.version or 1   # (never "unpublished": not in the tree)
+        shadow.successor = inode_node              # publishes follow the name
+        fi = self._open_slot(shadow, flags | os.O_TRUNC, None, ctx=ctx)
+        fi.direct_io = True
+        self._private_writers += 1
+        log.info("%s: a retried writer got a draft of its own (direct I/O)", inode_node.name)
+        return fi
+
+    async def _open_version(self, inode, flags, ctx, waited: bool = False, retry: bool = False):
         pid = ctx.pid
         node = self._node(inode)
         acc = flags & os.O_ACCMODE
@@ -1229,8 +1268,9 @@ class MemosOperations(pyfuse3.Operations):
             if node.readers or node.pushing or inode_node.readers or inode_node.pushing:
                 # its page cache is its readers' snapshot: look again (the
                 # kernel retries; the name is gone, so O_CREAT makes a new one)
-                raise refuse(errno.ESTALE, "open %s: the name is gone, readers keep the inode",
-                             node.name, level=logging.DEBUG)
+                if retry and not inode_node.readers:
+                    return self._open_private(inode_node, flags, ctx)
+                raise self._send_back(node, pid, flags, "the name is gone, readers keep it")
             return self._open_slot(node, flags | os.O_TRUNC, None, ctx=ctx)
         if not node.version and tgid_of(pid) not in node.writer_pids \
                 and (acc == os.O_RDONLY or not node.writers):
@@ -1257,7 +1297,7 @@ class MemosOperations(pyfuse3.Operations):
             deadline = trio.current_time() + PUSH_WAIT_S
             while busy() and trio.current_time() < deadline:
                 await trio.sleep(0.002)
-            return await self._open_version(inode, flags, ctx, waited=True)
+            return await self._open_version(inode, flags, ctx, waited=True, retry=retry)
         if node is not inode_node:
             # a stale dentry (or a retry that lost a race): readers get the
             # current version on this old inode, around its page cache, which
@@ -1268,9 +1308,9 @@ class MemosOperations(pyfuse3.Operations):
                     # a whole new version needs no base: made on the inode
                     # this writer found, published under the name (no retry)
                     return self._open_slot(inode_node, flags, None, ctx=ctx)
-                self._ready_for_writer(node, pid, bool(flags & os.O_TRUNC))
-                raise refuse(errno.ESTALE, "open %s: a newer inode holds this name",
-                             node.name, level=logging.DEBUG)
+                if retry and not inode_node.readers:
+                    return self._open_private(inode_node, flags, ctx)
+                raise self._send_back(node, pid, flags, "a newer inode holds this name")
             ref = None
             if node.version:
                 ref = await self._off_loop(self.store.get, node.key)
@@ -1287,9 +1327,9 @@ class MemosOperations(pyfuse3.Operations):
             # writer is in.  So does a writer that replaces the whole slot
             # (O_TRUNC) while others write: each makes a whole version, the
             # last publish wins, nobody publishes a mix of two.
-            self._ready_for_writer(node, pid, bool(flags & os.O_TRUNC))
-            raise refuse(errno.ESTALE, "open %s for writing: readers keep this inode",
-                         node.name, level=logging.DEBUG)
+            if retry and not inode_node.readers:
+                return self._open_private(inode_node, flags, ctx)
+            raise self._send_back(node, pid, flags, "readers or writers keep this inode")
         ref = None
         need_base = acc != os.O_RDONLY and not flags & os.O_TRUNC and node.draft is None \
             and node.base is None
@@ -1329,9 +1369,7 @@ class MemosOperations(pyfuse3.Operations):
                                      or node.successor is not None or bool(node.detached))
         if stale and acc != os.O_RDONLY:
             ref.release()
-            self._ready_for_writer(node, pid, bool(flags & os.O_TRUNC))
-            raise refuse(errno.ESTALE, "open %s: a newer version landed meanwhile",
-                         node.name, level=logging.DEBUG)
+            raise self._send_back(node, pid, flags, "a newer version landed meanwhile")
         return self._open_slot(node, flags, ref, around_cache=stale, ctx=ctx)
 
     async def _off_loop(self, fn, *args):
