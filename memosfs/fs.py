@@ -333,7 +333,8 @@ class MemosOperations(pyfuse3.Operations):
     def _session_slot_names(self, agent: str, session: str) -> list[str]:
         """For the prefetcher (its thread): the slot names a session holds, in
         memory or on SSD (the store's view; the namespace is the loop's)."""
-        return [split_key(k)[2] for k in self.store.session_keys(agent, session)]
+        return [k.rsplit(b"/", 1)[1].decode("utf-8", "surrogateescape")
+                for k in self.store.session_keys(agent, session)]
 
     # ---- persistence of the namespace ----
 

@@ -690,6 +690,10 @@ class PrefetchEngine:
         except ValueError:
             return None
         path = key.rsplit(b"/", 1)[0]
+        # one stride detector per directory: below a session, "session" is
+        # the directory's path from the agent on (session/d1/d2)
+        agent, _, session = path.decode("utf-8", "surrogateescape").partition("/")
+        name = key.rsplit(b"/", 1)[1].decode("utf-8", "surrogateescape")
         s = self._sessions.get(path)
         if s is None:
             s = _Session(self._key_id(path), agent, session)

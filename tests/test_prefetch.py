@@ -450,3 +450,28 @@ def test_mount_prefetch_mode_knob(make_mount):
         knob.write_text("psychic\n")
     assert e.value.errno == errno.EINVAL
     assert knob.read_text() == "hybrid\n"
+
+
+def test_mount_sequential_prefetch_per_directory_below_a_session(make_mount):
+    """Engines keep one directory per request below a session: the stride
+    detector and the slot list are per directory, so reading layer i of a
+    request brings layer i+1 of the same request into memory."""
+    import time
+    m = make_mount(capacity="8M", writeback_delay_ms=0, warmup_ratio=0, evict_batch=1,
+                   evict_policy="lru", prefetch_mode="sequential", prefetch_stride=2)
+    size = 512 << 10
+    d = m.p("a", "s", "req-1")
+    d.mkdir(parents=True)
+    for i in range(40):
+        (d / f"layer-{i:04d}").write_bytes(bytes([i]) * size)
+    (m.path / ".memos" / "cache" / "flush").write_text("1\n")
+    found_in_memory = 0
+    for i in range(0, 8):
+        assert (d / f"layer-{i:04d}").read_bytes() == bytes([i]) * size
+        nxt = d / f"layer-{i + 1:04d}"
+        deadline = time.monotonic() + 5
+        while _tier(nxt) != "mem" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        found_in_memory += _tier(nxt) == "mem"
+    assert found_in_memory == 8
+    assert m.stats()["prefetch_issued"] >= 8
