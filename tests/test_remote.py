@@ -367,7 +367,7 @@ def test_failover_with_replicas():
             t0 = time.monotonic()
             assert t.get(key) is None
             assert time.monotonic() - t0 < 1.5
-            got = wait_for(lambda: t.get(key), timeout=20, step=0.2)
+            got = wait_for(lambda: t.get(key), timeout=60, step=0.2)   # (failover under load)
             assert got is not None and got[1] == data
         finally:
             t.close(drain_s=1)
