@@ -1772,10 +1772,8 @@ class MemosOperations(pyfuse3.Operations):
 
     # ---- publish ----
 
-    def _publish(self, h: Handle, push_over_writer: bool = False) -> Optional[tuple]:
-        """Publish the writers' draft; returns a page-cache push to run, if
-        any (into the writer's own inode only with push_over_writer: the
-        opener's close, when no other writer is open there)."""
+    def _publish(self, h: Handle) -> Optional[tuple]:
+        """Publish the writers' draft; returns a page-cache push to run, if any."""
         node = h.node
         assert isinstance(node, Slot)
         while node.successor is not None:
@@ -1827,12 +1825,10 @@ class MemosOperations(pyfuse3.Operations):
                 parent.children[node.name] = node
                 current = node
         target = current if isinstance(current, Slot) else node
-        return self._published(target, ref, src.draft_mtime_ns or _now(), logical,
-                               push_over_writer)
+        return self._published(target, ref, src.draft_mtime_ns or _now(), logical)
 
     def _published(self, node: Slot, ref: "_native.Ref", mtime_ns: int,
-                   logical: Optional[bytes] = None,
-                   push_over_writer: bool = False) -> Optional[tuple]:
+                   logical: Optional[bytes] = None) -> Optional[tuple]:
         """Point the name at the new version: in place, or on a fresh inode
         when readers hold this one (they keep their snapshot)."""
         if node.readers > 0 or node.pushing > 0:
@@ -1846,8 +1842,7 @@ class MemosOperations(pyfuse3.Operations):
         self._forget_attrs(node)
         if self.pusher is not None and self.knobs["page_cache_push"] == "1" \
                 and node.pub_size >= PUSH_MIN_BYTES \
-                and (not node.writers or (push_over_writer and node.writers == 1)) \
-                and not node.writer_pending:
+                and not node.writers and not node.writer_pending:
             # (with writers open, the page cache holds their draft: no push)
             pin = self.store.peek(node.key)
             if pin is not None:
