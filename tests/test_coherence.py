@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -197,6 +198,32 @@ TestAgents.settings = settings(max_examples=150, stateful_step_count=60, deadlin
 # ---------------------------------------------------------------- real agents
 
 
+def _reachable_by_others(path: Path) -> bool:
+    """Whether every directory above path lets other uids through."""
+    return all(os.stat(p).st_mode & 0o001 for p in Path(path).resolve().parents)
+
+
+_AGENT_COPY: list[str] = []
+
+
+def _agent_argv() -> list[str]:
+    """How another uid runs agent.py: from the checkout when it can reach it,
+    else a copy in a world-readable temporary folder run by the system
+    Python (a checkout in a private folder, such as a fresh mktemp -d clone,
+    is closed to other uids; agent.py needs only the standard library)."""
+    if _reachable_by_others(AGENT_PY) and _reachable_by_others(Path(sys.executable)):
+        return [sys.executable, "-u", str(AGENT_PY)]
+    if not _AGENT_COPY:
+        d = tempfile.mkdtemp(prefix="memosfs-agent-")
+        os.chmod(d, 0o755)
+        copy = os.path.join(d, "agent.py")
+        shutil.copyfile(AGENT_PY, copy)
+        os.chmod(copy, 0o644)
+        _AGENT_COPY.append(copy)
+    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+    return [python, "-u", _AGENT_COPY[0]]
+
+
 class Agent:
     """tests/scripts/agent.py as another uid: one command a line."""
 
@@ -204,7 +231,7 @@ class Agent:
         gid = uid if gid is None else gid
         cmd = [SETPRIV, f"--reuid={uid}", f"--regid={gid}"]
         cmd += [f"--groups={groups}"] if groups else ["--clear-groups"]
-        cmd += [sys.executable, "-u", str(AGENT_PY)]
+        cmd += [*_agent_argv()]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, bufsize=1)
 
