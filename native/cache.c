@@ -93,7 +93,21 @@ struct memos_entry {
     uint8_t      dirty;       /* not yet persisted (lock) */
     uint8_t      sticky;      /* sticky pin, never a victim (lock) */
     uint8_t      busy;        /* draft inside an unlocked write phase (lock) */
+    uint16_t     tenant;      /* live: 1 + index of its agent's tenant, 0 = none (lock) */
 };
+
+/* A tenant: an agent (the key's first component) with a byte quota.  Its
+ * live entries' pages are counted; while they are within the quota, none of
+ * them is a victim (evictable() skips them), so other tenants' writes cannot
+ * push it below its share.  Entries are linked to their tenant at publish
+ * and rename, unlinked when they die; memos_check recounts. */
+typedef struct tenant {
+    unsigned char name[MEMOS_TENANT_NAME_MAX];
+    uint32_t      len;        /* 0: a free slot */
+    uint64_t      quota;      /* protected bytes (pages * 4 KiB) */
+    uint64_t      bytes;      /* pages * 4 KiB of its live entries */
+    uint64_t      slots;      /* its live entries */
+} tenant;
 
 struct memos_cache {
     pthread_mutex_t lock;       /* guards everything below */
@@ -109,6 +123,8 @@ struct memos_cache {
     memos_stats  st;            /* counters kept incrementally (lock) */
     unsigned     evicting;      /* victims in other threads' callbacks now (lock) */
     pthread_cond_t evicted;     /* signalled when an eviction run's callbacks end (lock) */
+    tenant       tenants[MEMOS_TENANT_MAX];  /* agents with a quota (lock) */
+    unsigned     ntenants;      /* slots of tenants[] ever used (lock) */
 };
 
 /* How long an allocation waits for other threads' evictions (write-backs to
@@ -134,6 +150,9 @@ static void     entry_copy_in(memos_entry *e, uint64_t off, const void *src, siz
 static void     entry_zero(memos_entry *e, uint64_t off, uint64_t n);
 static uint64_t pages_for(uint64_t size);
 static extent   make_extent(memos_cache *c, arena_run r);
+
+static void     tenant_link(memos_cache *c, memos_entry *e);
+static void     tenant_unlink(memos_cache *c, memos_entry *e);
 
 static inline void lock(memos_cache *c) { pthread_mutex_lock(&c->lock); }
 static inline void unlock(memos_cache *c) { pthread_mutex_unlock(&c->lock); }
@@ -456,6 +475,7 @@ int memos_publish(memos_cache *c, memos_entry *d, const void *key, size_t klen,
     d->draft = 0;
     d->live = 1;
     d->dirty = dirty != 0;
+    tenant_link(c, d);
     c->st.drafts--;
     c->st.bytes_draft -= d->size;
     c->st.slots++;
@@ -511,6 +531,7 @@ int memos_rename(memos_cache *c, const void *from, size_t flen,
     memos_entry *target = (memos_entry *)index_find(&c->idx, to, tlen, th);
     index_node saved = e->inode;
     index_remove(&c->idx, &e->inode);
+    tenant_unlink(c, e);
     e->inode = (index_node){ th, k, (uint32_t)tlen };
     if (target) {
         index_replace(&c->idx, &target->inode, &e->inode);
@@ -521,11 +542,13 @@ int memos_rename(memos_cache *c, const void *from, size_t flen,
         int rc = index_insert(&c->idx, &e->inode);
         assert(rc == MEMOS_OK);
         (void)rc;
+        tenant_link(c, e);
         free(k);
         unlock(c);
         return MEMOS_ENOMEM;
     }
     policy_rekey(&e->pnode, th);
+    tenant_link(c, e);
     free((void *)saved.key);
     unlock(c);
     return MEMOS_OK;
@@ -660,7 +683,118 @@ static int evictable(const policy_node *n, void *ctx)
 {
     const memos_cache *c = ctx;
     const memos_entry *e = entry_of_pnode(n);
-    return e->refs == 0 && !e->sticky && !e->evicting && e->refused_gen != c->victim_gen;
+    if (e->refs || e->sticky || e->evicting || e->refused_gen == c->victim_gen)
+        return 0;
+    if (e->tenant) {
+        const tenant *t = &c->tenants[e->tenant - 1];
+        if (t->bytes <= t->quota)
+            return 0;                   /* within its quota: protected */
+    }
+    return 1;
+}
+
+/* ---- tenants ---- */
+
+/* The length of the key's first component (the agent). */
+static size_t agent_len(const unsigned char *key, size_t klen)
+{
+    const unsigned char *slash = memchr(key, '/', klen);
+    return slash ? (size_t)(slash - key) : klen;
+}
+
+static tenant *tenant_find(memos_cache *c, const void *name, size_t len)
+{
+    for (unsigned i = 0; i < c->ntenants; i++) {
+        tenant *t = &c->tenants[i];
+        if (t->len == len && memcmp(t->name, name, len) == 0)
+            return t;
+    }
+    return NULL;
+}
+
+/* Count a live entry to the tenant its key names, if that agent is one. */
+static void tenant_link(memos_cache *c, memos_entry *e)
+{
+    e->tenant = 0;
+    if (c->ntenants == 0 || !e->inode.key)
+        return;
+    size_t n = agent_len(e->inode.key, e->inode.klen);
+    tenant *t = tenant_find(c, e->inode.key, n);
+    if (!t)
+        return;
+    e->tenant = (uint16_t)(t - c->tenants + 1);
+    t->bytes += e->pages * MEMOS_PAGE_SIZE;
+    t->slots++;
+}
+
+static void tenant_unlink(memos_cache *c, memos_entry *e)
+{
+    if (!e->tenant)
+        return;
+    tenant *t = &c->tenants[e->tenant - 1];
+    t->bytes -= e->pages * MEMOS_PAGE_SIZE;
+    t->slots--;
+    e->tenant = 0;
+}
+
+int memos_tenant_set(memos_cache *c, const void *name, size_t len, uint64_t quota)
+{
+    if (len == 0 || len > MEMOS_TENANT_NAME_MAX || memchr(name, '/', len))
+        return MEMOS_EINVAL;
+    lock(c);
+    tenant *t = tenant_find(c, name, len);
+    if (quota == 0) {                   /* no quota: no tenant, nothing protected */
+        if (t) {
+            for (policy_node *n = c->pol.head.next; n != &c->pol.head; n = n->next) {
+                memos_entry *e = entry_of_pnode(n);
+                if (e->tenant && &c->tenants[e->tenant - 1] == t)
+                    e->tenant = 0;
+            }
+            memset(t, 0, sizeof *t);
+        }
+        unlock(c);
+        return MEMOS_OK;
+    }
+    if (!t) {
+        for (unsigned i = 0; i < c->ntenants && !t; i++)
+            if (c->tenants[i].len == 0)
+                t = &c->tenants[i];
+        if (!t && c->ntenants < MEMOS_TENANT_MAX)
+            t = &c->tenants[c->ntenants++];
+        if (!t) {
+            unlock(c);
+            return MEMOS_ENOMEM;
+        }
+        memset(t, 0, sizeof *t);
+        memcpy(t->name, name, len);
+        t->len = (uint32_t)len;
+        for (policy_node *n = c->pol.head.next; n != &c->pol.head; n = n->next) {
+            memos_entry *e = entry_of_pnode(n);
+            if (!e->tenant && agent_len(e->inode.key, e->inode.klen) == len &&
+                memcmp(e->inode.key, name, len) == 0) {
+                e->tenant = (uint16_t)(t - c->tenants + 1);
+                t->bytes += e->pages * MEMOS_PAGE_SIZE;
+                t->slots++;
+            }
+        }
+    }
+    t->quota = quota;
+    unlock(c);
+    return MEMOS_OK;
+}
+
+int memos_tenant_get(memos_cache *c, const void *name, size_t len, uint64_t *quota,
+                     uint64_t *bytes, uint64_t *slots)
+{
+    lock(c);
+    tenant *t = len ? tenant_find(c, name, len) : NULL;
+    if (t) {
+        *quota = t->quota;
+        *bytes = t->bytes;
+        *slots = t->slots;
+    }
+    unlock(c);
+    return t ? MEMOS_OK : MEMOS_ENOENT;
 }
 
 static uint64_t pages_for(uint64_t size)
@@ -716,6 +850,7 @@ static void kill_entry(memos_cache *c, memos_entry *e, int in_index)
         (void)rc;
     }
     policy_remove(&c->pol, &e->pnode);
+    tenant_unlink(c, e);
     e->live = 0;
     e->dead = 1;
     c->st.slots--;
@@ -1128,6 +1263,25 @@ int memos_check(memos_cache *c, char *why, size_t whylen)
              (unsigned long long)dead, (unsigned long long)c->st.dead_pinned);
     if (bytes_used != c->st.bytes_used || bytes_draft != c->st.bytes_draft)
         FAIL("cache: byte counters disagree with the entries");
+    for (unsigned i = 0; i < c->ntenants; i++) {
+        tenant *t = &c->tenants[i];
+        uint64_t tb = 0, ts = 0;
+        for (memos_entry *e = c->all.all_next; e != &c->all; e = e->all_next) {
+            if (e->tenant == i + 1) {
+                if (!e->live)
+                    FAIL("cache: a non-live entry counted to tenant %u", i);
+                tb += e->pages * MEMOS_PAGE_SIZE;
+                ts++;
+            } else if (e->live && t->len && agent_len(e->inode.key, e->inode.klen) == t->len
+                       && memcmp(e->inode.key, t->name, t->len) == 0) {
+                FAIL("cache: a live entry of tenant %u is not counted to it", i);
+            }
+        }
+        if (tb != t->bytes || ts != t->slots)
+            FAIL("cache: tenant %u holds %llu bytes in %llu slots, counters say %llu in %llu",
+                 i, (unsigned long long)tb, (unsigned long long)ts,
+                 (unsigned long long)t->bytes, (unsigned long long)t->slots);
+    }
     if (pages != arena_pages_used(&c->ar))
         FAIL("cache: entries own %llu pages, arena has %llu in use (leak)",
              (unsigned long long)pages, (unsigned long long)arena_pages_used(&c->ar));

@@ -52,6 +52,8 @@
 #define MEMOS_PAGES_PER_BLOCK  (MEMOS_BLOCK_SIZE / MEMOS_PAGE_SIZE)        /* 32 */
 #define MEMOS_BLOCKS_PER_SB    (MEMOS_SUPERBLOCK_SIZE / MEMOS_BLOCK_SIZE) /* 16 */
 #define MEMOS_KEY_MAX          16384u
+#define MEMOS_TENANT_MAX       1024u   /* agents with a quota */
+#define MEMOS_TENANT_NAME_MAX  255u    /* an agent's name, bytes */
 
 typedef struct memos_cache memos_cache;
 typedef struct memos_entry memos_entry;
@@ -200,6 +202,15 @@ const void *memos_entry_key(const memos_entry *e, size_t *klen);
 void     memos_set_dirty(memos_cache *c, memos_entry *e, int dirty);
 /* A sticky pin keeps a live entry out of eviction (user.memos.pin). */
 void     memos_set_sticky(memos_cache *c, memos_entry *e, int on);
+
+/* Tenants: an agent (a key's first component, up to '/') given a byte quota
+ * keeps its live entries out of eviction while their pages total at most
+ * the quota.  quota 0 removes the tenant.  EINVAL for a bad name, ENOMEM
+ * when MEMOS_TENANT_MAX agents already have one. */
+int      memos_tenant_set(memos_cache *c, const void *name, size_t len, uint64_t quota);
+/* A tenant's quota, live bytes (pages * 4 KiB) and slots; ENOENT if none. */
+int      memos_tenant_get(memos_cache *c, const void *name, size_t len, uint64_t *quota,
+                          uint64_t *bytes, uint64_t *slots);
 /* Copy up to n bytes at off into dst; returns the bytes copied (0 at EOF).
  * Takes no lock: the entry must be pinned (or a draft of the caller). */
 size_t   memos_entry_read(const memos_entry *e, uint64_t off, void *dst, size_t n);

@@ -463,6 +463,41 @@ static PyObject *Cache_set_capacity(CacheObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *Cache_set_quota(CacheObject *self, PyObject *args)
+{
+    const char *name;
+    Py_ssize_t len;
+    unsigned long long quota;
+    if (!PyArg_ParseTuple(args, "y#K", &name, &len, &quota))
+        return NULL;
+    if (cache_enter(self) < 0)
+        return NULL;
+    int rc = memos_tenant_set(self->c, name, (size_t)len, (uint64_t)quota);
+    cache_leave(self);
+    if (rc == MEMOS_ENOMEM)
+        return memos_error(rc, "too many agents have a quota", NULL);
+    if (rc != MEMOS_OK)
+        return memos_error(rc, "not an agent name", NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Cache_tenant(CacheObject *self, PyObject *arg)
+{
+    char *name;
+    Py_ssize_t len;
+    if (PyBytes_AsStringAndSize(arg, &name, &len) < 0)
+        return NULL;
+    if (cache_enter(self) < 0)
+        return NULL;
+    uint64_t quota = 0, bytes = 0, slots = 0;
+    int rc = memos_tenant_get(self->c, name, (size_t)len, &quota, &bytes, &slots);
+    cache_leave(self);
+    if (rc != MEMOS_OK)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(KKK)", (unsigned long long)quota, (unsigned long long)bytes,
+                         (unsigned long long)slots);
+}
+
 static PyObject *Cache_set_evict_batch(CacheObject *self, PyObject *arg)
 {
     long n = PyLong_AsLong(arg);
@@ -700,6 +735,10 @@ static PyMethodDef Cache_methods[] = {
     { "evict_run", (PyCFunction)Cache_evict_run, METH_NOARGS, "evict_run() -> int" },
     { "set_capacity", (PyCFunction)Cache_set_capacity, METH_O, "set_capacity(n)" },
     { "set_evict_batch", (PyCFunction)Cache_set_evict_batch, METH_O, "set_evict_batch(n)" },
+    { "set_quota", (PyCFunction)Cache_set_quota, METH_VARARGS,
+      "set_quota(agent, bytes): protect the agent's slots up to bytes (0 = none)" },
+    { "tenant", (PyCFunction)Cache_tenant, METH_O,
+      "tenant(agent) -> (quota, bytes, slots) | None" },
     { "set_policy", (PyCFunction)Cache_set_policy, METH_O,
       "set_policy(name): lru_lfu | lru | lfu, live (ValueError otherwise)" },
     { "stats", (PyCFunction)Cache_stats, METH_NOARGS, "stats() -> dict" },

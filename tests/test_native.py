@@ -568,3 +568,45 @@ def test_ref_crc32c_threads_and_deferred_release():
     c.check()
     assert c.stats()["pages_used"] == 0
     c.close()
+
+
+def test_tenant_quota_counts_and_protects():
+    """An agent with a quota: its live pages are counted through publish,
+    replace, rename and remove, and while within the quota none of its
+    slots is a victim; beyond it they are again."""
+    evicted = []
+    c = N.Cache(4 * MiB, 4, on_evict=lambda r: evicted.append(r.key) or True)
+    put(c, b"alice/s/old", b"a" * (256 * KiB)).release()
+    c.set_quota(b"alice", 1 * MiB)
+    assert c.tenant(b"alice") == (1 * MiB, 256 * KiB, 1)    # counted at set
+    assert c.tenant(b"bob") is None
+    put(c, b"alice/s/x", b"x" * (300 * KiB)).release()       # 75 pages
+    assert c.tenant(b"alice") == (1 * MiB, 256 * KiB + 75 * 4 * KiB, 2)
+    put(c, b"alice/s/x", b"y" * (4 * KiB)).release()         # replace: 1 page
+    assert c.tenant(b"alice")[1:] == (256 * KiB + 4 * KiB, 2)
+    assert c.rename(b"alice/s/x", b"bob/s/x")                # leaves the tenant
+    assert c.tenant(b"alice")[1:] == (256 * KiB, 1)
+    assert c.rename(b"bob/s/x", b"alice/t/x")                # comes back
+    assert c.tenant(b"alice")[1:] == (260 * KiB, 2)
+    assert c.remove(b"alice/t/x")
+    assert c.tenant(b"alice")[1:] == (256 * KiB, 1)
+    c.check()
+    # bob fills memory: alice's slot (within its quota) is never the victim
+    for i in range(40):
+        put(c, b"bob/s/%d" % i, b"b" * (256 * KiB)).release()
+    assert b"alice/s/old" not in evicted
+    assert c.peek(b"alice/s/old") is not None
+    assert any(k.startswith(b"bob/") for k in evicted)
+    c.check()
+    # beyond its quota alice's slots are victims like anyone's
+    c.set_quota(b"alice", 128 * KiB)
+    for i in range(40, 60):
+        put(c, b"bob/s/%d" % i, b"b" * (256 * KiB)).release()
+    assert b"alice/s/old" in evicted
+    assert c.tenant(b"alice")[1:] == (0, 0)
+    c.set_quota(b"alice", 0)                                 # no quota: no tenant
+    assert c.tenant(b"alice") is None
+    with pytest.raises(ValueError):
+        c.set_quota(b"a/b", 1)
+    c.check()
+    c.close()
