@@ -105,6 +105,21 @@ def _error_max(text: str) -> str:
     return repr(v)
 
 
+def _size_or_share(text: str) -> object:
+    """A size (`16M`), or a share of the memory tier's capacity (`25%`)."""
+    t = text.strip()
+    m = re.fullmatch(r"([0-9]{1,3})%", t, re.ASCII)
+    if m:
+        v = int(m.group(1))
+        if not 1 <= v <= 100:
+            raise KnobError(f"{t} is out of range [1%, 100%]")
+        return f"{v}%"
+    v = parse_size(t)
+    if not (1 << 20) <= v <= (1 << 50):
+        raise KnobError(f"{v} bytes is out of range [1M, 1P] (or give a share: 25%)")
+    return v
+
+
 def _choice(*names: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         t = text.strip()
@@ -182,6 +197,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("ring_slots", _int_in(0, 1 << 30), 0,
          "slots a session keeps before its oldest is recycled (0 = no limit)",
          "on the next publish in a session"),
+    Knob("pin_max_per_uid", _size_or_share, "25%",
+         "bytes one uid may pin with user.memos.pin (a size, or a share of capacity: 25%); "
+         "a pin beyond it is EDQUOT; root is not bounded"),
+    Knob("hold_max_per_uid", _size_or_share, "50%",
+         "memory one uid's open handles may keep from eviction (versions open for "
+         "reading, drafts of its writers; a size or a share of capacity); an open or a "
+         "write beyond it is EDQUOT; root is not bounded"),
     Knob("prefetch_mode", _choice("off", "sequential", "random", "hybrid", "learned"), "off",
          "bring slots from the SSD tier into memory before they are read: sequential (the "
          "next prefetch_stride slots of the session, by its detected stride), random (hot "

@@ -44,8 +44,9 @@ try:
 except ImportError:             # not built: fallocate is EOPNOTSUPP, every
     _fuseshim = None            # flush of a writer publishes
 from .control import (KNOB_BY_NAME, KNOBS, KnobError, Trace, format_metrics,
-                      format_stats, stats_json)
+                      format_stats, parse_size, stats_json)
 from .coherence import Coherence, Hold
+from .tenants import QUOTA_XATTR, USAGE_XATTR, OverLimit, Tenants
 from .fedfs import FED_INO, FedTree
 from .prefetch import PrefetchEngine
 from .pagecache import PUSH_LOCK, BytesSource, PageCachePusher, Refresher
@@ -257,7 +258,7 @@ class Handle:
     descriptor of a file shares its pages on any filesystem."""
 
     __slots__ = ("fh", "node", "flags", "kind", "ref", "append", "data", "decoded",
-                 "dio", "hold", "opener")
+                 "dio", "hold", "opener", "uid")
 
     def __init__(self, fh: int, node: Node, flags: int, kind: str) -> None:
         self.fh = fh
@@ -271,6 +272,7 @@ class Handle:
         self.dio = False                # a reader reading around the page cache
         self.hold: Optional[Hold] = None   # its place in the coherence directory
         self.opener = 0                 # tgid of the process that opened it
+        self.uid = 0                    # uid of the opener (its share: tenants.py)
 
 
 # ---------------------------------------------------------------- operations
@@ -323,6 +325,7 @@ class MemosOperations(pyfuse3.Operations):
             _fuseshim.install(self.fallocate, self._flush_note, self.coherence_interrupt,
                               self._write_note)
         self.coherence = Coherence(self.knobs, self.trace, self._invalidate_pages)
+        self.tenants = Tenants(store, self.knobs)
         store.prefetch = self.prefetch = PrefetchEngine(
             store.prefetch_fetch, store._in_memory, self._session_slot_names, self.knobs)
         store.on_drop(lambda key, reason: self.prefetch.on_remove(key))
@@ -380,7 +383,9 @@ class MemosOperations(pyfuse3.Operations):
                 d.mtime_ns = d.ctime_ns = int(rec.get("mtime_ns", d.mtime_ns))
                 d.xattrs = {bytes.fromhex(k): bytes.fromhex(v)
                             for k, v in rec.get("xattrs", {}).items()}
-            except (KeyError, ValueError, TypeError) as e:
+                if d.level == AGENT and QUOTA_XATTR in d.xattrs:
+                    self.tenants.set_quota(d.name, int(d.xattrs[QUOTA_XATTR]))
+            except (KeyError, ValueError, TypeError, OSError) as e:
                 log.error("namespace.json: bad record %r (%s); skipped", rec, e)
         for e in entries:
             parts = e.key.decode("utf-8", "surrogateescape").split("/")
@@ -618,6 +623,7 @@ class MemosOperations(pyfuse3.Operations):
             "uptime_s": round(time.monotonic() - self._started, 3),
         }
         out.update(self.coherence.stats())
+        out.update(self.tenants.stats())
         out.update(self.prefetch.stats())
         if self.store.ssd is not None:
             out.update(self.store.ssd.statistics())
@@ -939,6 +945,8 @@ class MemosOperations(pyfuse3.Operations):
             raise refuse(errno.EPERM, "rmdir %s: the control plane is fixed", n)
         if node.children:
             raise refuse(errno.ENOTEMPTY, "rmdir %s: not empty", n, level=logging.DEBUG)
+        if QUOTA_XATTR in node.xattrs:
+            self.tenants.set_quota(node.name, 0)
         self._detach(node, "rmdir")
         self.store.namespace_changed()
 
@@ -1062,6 +1070,13 @@ class MemosOperations(pyfuse3.Operations):
         for slot, key in old_keys:
             if slot.version:
                 self.store.rename(key, slot.key)
+        if isinstance(node, Dir) and node.level == AGENT:
+            # a quota belongs to the agent directory: it follows the name
+            if isinstance(target, Dir) and QUOTA_XATTR in target.xattrs:
+                self.tenants.set_quota(new, 0)
+            if QUOTA_XATTR in node.xattrs:
+                self.tenants.set_quota(old, 0)
+                self.tenants.set_quota(new, int(node.xattrs[QUOTA_XATTR]))
         now = _now()
         node.ctime_ns = src_dir.mtime_ns = src_dir.ctime_ns = now
         dst_dir.mtime_ns = dst_dir.ctime_ns = now
@@ -1355,6 +1370,8 @@ class MemosOperations(pyfuse3.Operations):
             if ref is None:
                 node.pending.pop(pid, None)
                 raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
+            if tier != "mem":
+                self._settle_quota(node.key)    # brought in: its agent stays in its quota
             if self.store.remote is not None and tier not in ("mem", "ssd") \
                     and node.successor is None and not node.detached and not node.writers:
                 # the remote tier may have had another mount's newer version
@@ -1407,8 +1424,17 @@ class MemosOperations(pyfuse3.Operations):
         fh = self._fh()
         fi = pyfuse3.FileInfo(fh=fh)
         pid = ctx.pid if ctx is not None else 0
+        uid = ctx.uid if ctx is not None else 0
+        if acc == os.O_RDONLY and ref is not None:
+            try:
+                self.tenants.hold(uid, node.ino, ref)
+            except OverLimit as e:
+                ref.release()
+                raise refuse(errno.EDQUOT, "open %s: %s", node.name, e,
+                             level=logging.WARNING) from None
         if acc == os.O_RDONLY:
             h = Handle(fh, node, flags, "read")
+            h.uid = uid
             h.ref = ref
             h.decoded = self._logical(ref)
             version = ref.version if ref is not None else 0
@@ -1433,6 +1459,7 @@ class MemosOperations(pyfuse3.Operations):
                           node.name, node.ino, node.readers, node.pushing)
             h = Handle(fh, node, flags, "write")
             h.opener = tgid_of(pid)
+            h.uid = uid
             if flags & os.O_TRUNC:
                 if ref is not None:
                     ref.release()
@@ -1497,9 +1524,26 @@ class MemosOperations(pyfuse3.Operations):
             # kernel's copy of these pages is dropped
             off = d.size
             self._invalidate_pages(node)
+        self._fair_share(h, node, d, off + len(buf))
         self._draft_call(node, d.write, off, buf)
         self._changed(node)
         return len(buf)
+
+    def _fair_share(self, h: Handle, node: Slot, d: "_native.Draft", end: int) -> None:
+        """Before a draft grows to end bytes: the writer's uid stays within
+        hold_max_per_uid and the agent within its quota (making room from
+        its own slots first).  EDQUOT otherwise; nothing changes."""
+        if end <= d.size:
+            return
+        self.tenants.draft_started(h.uid, node)
+        try:
+            self.tenants.check_draft(h.uid, node, end)
+            agent = node.key.split(b"/", 1)[0].decode("utf-8", "surrogateescape")
+            self.tenants.make_room(agent, end, keep=None)
+        except OverLimit as e:
+            self._refused += 1
+            raise refuse(errno.EDQUOT, "write %s: %s", node.name, e,
+                         level=logging.WARNING) from None
 
     def fallocate(self, fh: int, mode: int, offset: int, length: int) -> int:
         """fallocate(2) (through memosfs._fuseshim, on the trio thread):
@@ -1517,6 +1561,7 @@ class MemosOperations(pyfuse3.Operations):
         try:
             d = self._ensure_draft(node)
             if offset + length > d.size:
+                self._fair_share(h, node, d, offset + length)
                 self._draft_call(node, d.truncate, offset + length)
                 self._changed(node)
         except pyfuse3.FUSEError as e:
@@ -1729,6 +1774,8 @@ class MemosOperations(pyfuse3.Operations):
                     trio.lowlevel.spawn_system_task(self.pusher.run, job)
         finally:
             if h.ref is not None:
+                if h.kind == "read":
+                    self.tenants.unhold(h.uid, node.ino, h.ref)
                 h.ref.release()
             self.coherence.release(h.hold)
             node.handles -= 1
@@ -1809,6 +1856,7 @@ class MemosOperations(pyfuse3.Operations):
                 d.free()
                 src.draft = self._draft_from(None, logical)
             raise
+        self._settle_quota(key)
         self._release_base(src)
         src.base = ref                  # the writers go on from this version
         src.base_decoded = logical
@@ -1826,6 +1874,18 @@ class MemosOperations(pyfuse3.Operations):
                 current = node
         target = current if isinstance(current, Slot) else node
         return self._published(target, ref, src.draft_mtime_ns or _now(), logical)
+
+    def _settle_quota(self, key: bytes) -> None:
+        """After a publish: an agent beyond its quota moves its own least
+        recently used slots (not this one) to the SSD tier."""
+        agent = key.split(b"/", 1)[0].decode("utf-8", "surrogateescape")
+        if agent not in self.tenants.quotas:
+            return
+        try:
+            self.tenants.make_room(agent, 0, keep=key)
+        except OverLimit as e:
+            log.warning("%s: %s (it stays beyond its quota until its slots can go)",
+                        key.decode("utf-8", "replace"), e)
 
     def _published(self, node: Slot, ref: "_native.Ref", mtime_ns: int,
                    logical: Optional[bytes] = None) -> Optional[tuple]:
@@ -1945,6 +2005,9 @@ class MemosOperations(pyfuse3.Operations):
             return self.coherence.state(node.key, self.coherence.agent_of(ctx)).encode()
         if isinstance(node, Slot) and name in self._MEMOS_ATTRS:
             return self._memos_attr(node, name)
+        if name == USAGE_XATTR and isinstance(node, Dir) and node.level == AGENT:
+            t = self.tenants.usage(node.name) if QUOTA_XATTR in node.xattrs else None
+            return str(t[1] if t else 0).encode()
         try:
             return node.xattrs[name]
         except KeyError:
@@ -1956,6 +2019,8 @@ class MemosOperations(pyfuse3.Operations):
         node = self._node(inode)
         names = list(self._MEMOS_ATTRS) + [b"user.memos.state"] \
             if isinstance(node, Slot) else []
+        if QUOTA_XATTR in node.xattrs:
+            names.append(USAGE_XATTR)
         return names + list(node.xattrs)
 
     async def setxattr(self, inode, name, value, ctx):
@@ -1987,11 +2052,22 @@ class MemosOperations(pyfuse3.Operations):
                     ref.release()
                     raise refuse(errno.ENOSPC, "pin %s: the memory tier cannot take it",
                                  node.name)
+            try:
+                if on:
+                    self.tenants.check_pin(ctx.uid, node, ref)
+            except OverLimit as e:
+                ref.release()
+                self._refused += 1
+                raise refuse(errno.EDQUOT, "pin %s: %s", node.name, e,
+                             level=logging.WARNING) from None
             ref.sticky = on
+            self.tenants.pinned(ctx.uid, node, ref, on)
             ref.release()
             self.trace.emit("PIN", key=node.key.decode("utf-8", "replace"),
                             on=value.strip().decode())
             return
+        if name == QUOTA_XATTR:
+            return self._set_quota(node, bytes(value), ctx)
         if name.startswith(b"user.memos."):
             raise refuse(errno.EPERM, "%s is read-only", name.decode("utf-8", "replace"))
         if not name.startswith(b"user.") or isinstance(node, Pseudo):
@@ -2001,10 +2077,47 @@ class MemosOperations(pyfuse3.Operations):
         node.ctime_ns = _now()
         self._metadata_changed(node)
 
+    def _set_quota(self, node: Node, value: bytes, ctx) -> None:
+        """user.memos.quota on an agent directory (root only): its share of
+        the memory tier, in bytes (4G, 512M; 0 takes it away)."""
+        if not isinstance(node, Dir) or node.level != AGENT:
+            raise refuse(errno.EINVAL, "user.memos.quota belongs on an agent directory")
+        if ctx.uid != 0:
+            raise refuse(errno.EPERM, "user.memos.quota on %s: only root sets quotas "
+                         "(uid %d tried)", node.name, ctx.uid, level=logging.WARNING)
+        try:
+            text = value.decode("ascii").strip()
+            n = parse_size(text) if text else -1
+        except (UnicodeDecodeError, KnobError):
+            n = -1
+        if n < 0 or n > 1 << 50:
+            raise refuse(errno.EINVAL, "user.memos.quota on %s: %r is not a size "
+                         "(bytes, or 512M, 4G)", node.name, value)
+        try:
+            self.tenants.set_quota(node.name, n)
+        except (ValueError, OSError) as e:
+            raise refuse(errno.ENOSPC if isinstance(e, OSError) else errno.EINVAL,
+                         "user.memos.quota on %s: %s", node.name, e,
+                         level=logging.WARNING) from None
+        if n:
+            node.xattrs[QUOTA_XATTR] = str(n).encode()
+        else:
+            node.xattrs.pop(QUOTA_XATTR, None)
+        log.info("agent %s: quota %d bytes", node.name, n)
+        node.ctime_ns = _now()
+        self.store.namespace_changed()
+        if n:
+            try:
+                self.tenants.make_room(node.name, 0)
+            except OverLimit as e:
+                log.warning("%s (its slots stay until they can go)", e)
+
     async def removexattr(self, inode, name, ctx):
         if inode >= FED_INO:
             return await self.fed.removexattr(inode, name, ctx)
         node = self._node(inode)
+        if name == QUOTA_XATTR and isinstance(node, Dir) and QUOTA_XATTR in node.xattrs:
+            return self._set_quota(node, b"0", ctx)
         if name.startswith(b"user.memos."):
             raise refuse(errno.EPERM, "%s is read-only", name.decode("utf-8", "replace"))
         if node.xattrs.pop(name, None) is None:

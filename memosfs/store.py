@@ -702,6 +702,53 @@ class Store:
         self.trace.emit("FLUSH", written=written, swept_pages=swept)
         return written
 
+    def keys_lru_first(self, prefix: bytes) -> list[bytes]:
+        """The keys under prefix that memory holds, least recently used first."""
+        with self.lock:
+            order = [k for k in self._recency if k.startswith(prefix)]
+        return order
+
+    def demote(self, key: bytes) -> bool:
+        """Move key's current version out of memory, keeping it on the SSD
+        tier (written back first if dirty): an agent over its quota makes
+        room this way.  False, and nothing changes, when it cannot: no SSD
+        tier, not in memory, pinned, or its write-back failed."""
+        if self.ssd is None:
+            return False
+        ref = self.cache.peek(key)
+        if ref is None:
+            return False
+        try:
+            if ref.sticky:
+                return False
+            if ref.dirty:
+                try:
+                    self._write_back(ref, durable=False)
+                except OSError as e:
+                    self._log_io_error("quota: %s stays in memory: write-back failed: %s",
+                                       _k(key), e)
+                    return False
+            with self.lock:                     # publish and rename take it too
+                cur = self.cache.peek(key)
+                if cur is None:
+                    return False
+                try:
+                    same = cur.version == ref.version and not cur.dirty and not cur.sticky
+                finally:
+                    cur.release()
+                entry = self.ssd.get(key)
+                if not same or entry is None or entry.version != ref.version:
+                    return False
+                self.cache.remove(key)
+            self._c["demotions"] += 1
+            self.trace.emit("EVICT", key=_k(key), bytes=ref.size, version=ref.version,
+                            to="ssd", cause="quota")
+            if self.prefetch is not None:
+                self.prefetch.on_evict(key)
+            return True
+        finally:
+            ref.release()
+
     def _keys_most_recent_first(self) -> list[bytes]:
         with self.lock:
             keys = dict.fromkeys(reversed(self._recency))
