@@ -241,7 +241,7 @@ class SSDTier:
         trailer = encode_trailer(key, ref.version, size, crc, meta)
         total = size + len(trailer)
         sdir, final = self._path_of(key)
-        private_dir(sdir)
+        self._shard_dir(sdir)
         tmp = self._tmp_path(sdir, key)
         try:
             fd = open_private(tmp, os.O_WRONLY | os.O_EXCL)
@@ -279,6 +279,14 @@ class SSDTier:
         name = _name_of(key)
         sdir = os.path.join(self.slots_dir, name[:2])
         return sdir, os.path.join(sdir, name + ".slot")
+
+    def _shard_dir(self, sdir: str) -> None:
+        """Make a shard folder (0700) if missing, and slots/ too if it went."""
+        try:
+            private_dir(sdir)
+        except FileNotFoundError:
+            private_dir(self.slots_dir)
+            private_dir(sdir)
 
     def _tmp_path(self, sdir: str, key: bytes) -> str:
         return os.path.join(sdir, f".{_name_of(key)}.{os.getpid()}.{next(self._seq)}.tmp")
@@ -383,7 +391,7 @@ class SSDTier:
             trailer = encode_trailer(new, entry.version, entry.size, entry.crc, meta)
             total = entry.size + len(trailer)
             self._check_room(new, total)
-            private_dir(sdir)
+            self._shard_dir(sdir)
             tmp = self._tmp_path(sdir, new)
             try:
                 src = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
