@@ -26,7 +26,7 @@ FUZZ_SECONDS ?= 20
 .PHONY: run test deps system-deps build test-c test-py test-sanitize mount-helper clean bench
 
 run: deps build
-	@mkdir -p $(MOUNT) $(SSD)
+	@mkdir -p $(MOUNT)
 	$(VENV)/bin/memosfs memos $(MOUNT) -f -o ssd=$(SSD)$(if $(OPTS),$(comma)$(OPTS))
 
 comma := ,

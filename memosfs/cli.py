@@ -85,8 +85,17 @@ def _join_remote_hosts(parts: list[str]) -> list[str]:
 
 
 def _setup_logging(path: Optional[str], debug: bool) -> None:
+    """Log to path (made 0600 if new, group/other access taken off if it
+    was there with it: the log names agents, sessions and slots), else stderr."""
+    from .private import tighten_file
     handler: logging.Handler
+    tightened = False
+    problem = None
     if path:
+        try:
+            _created, tightened = tighten_file(path)
+        except OSError as e:            # FileHandler says why it cannot open it
+            problem = e
         handler = logging.FileHandler(path)
     else:
         handler = logging.StreamHandler(sys.stderr)
@@ -95,6 +104,12 @@ def _setup_logging(path: Optional[str], debug: bool) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if debug else logging.INFO)
+    if tightened:
+        log.warning("log file %s: took group/other access off it (it names agents, "
+                    "sessions and slots; kept 0600)", path)
+    elif problem is not None:
+        log.error("log file %s: cannot check its mode: %s; other users may read it",
+                  path, problem)
 
 
 def _mount_device(mountpoint: str) -> Optional[str]:
@@ -254,14 +269,20 @@ def _run_dir() -> Optional[str]:
         base = os.path.join(os.environ["XDG_RUNTIME_DIR"], "memosfs")
     else:
         base = f"/tmp/memosfs-{uid}"
+    from .private import private_makedirs
+    import stat
     try:
-        os.makedirs(base, mode=0o700, exist_ok=True)
+        private_makedirs(base)
         st = os.lstat(base)
     except OSError:
         return None
-    import stat
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
         return None
+    if stat.S_IMODE(st.st_mode) & 0o077:    # ours, made looser: ours alone again
+        try:
+            os.chmod(base, stat.S_IMODE(st.st_mode) & 0o700)
+        except OSError:
+            return None
     return base
 
 
@@ -280,8 +301,9 @@ def _write_run_file(path: Optional[str], obj: dict) -> None:
     if path is None:
         return
     try:
+        from .private import open_private
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
+        with open(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w") as f:
             json.dump(obj, f)
         os.replace(tmp, path)
     except OSError as e:

@@ -66,6 +66,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from .private import open_private, private_makedirs, tighten_tree
+
 log = logging.getLogger("memosfs.federated")
 
 __all__ = [
@@ -164,11 +166,14 @@ class MemoryKV:
 
 class DirKV:
     """The same interface on a directory: one file per key (the key percent-quoted),
-    written to a temporary file, fsync'd and renamed, so a put is atomic and durable."""
+    written to a temporary file, fsync'd and renamed, so a put is atomic and durable.
+    The jobs' parameters, updates and keys are private: the folder is 0700 and its
+    files 0600 whatever the umask (looser ones found at start are tightened)."""
 
     def __init__(self, root: str) -> None:
         self.root = root
-        os.makedirs(root, exist_ok=True)
+        private_makedirs(root)
+        tighten_tree(root, "federated state directory")
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, urllib.parse.quote(key, safe="") + ".kv")
@@ -183,7 +188,7 @@ class DirKV:
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
         try:
             view = memoryview(data)
             while view:

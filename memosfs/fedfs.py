@@ -37,7 +37,8 @@ every path walk revalidates them anyway, and `invalidate_entry` may block while 
 related request is pending.
 
 Persistence.  The jobs' store is a DirKV in `<ssd>/federated/` (one file per key,
-written with fsync and rename), or a MemoryKV with `ssd=none`; the jobs are restored
+written with fsync and rename; the folder 0700 and its files 0600, as everything under
+the SSD directory), or a MemoryKV with `ssd=none`; the jobs are restored
 when the mount starts, and `start()` (called once the kernel mount exists) runs
 `resume()` in a thread, which applies a round whose updates were all in when the
 previous mount stopped.  If memosfs.federated cannot be imported (numpy missing) or

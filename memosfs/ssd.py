@@ -27,6 +27,11 @@ Besides the slots, the folder holds `order.json` (keys, most recently used
 first: the warm-up order) and `namespace.json` (agents and sessions with
 their owners and modes), each replaced atomically.
 
+All of it is the daemon's user's alone: folders 0700, files 0600, set
+explicitly whatever the umask; a folder with looser modes (an older memosfs
+made it 0755, its JSON files 0644) is tightened when the tier opens, with a
+WARNING in the log (memosfs/private.py).
+
 The tier interface is small — put, load, remove, rename, keys, sizes — so
 that another tier (a shared remote one) can stand beside it.
 """
@@ -47,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from . import _native
+from .private import open_private, private_dir, private_makedirs, tighten_tree
 
 log = logging.getLogger("memosfs.ssd")
 
@@ -119,7 +125,11 @@ class SSDTier:
         self.capacity = capacity                # bytes; 0 = the disk's free space
         self.slots_dir = os.path.join(self.root, "slots")
         self.corrupt_dir = os.path.join(self.root, "corrupt")
-        os.makedirs(self.slots_dir, exist_ok=True)
+        # every agent's keys, owners and data are here: the daemon's user alone
+        # reads it (a folder an older memosfs made 0755 is tightened now)
+        private_makedirs(self.root)
+        self.tightened = tighten_tree(self.root, "ssd directory")
+        private_dir(self.slots_dir)
         self.index: dict[bytes, SSDEntry] = {}
         self.lock = threading.RLock()           # guards index and counters
         # one writer at a time; reentrant, so that the store can hold it
@@ -177,7 +187,7 @@ class SSDTier:
             self.corrupt += 1
         log.error("ssd: corrupt slot file set aside: %s", why)
         try:
-            os.makedirs(self.corrupt_dir, exist_ok=True)
+            private_dir(self.corrupt_dir)
             os.replace(path, os.path.join(self.corrupt_dir, os.path.basename(path)))
         except OSError as e:
             log.error("ssd: cannot move %s aside (%s); removing it", path, e)
@@ -231,10 +241,10 @@ class SSDTier:
         trailer = encode_trailer(key, ref.version, size, crc, meta)
         total = size + len(trailer)
         sdir, final = self._path_of(key)
-        os.makedirs(sdir, exist_ok=True)
+        self._shard_dir(sdir)
         tmp = self._tmp_path(sdir, key)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fd = open_private(tmp, os.O_WRONLY | os.O_EXCL)
             try:
                 if size:
                     written = ref.write_to_fd(fd, sparse=True)   # holes stay holes
@@ -269,6 +279,14 @@ class SSDTier:
         name = _name_of(key)
         sdir = os.path.join(self.slots_dir, name[:2])
         return sdir, os.path.join(sdir, name + ".slot")
+
+    def _shard_dir(self, sdir: str) -> None:
+        """Make a shard folder (0700) if missing, and slots/ too if it went."""
+        try:
+            private_dir(sdir)
+        except FileNotFoundError:
+            private_dir(self.slots_dir)
+            private_dir(sdir)
 
     def _tmp_path(self, sdir: str, key: bytes) -> str:
         return os.path.join(sdir, f".{_name_of(key)}.{os.getpid()}.{next(self._seq)}.tmp")
@@ -373,13 +391,12 @@ class SSDTier:
             trailer = encode_trailer(new, entry.version, entry.size, entry.crc, meta)
             total = entry.size + len(trailer)
             self._check_room(new, total)
-            os.makedirs(sdir, exist_ok=True)
+            self._shard_dir(sdir)
             tmp = self._tmp_path(sdir, new)
             try:
                 src = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
                 try:
-                    dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                                  0o600)
+                    dst = open_private(tmp, os.O_WRONLY | os.O_EXCL)
                     try:
                         _copy_range(src, dst, entry.size)
                         _pwrite_all(dst, trailer, entry.size)
@@ -431,7 +448,7 @@ class SSDTier:
         tmp = f"{path}.{os.getpid()}.{next(self._seq)}.tmp"     # callers may race
         data = json.dumps(obj, separators=(",", ":")).encode()
         try:
-            with open(tmp, "wb") as f:
+            with open(open_private(tmp, os.O_WRONLY | os.O_EXCL), "wb") as f:
                 f.write(data)
                 if durable:
                     f.flush()
