@@ -148,6 +148,13 @@ def cmd_mount(args: argparse.Namespace) -> int:
     def knob(name):
         return knobs.get(name, KNOB_BY_NAME[name].default)
 
+    from .fs import physical_memory
+    memory = physical_memory()
+    if memory and int(knob("capacity")) > memory:
+        print(f"memosfs: capacity {knob('capacity')} cannot grow beyond memory "
+              f"({memory} bytes)", file=sys.stderr)
+        return 1
+
     tier = None
     if ssd != "none":                   # ssd=none: a memory-only cache
         try:
