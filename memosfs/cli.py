@@ -555,7 +555,8 @@ def cmd_knobs(args: argparse.Namespace) -> int:
         print(knob_table_markdown(), end="")
         return 0
     for k in KNOBS:
-        print(f"{k.name:<18} default {k.default!s:<12} {k.meaning} ({k.effect})")
+        print(f"{k.name:<22} default {k.default!s:<10} accepts {k.range_text()}: "
+              f"{k.meaning} ({k.effect})")
     return 0
 
 
