@@ -163,6 +163,13 @@ def cmd_mount(args: argparse.Namespace) -> int:
     def knob(name):
         return knobs.get(name, KNOB_BY_NAME[name].default)
 
+    from .fs import physical_memory
+    memory = physical_memory()
+    if memory and int(knob("capacity")) > memory:
+        print(f"memosfs: capacity {knob('capacity')} cannot grow beyond memory "
+              f"({memory} bytes)", file=sys.stderr)
+        return 1
+
     tier = None
     if ssd != "none":                   # ssd=none: a memory-only cache
         try:
@@ -551,10 +558,10 @@ def cmd_calc_size(args: argparse.Namespace) -> int:
 
 def knob_table_markdown() -> str:
     """The README's knob table, made from the knob table itself."""
-    rows = ["| knob | default | meaning |", "|---|---|---|"]
+    rows = ["| knob | default | accepts | meaning |", "|---|---|---|---|"]
     for k in KNOBS:
         default = _human_size(k.default) if k.name == "capacity" else k.default
-        rows.append(f"| `{k.name}` | {default} | {k.meaning} |")
+        rows.append(f"| `{k.name}` | {default} | {k.range_text()} | {k.meaning} |")
     return "\n".join(rows) + "\n"
 
 
@@ -570,7 +577,8 @@ def cmd_knobs(args: argparse.Namespace) -> int:
         print(knob_table_markdown(), end="")
         return 0
     for k in KNOBS:
-        print(f"{k.name:<18} default {k.default!s:<12} {k.meaning} ({k.effect})")
+        print(f"{k.name:<22} default {k.default!s:<10} accepts {k.range_text()}: "
+              f"{k.meaning} ({k.effect})")
     return 0
 
 

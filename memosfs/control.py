@@ -1,26 +1,55 @@
 """The control plane: the knob table and the `.memos/` pseudo-files.
 
-Every setting lives in one table, `KNOBS`: its name, how a written value is
-parsed and checked, its default, and what it means.  The knob files under
-`.memos/cache/`, their validation, the mount options and the README's knob
-list all come from this table.
+Every setting lives in one table, `KNOBS`: its name, its kind and bounds (how
+a written value is parsed and checked), its default, and what it means.  The
+knob files under `.memos/cache/`, their validation, the mount options and the
+README's knob list all come from this table.
 
-Pseudo-files (all served with direct_io, st_size 0, read as a snapshot taken
-at open):
+Pseudo-files (all owned by root, served with direct_io, st_size 0, read as a
+snapshot taken at open).  Their modes say what they do and the daemon itself
+enforces them, with or without `default_permissions`: a uid other than 0 gets
+the "other" bits, root the owner bits (so root too gets EACCES reading a
+write-only file or writing a read-only one).  chmod, chown and utimes of any
+control file or directory are EPERM, for root too.
 
 =====================  ====  =====================================================
 file                   mode  meaning
 =====================  ====  =====================================================
-cache/stats            0444  `name value` lines, one per counter
+cache/stats            0444  `name value` lines, one per counter (no names: only
+                             counts, sizes and the eviction policy)
 cache/stats.json       0444  the same counters as one JSON object
-cache/<knob>           0644  `value\\n`; writing a valid value sets it at once,
+cache/<knob>           0644  `value\\n`; root writing a valid value sets it at once,
                              anything else is EINVAL and changes nothing
-cache/flush            0200  write 1: persist every dirty slot, then reclaim memory
-cache/reset_context    0200  write `agent/session`: drop that session's slots
-debug/trace            0644  write 1 (on, clears the buffer) or 0 (off); read: one
-                             event a line, `<ns> <EVENT> key=value ...`
+cache/flush            0200  root writes 1: persist every dirty slot, then reclaim
+                             memory
+cache/reset_context    0200  root writes `agent/session`: drop that session's slots
+debug/trace            0600  root only.  write 1 (on, clears the buffer) or 0 (off);
+                             read: one event a line, `<ns> <EVENT> field=value ...`
 metrics                0444  Prometheus text exposition of the stats
 =====================  ====  =====================================================
+
+Knob input is strict: ASCII only (any other byte is EINVAL, so are Unicode
+digits such as U+0663 or full-width ones), surrounding spaces, tabs and
+newlines are ignored, and then the whole text must be
+
+* an integer knob: decimal digits `[0-9]+`, no sign, no exponent;
+* a size knob: digits with an optional fraction and an optional binary suffix
+  `K`, `M`, `G` or `T` (optionally followed by `iB` or `B`), e.g. `512M`,
+  `1.5G`, `65536`; the result must be a whole number of bytes;
+* a ratio knob: `[0-9]+` or `[0-9]+.[0-9]+` (so no `-0`, `nan`, `inf`, `1e-1`);
+* a choice knob: one of its names exactly;
+
+and within the knob's bounds in `KNOBS` (see `Knob.range_text`).  At most 64
+bytes are read.  The mount options (`-o capacity=4G,...`) go through the same
+parser.
+
+Trace encoding: every value in a trace line (and the event name) is
+percent-encoded so that a line is always exactly one event and splits
+unambiguously at spaces and at the first `=` of each field: the value is
+taken as UTF-8 (names that are not UTF-8 keep their bytes), and every byte
+outside the printable ASCII range 0x21-0x7E, and `%` and `=` themselves, is
+written `%XX` (two upper-case hex digits): a space is `%20`, a newline `%0A`,
+`%` is `%25`, `=` is `%3D`.  Decoding is `urllib.parse.unquote`.
 """
 
 from __future__ import annotations
@@ -31,192 +60,233 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-__all__ = ["Knob", "KNOBS", "KNOB_BY_NAME", "parse_size", "Trace", "format_stats",
-           "format_metrics", "KnobError"]
+__all__ = ["Knob", "KNOBS", "KNOB_BY_NAME", "parse_size", "Trace", "trace_quote",
+           "format_stats", "format_metrics", "KnobError"]
 
 
 class KnobError(ValueError):
     """A value that a knob refuses; the message says why."""
 
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
+MAX_INPUT = 64                          # bytes of a knob value looked at, at most
+_BLANK = " \t\r\n"
+_INT_RE = re.compile(r"[0-9]+", re.ASCII)
+_SIZE_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?([kKmMgGtT]?)(?:[iI]?[bB])?", re.ASCII)
+_RATIO_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?", re.ASCII)
 _SIZE_MULT = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
+def _clean(text: str) -> str:
+    """The text of a written value: ASCII, short, not blank; stripped of
+    surrounding spaces, tabs and newlines."""
+    if len(text) > MAX_INPUT:
+        raise KnobError(f"a value of {len(text)} characters (at most {MAX_INPUT})")
+    if not text.isascii():
+        raise KnobError(f"not ASCII: {text!r}")
+    t = text.strip(_BLANK)
+    if not t:
+        raise KnobError("an empty value")
+    return t
+
+
 def parse_size(text: str) -> int:
-    """Parse `4G`, `512M`, `1.5g`, `65536` (binary multiples) into bytes."""
-    m = _SIZE_RE.match(text)
+    """Parse `4G`, `512M`, `1.5g`, `65536` (binary multiples) into bytes;
+    ASCII digits only, no sign, no exponent, a whole number of bytes."""
+    t = _clean(text)
+    m = _SIZE_RE.fullmatch(t)
     if not m:
-        raise KnobError(f"not a size: {text.strip()!r} (use bytes or a K/M/G/T suffix)")
-    return int(float(m.group(1)) * _SIZE_MULT[m.group(2).lower()])
+        raise KnobError(f"not a size: {t!r} (use bytes or a K/M/G/T suffix)")
+    whole, frac, suffix = m.group(1), m.group(2) or "", m.group(3).lower()
+    mult = _SIZE_MULT[suffix]
+    num = int(whole + frac) * mult
+    den = 10 ** len(frac)
+    if num % den:
+        raise KnobError(f"not a whole number of bytes: {t!r}")
+    return num // den
 
 
-def _int_in(lo: int, hi: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        t = text.strip()
-        if not re.fullmatch(r"[+]?\d+", t):
-            raise KnobError(f"not an integer: {t!r}")
-        v = int(t)
-        if not lo <= v <= hi:
-            raise KnobError(f"{v} is out of range [{lo}, {hi}]")
-        return v
-    return parse
+def _parse_int(text: str) -> int:
+    t = _clean(text)
+    if not _INT_RE.fullmatch(t):
+        raise KnobError(f"not an integer: {t!r} (decimal digits, no sign)")
+    return int(t)
 
 
-def _size_in(lo: int, hi: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        v = parse_size(text)
-        if not lo <= v <= hi:
-            raise KnobError(f"{v} bytes is out of range [{lo}, {hi}]")
-        return v
-    return parse
+def _parse_ratio(text: str) -> float:
+    t = _clean(text)
+    if not _RATIO_RE.fullmatch(t):
+        raise KnobError(f"not a number: {t!r} (digits with an optional .fraction)")
+    return float(t)
 
 
-def _ratio(text: str) -> float:
-    t = text.strip()
-    try:
-        v = float(t)
-    except ValueError:
-        raise KnobError(f"not a number: {t!r}") from None
-    if not 0.0 <= v <= 1.0:
-        raise KnobError(f"{v} is out of range [0, 1]")
-    return v
-
-
-def _size_or_zero(text: str) -> int:
-    v = parse_size(text)
-    if v and v < (1 << 20):
-        raise KnobError(f"{v} bytes is too small (0 = no limit, else at least 1M)")
-    return v
-
-
-def _error_max(text: str) -> str:
-    t = text.strip()
-    if t == "auto":
-        return t
-    try:
-        v = float(t)
-    except ValueError:
-        raise KnobError(f"not a number or auto: {t!r}") from None
-    if not 0.0 < v <= 1.0:
-        raise KnobError(f"{v} is out of range (0, 1]")
-    return repr(v)
-
-
-def _size_or_share(text: str) -> object:
-    """A size (`16M`), or a share of the memory tier's capacity (`25%`)."""
-    t = text.strip()
-    m = re.fullmatch(r"([0-9]{1,3})%", t, re.ASCII)
-    if m:
-        v = int(m.group(1))
-        if not 1 <= v <= 100:
-            raise KnobError(f"{t} is out of range [1%, 100%]")
-        return f"{v}%"
-    v = parse_size(t)
-    if not (1 << 20) <= v <= (1 << 50):
-        raise KnobError(f"{v} bytes is out of range [1M, 1P] (or give a share: 25%)")
-    return v
-
-
-def _choice(*names: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        t = text.strip()
-        if t not in names:
-            raise KnobError(f"{t!r} is not one of {', '.join(names)}")
-        return t
-    return parse
+def _fmt_bound(kind: str, v: Any) -> str:
+    if kind in ("size", "share"):
+        for suffix, mult in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20),
+                             ("K", 1 << 10)):
+            if v and v % mult == 0:
+                return f"{v // mult}{suffix}"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
 
 
 @dataclass(frozen=True)
 class Knob:
-    """One setting: name, parser (str -> value, raises KnobError), default,
-    meaning (one line, for the README and `memosfs --help`), and when a
-    change takes effect."""
+    """One setting: name; kind (int, size, ratio, choice, or error_max: a
+    ratio or `auto`); bounds (lo, hi) of a number, or the names of a choice;
+    default; meaning (one line, for the README and `memosfs --help`); when a
+    change takes effect; for sizes, whether 0 is also allowed (`zero`); for
+    ratios, whether lo itself is excluded (`open_lo`)."""
     name: str
-    parse: Callable[[str], Any]
+    kind: str
+    bounds: tuple
     default: Any
     meaning: str
     effect: str = "at once"
+    zero: bool = False
+    open_lo: bool = False
+
+    def parse(self, text: str) -> Any:
+        """The value of written text, or KnobError saying why not."""
+        if self.kind == "choice":
+            t = _clean(text)
+            if t not in self.bounds:
+                raise KnobError(f"{t!r} is not one of {', '.join(self.bounds)}")
+            return t
+        if self.kind == "error_max" and _clean(text) == "auto":
+            return "auto"
+        if self.kind == "share" and _clean(text).endswith("%"):
+            t = _clean(text)
+            if not _INT_RE.fullmatch(t[:-1]) or not 1 <= int(t[:-1]) <= 100:
+                raise KnobError(f"{t!r} is not a share of capacity in [1%, 100%]")
+            return f"{int(t[:-1])}%"
+        if self.kind == "int":
+            v: Any = _parse_int(text)
+        elif self.kind in ("size", "share"):
+            v = parse_size(text)
+            if v == 0 and self.zero:
+                return 0
+        else:                                   # ratio, error_max
+            v = _parse_ratio(text)
+        lo, hi = self.bounds
+        if v < lo or v > hi or (self.open_lo and v == lo):
+            unit = " bytes" if self.kind in ("size", "share") else ""
+            raise KnobError(f"{v}{unit} is out of range {self.range_text()}")
+        return repr(v) if self.kind == "error_max" else v
+
+    def range_text(self) -> str:
+        """The accepted values, for messages and the README."""
+        if self.kind == "choice":
+            return " | ".join(self.bounds)
+        lo, hi = (_fmt_bound(self.kind, b) for b in self.bounds)
+        text = f"{'(' if self.open_lo else '['}{lo}, {hi}]"
+        if self.zero:
+            text = f"0 or {text}"
+        if self.kind == "error_max":
+            text = f"auto or {text}"
+        if self.kind == "share":
+            text = f"{text} or [1%, 100%] of capacity"
+        return text
 
     def format(self, value: Any) -> str:
         return f"{value}\n"
 
 
+def _choice(name, names, default, meaning, effect="at once") -> Knob:
+    return Knob(name, "choice", tuple(names), default, meaning, effect)
+
+
 KNOBS: tuple[Knob, ...] = (
-    Knob("capacity", _size_in(2 << 20, 1 << 50), 1 << 30,
+    Knob("capacity", "size", (2 << 20, 1 << 50), 1 << 30,
          "memory tier size in bytes (accepts 512M, 4G); rounded up to 2 MiB superblocks; "
          "shrinking evicts"),
-    Knob("evict_policy", _choice("lru_lfu", "lru", "lfu"), "lru_lfu",
-         "eviction policy: lru_lfu (adaptive recency/frequency hybrid with ghost lists), "
-         "lru or lfu; switching keeps every slot"),
-    Knob("evict_batch", _int_in(1, 4096), 16,
+    _choice("evict_policy", ("lru_lfu", "lru", "lfu"), "lru_lfu",
+            "eviction policy: lru_lfu (adaptive recency/frequency hybrid with ghost lists), "
+            "lru or lfu; switching keeps every slot"),
+    Knob("evict_batch", "int", (1, 4096), 16,
          "victims chosen per eviction run (a larger batch trades P99 put latency for throughput)"),
-    Knob("reclaim_free_ratio", _ratio, 0.2,
+    Knob("reclaim_free_ratio", "ratio", (0.0, 1.0), 0.2,
          "lazy reclaim: the arena sweeps freed pages back into whole blocks when its "
          "allocatable share of capacity falls below this (0 = only after failures and on "
          "flush)"),
-    Knob("reclaim_fail_limit", _int_in(0, 1_000_000), 3,
+    Knob("reclaim_fail_limit", "int", (0, 1_000_000), 3,
          "lazy reclaim: the arena also sweeps after more than this many allocation "
          "failures in a row"),
-    Knob("writeback_delay_ms", _int_in(0, 3_600_000), 1000,
+    Knob("writeback_delay_ms", "int", (0, 3_600_000), 1000,
          "a published (dirty) slot is written to the SSD tier this long after its "
          "publish, by the background writer"),
-    Knob("ssd_capacity", _size_or_zero, 0,
+    Knob("ssd_capacity", "size", (1 << 20, 1 << 50), 0,
          "bytes the SSD tier may hold (accepts 100G); beyond it, its least recently used "
-         "slots go; 0 = as much as the disk has"),
-    Knob("warmup_ratio", _ratio, 0.5,
+         "slots go; 0 = as much as the disk has", zero=True),
+    Knob("warmup_ratio", "ratio", (0.0, 1.0), 0.5,
          "share of capacity preloaded from the SSD tier at mount, most recently used "
          "first, in the background", "at the next mount"),
-    Knob("quantize", _choice("off", "int8", "int8-layer", "int4"), "off",
-         "store safetensors slots' float tensors quantized: int8 (keys per channel, values "
-         "per token), int8-layer (one scale per tensor), int4 (groups of 32); reads return "
-         "the dequantized tensors in their dtype and layout", "on the next publish"),
-    Knob("quant_error_max", _error_max, "auto",
+    _choice("quantize", ("off", "int8", "int8-layer", "int4"), "off",
+            "store safetensors slots' float tensors quantized: int8 (keys per channel, values "
+            "per token), int8-layer (one scale per tensor), int4 (groups of 32); reads return "
+            "the dequantized tensors in their dtype and layout", "on the next publish"),
+    Knob("quant_error_max", "error_max", (0.0, 1.0), "auto",
          "relative error ||x-x^||/||x|| above which a tensor stays at full precision; auto "
-         "= 0.03 for int8 schemes, 0.12 for int4", "on the next publish"),
-    Knob("page_cache_push", _choice("0", "1"), "1",
-         "1: copy each published version (of 1 MiB or more) into the kernel page cache, so local readers "
-         "and mmap find it without a request (as after a write on a local filesystem); "
-         "0: readers fetch from the daemon"),
-    Knob("coherence_protocol", _choice("0", "1", "2"), "1",
-         "agents sharing slots: 0 no tracking (last publish wins); 1 batched invalidation "
-         "(a writer goes on at once, holders are told in batches and keep their snapshot); "
-         "2 strong (a writer's open waits until every holder has acknowledged, and no "
-         "reader opens while a write is granted)", "on the next open"),
-    Knob("coherence_timeout_ms", _int_in(1, 3_600_000), 5000,
+         "= 0.03 for int8 schemes, 0.12 for int4", "on the next publish", open_lo=True),
+    _choice("page_cache_push", ("0", "1"), "1",
+            "1: copy each published version (of 1 MiB or more) into the kernel page cache, so local readers "
+            "and mmap find it without a request (as after a write on a local filesystem); "
+            "0: readers fetch from the daemon"),
+    _choice("coherence_protocol", ("0", "1", "2"), "1",
+            "agents sharing slots: 0 no tracking (last publish wins); 1 batched invalidation "
+            "(a writer goes on at once, holders are told in batches and keep their snapshot); "
+            "2 strong (a writer's open waits until every holder has acknowledged, and no "
+            "reader opens while a write is granted)", "on the next open"),
+    Knob("coherence_timeout_ms", "int", (1, 3_600_000), 5000,
          "protocol 2: how long an open waits for acknowledgements or for a writer before "
          "it fails with ETIMEDOUT and nothing changes", "on the next open"),
-    Knob("coherence_batch_ms", _int_in(0, 60_000), 2,
+    Knob("coherence_batch_ms", "int", (0, 60_000), 2,
          "protocol 1: invalidations are delivered in batches at most this often "
          "(0 = at once)"),
-    Knob("agent_identity", _choice("uid", "pid"), "uid",
-         "who is an agent for the coherence directory: every uid (its processes share a "
-         "state) or every process", "on the next open"),
-    Knob("ring_slots", _int_in(0, 1 << 30), 0,
+    _choice("agent_identity", ("uid", "pid"), "uid",
+            "who is an agent for the coherence directory: every uid (its processes share a "
+            "state) or every process", "on the next open"),
+    Knob("ring_slots", "int", (0, 1 << 30), 0,
          "slots a session keeps before its oldest is recycled (0 = no limit)",
          "on the next publish in a session"),
-    Knob("pin_max_per_uid", _size_or_share, "25%",
+    Knob("pin_max_per_uid", "share", (1 << 20, 1 << 50), "25%",
          "bytes one uid may pin with user.memos.pin (a size, or a share of capacity: 25%); "
          "a pin beyond it is EDQUOT; root is not bounded"),
-    Knob("hold_max_per_uid", _size_or_share, "50%",
+    Knob("hold_max_per_uid", "share", (1 << 20, 1 << 50), "50%",
          "memory one uid's open handles may keep from eviction (versions open for "
          "reading, drafts of its writers; a size or a share of capacity); an open or a "
          "write beyond it is EDQUOT; root is not bounded"),
-    Knob("prefetch_mode", _choice("off", "sequential", "random", "hybrid", "learned"), "off",
-         "bring slots from the SSD tier into memory before they are read: sequential (the "
-         "next prefetch_stride slots of the session, by its detected stride), random (hot "
-         "slots from the heat table), hybrid (whichever of the two is more accurate), "
-         "learned (an LSTM over the session's moves; needs torch) or off"),
-    Knob("prefetch_stride", _int_in(0, 64), 2,
+    _choice("prefetch_mode", ("off", "sequential", "random", "hybrid", "learned"), "off",
+            "bring slots from the SSD tier into memory before they are read: sequential (the "
+            "next prefetch_stride slots of the session, by its detected stride), random (hot "
+            "slots from the heat table), hybrid (whichever of the two is more accurate), "
+            "learned (an LSTM over the session's moves; needs torch) or off"),
+    Knob("prefetch_stride", "int", (0, 64), 2,
          "slots fetched ahead per read (sequential: the next N at the session's stride; "
          "random and learned: up to N)"),
-    Knob("prefetch_retrain_below", _ratio, 0.70,
+    Knob("prefetch_retrain_below", "ratio", (0.0, 1.0), 0.70,
          "prefetch accuracy (used before eviction / fetched, over a window) below which "
          "learned retrains and hybrid re-chooses"),
 )
 KNOB_BY_NAME = {k.name: k for k in KNOBS}
+
+
+_TRACE_SAFE = frozenset(range(0x21, 0x7F)) - {ord("%"), ord("=")}
+
+
+def trace_quote(value: Any) -> str:
+    """A trace field value with every byte outside printable ASCII, and `%`
+    and `=`, percent-encoded (`%0A`, `%20`, `%25`, `%3D`): no whitespace, no
+    control character, no `=` (see the module docstring)."""
+    if isinstance(value, (bytes, bytearray)):
+        raw = bytes(value)
+    else:
+        raw = str(value).encode("utf-8", "surrogateescape")
+    if all(b in _TRACE_SAFE for b in raw):
+        return raw.decode("ascii")
+    return "".join(chr(b) if b in _TRACE_SAFE else f"%{b:02X}" for b in raw)
 
 
 class Trace:
@@ -234,11 +304,13 @@ class Trace:
             self.enabled = on
 
     def emit(self, event: str, **fields: Any) -> None:
+        """Append `<ns> <EVENT> field=value ...`; every value is encoded by
+        `trace_quote`, so no name can split or forge a line."""
         if not self.enabled:
             return
-        kv = " ".join(f"{k}={v}" for k, v in fields.items())
+        kv = " ".join(f"{trace_quote(k)}={trace_quote(v)}" for k, v in fields.items())
         with self._lock:
-            self._lines.append(f"{time.time_ns()} {event} {kv}".rstrip())
+            self._lines.append(f"{time.time_ns()} {trace_quote(event)} {kv}".rstrip())
 
     def text(self) -> str:
         with self._lock:

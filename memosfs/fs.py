@@ -94,6 +94,14 @@ def tgid_of(pid: int) -> int:
     return pid
 
 
+def physical_memory() -> int:
+    """Bytes of memory of the machine (0 when unknown)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
+
+
 class Refused(pyfuse3.FUSEError):
     """A FUSEError whose reason has been logged."""
 
@@ -446,10 +454,11 @@ class MemosOperations(pyfuse3.Operations):
             self._add_pseudo(next(ino), knob.name, cache, 0o644,
                              (lambda k=knob: k.format(self.knobs[k.name])),
                              (lambda text, k=knob: self.set_knob(k.name, text)))
-        self._add_pseudo(next(ino), "flush", cache, 0o644, lambda: "", self._write_flush)
-        self._add_pseudo(next(ino), "reset_context", cache, 0o644, lambda: "",
+        self._add_pseudo(next(ino), "flush", cache, 0o200, None, self._write_flush)
+        self._add_pseudo(next(ino), "reset_context", cache, 0o200, None,
                          self._write_reset)
-        self._add_pseudo(next(ino), "trace", debug, 0o644, self.trace.text,
+        # the trace names every tenant's agents, sessions, slots and uids
+        self._add_pseudo(next(ino), "trace", debug, 0o600, self.trace.text,
                          self._write_trace)
         self._add_pseudo(next(ino), "metrics", ctl, 0o444,
                          lambda: format_metrics(self.stats()), None)
@@ -474,10 +483,19 @@ class MemosOperations(pyfuse3.Operations):
         knob = KNOB_BY_NAME[name]
         value = knob.parse(text)
         if name == "capacity":
+            current = self.store.cache.capacity
+            memory = physical_memory()
+            if value > current and memory and value > memory:
+                raise KnobError(f"cannot grow beyond memory: {value} bytes asked, the "
+                                f"machine has {memory}")
             try:
                 self.store.set_capacity(value)
             except OSError as e:
-                raise KnobError(f"cannot shrink to {value} bytes: {e.strerror}") from e
+                if value > current:
+                    raise KnobError(f"cannot grow beyond memory to {value} bytes: "
+                                    f"{e.strerror}") from e
+                raise KnobError(f"cannot shrink to {value} bytes: {e.strerror} "
+                                f"(pinned or open slots do not fit)") from e
             value = self.store.cache.capacity
         elif name == "evict_batch":
             self.store.set_evict_batch(value)
@@ -833,6 +851,12 @@ class MemosOperations(pyfuse3.Operations):
         if inode >= FED_INO:
             return await self.fed.setattr(inode, attr, fields, fh, ctx)
         node = self._node(inode)
+        if isinstance(node, Pseudo) or (isinstance(node, Dir) and node.level == CTL):
+            if fields.update_mode or fields.update_uid or fields.update_gid or (
+                    (fields.update_atime or fields.update_mtime) and not fields.update_size):
+                raise refuse(errno.EPERM, "chmod/chown/utimes of %s: the control plane "
+                             "is fixed", node.name)
+            return self._attr(node, ctx)    # O_TRUNC of a knob file: nothing to do
         now = _now()
         if fields.update_size:
             if isinstance(node, Dir):
@@ -1210,7 +1234,7 @@ class MemosOperations(pyfuse3.Operations):
         if isinstance(node, Dir):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if isinstance(node, Pseudo):
-            return self._open_pseudo(node, flags)
+            return self._open_pseudo(node, flags, ctx)
         live = node
         while live.successor is not None:
             live = live.successor
@@ -1401,10 +1425,19 @@ class MemosOperations(pyfuse3.Operations):
             self._refused += 1
             raise refuse(e.errno or errno.EIO, "%s", e, level=logging.WARNING) from None
 
-    def _open_pseudo(self, node: Pseudo, flags: int) -> pyfuse3.FileInfo:
+    def _open_pseudo(self, node: Pseudo, flags: int, ctx=None) -> pyfuse3.FileInfo:
+        """The mode is enforced here too (a mount without default_permissions
+        must not open the trace or the knobs to every uid): root gets the
+        owner bits, every other uid the other bits."""
         acc = flags & os.O_ACCMODE
-        if acc != os.O_RDONLY and node.write is None:
-            raise refuse(errno.EACCES, "open %s for writing: read-only", node.name)
+        uid = ctx.uid if ctx is not None else 0
+        bits = (node.mode >> 6) & 7 if uid == 0 else node.mode & 7
+        if acc != os.O_WRONLY and not bits & 4:
+            raise refuse(errno.EACCES, "open %s for reading by uid %d: mode %o",
+                         node.name, uid, stat.S_IMODE(node.mode))
+        if acc != os.O_RDONLY and not bits & 2:
+            raise refuse(errno.EACCES, "open %s for writing by uid %d: mode %o",
+                         node.name, uid, stat.S_IMODE(node.mode))
         fh = self._fh()
         h = Handle(fh, node, flags, "pseudo")
         if acc != os.O_WRONLY and node.read is not None:
@@ -1573,7 +1606,7 @@ class MemosOperations(pyfuse3.Operations):
         assert isinstance(node, Pseudo) and node.write is not None
         text = (h.data[:off] + buf) if off else buf
         try:
-            node.write(text.decode("utf-8", "replace"))
+            node.write(text.decode("utf-8", "surrogateescape"))
         except KnobError as e:
             self._refused += 1
             raise refuse(errno.EINVAL, "%s: %s", node.name, e, level=logging.WARNING)
@@ -2070,7 +2103,8 @@ class MemosOperations(pyfuse3.Operations):
             return self._set_quota(node, bytes(value), ctx)
         if name.startswith(b"user.memos."):
             raise refuse(errno.EPERM, "%s is read-only", name.decode("utf-8", "replace"))
-        if not name.startswith(b"user.") or isinstance(node, Pseudo):
+        if not name.startswith(b"user.") or isinstance(node, Pseudo) \
+                or (isinstance(node, Dir) and node.level == CTL):
             raise refuse(errno.ENOTSUP, "xattr %s: only user.* attributes are kept",
                          name.decode("utf-8", "replace"))
         node.xattrs[name] = bytes(value)
