@@ -685,7 +685,7 @@ class RemoteTier:
                 r.execute_command("CLUSTER", "SLOTS")
                 step = f"key {self._peers_key}"
                 try:
-                    r.getrange(self._peers_key, 0, 0)
+                    r.zrangebyscore(self._peers_key, "+inf", "+inf")
                 except (rex.MovedError, rex.AskError):
                     pass                        # allowed: ACLs are checked before MOVED
                 step = f"channel {self._channel.decode()}"
