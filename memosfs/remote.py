@@ -5,8 +5,28 @@
                              ssl_certfile=, ssl_keyfile=, ssl_check_hostname=0|1)
 
 Other URL options: chunk=32M (chunk size, at most 32 MiB), queue=1024 (uploads
-waiting), ack_timeout=1 (seconds a strong-mode writer waits for acknowledgements).
-The hosts are seed nodes; the rest of the cluster is discovered from them.
+waiting), ack_timeout=1 (seconds a strong-mode writer waits for acknowledgements),
+prefix=NAME (every key becomes NAME:memos:..., every channel NAME:memosfs:...;
+1-64 of A-Z a-z 0-9 _ . - :).  The hosts are seed nodes; the rest of the
+cluster is discovered from them.  A password with , @ / ? & in it is
+percent-encoded (%2C %40 %2F %3F %26).
+
+Tenants.  A Redis ACL user restricted to one prefix is enough for the tier:
+`acl_rules(prefix)` gives the rules (keys ~NAME:*, channels &NAME:*, and only
+the commands in ACL_COMMANDS), e.g. on every node of the cluster (ACLs are
+per node):
+
+    ACL SETUSER tenant on >PASSWORD ~t1:* &t1:* -@all +get +set +getrange +append
+        +persist +del +multi +exec +wait +time +zadd +zrem +zremrangebyscore
+        +zrangebyscore +sadd +srem +smembers +publish +subscribe +unsubscribe
+        +ping +hello +auth +command +cluster|slots
+
+At mount, `check()` asks the seed nodes once: a wrong password, a missing
+permission or a failed TLS handshake (unknown CA, name mismatch) fails the
+mount with a message that names the node (RemoteRefused); nodes that do not
+answer do not (the mount serves its local tiers and keeps trying).  The
+password is never logged (RemoteConfig.redacted() writes user:***), and
+`hide_url_passwords()` overwrites it in the process's command line.
 
 Layout.  A slot's keys share one hash tag, h = the first 40 hex digits of
 sha256(slot key), so they live in one hash slot on one master:

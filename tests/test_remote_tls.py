@@ -180,8 +180,9 @@ def test_mounts_share_slots_over_tls_as_the_tenant(cluster, make_mount):
     assert rt.manifest_key(b"ag/s/big", PREFIX) in keys
     assert sum(":c:" in k for k in keys) == 4
     assert all(k.startswith(PREFIX + ":") for k in cluster.scan("*"))
-    # a second mount with a fresh SSD directory reads them back from the remote tier
-    m1 = make_mount(capacity="256M", remote=url, remote_durable=1)
+    # a second mount with a fresh SSD directory reads them back from the remote
+    # tier (logging at DEBUG: redis-py's messages are grepped too)
+    m1 = make_mount(capacity="256M", remote=url, remote_durable=1, debug=1)
     m1.p("ag", "s").mkdir(parents=True)
     assert os.getxattr(m1.p("ag", "s", "big"), "user.memos.tier") == b"remote"
     assert m1.p("ag", "s", "big").read_bytes() == big
