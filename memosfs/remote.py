@@ -682,10 +682,14 @@ class RemoteTier:
         not mend).  Messages name the node, never the password."""
         import ssl
 
-        import redis
-        from redis import exceptions as rex
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
+        try:
+            import redis
+            from redis import exceptions as rex
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+        except ImportError as e:
+            raise RemoteRefused(f"redis-py is not installed ({e}): pip install "
+                                "'redis[hiredis]'") from None
 
         cfg = self.config
         who = f" as user {cfg.username!r}" if cfg.username else ""
