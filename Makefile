@@ -17,7 +17,8 @@ APT_PKGS += python3.11-doc
 # C core tests and benchmarks: clang (libFuzzer), the benchmark peers (harness only)
 APT_PKGS += g++ clang libcuckoo-dev libabsl-dev libjemalloc-dev libjemalloc2
 # The remote tier's tests and `bench remote` start a Redis Cluster on loopback
-APT_PKGS += redis-server
+# (tests/test_remote_tls.py: with TLS, certificates made by the openssl command)
+APT_PKGS += redis-server openssl
 NATIVE   := $(wildcard native/*.c native/*.h native/fuse/*.c)
 PYTEST_ARGS ?=
 MODEL    ?= 1

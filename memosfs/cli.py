@@ -179,7 +179,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
             return 1
     remote = None
     if own.get("remote"):               # remote=redis://host:port,...: the shared tier
-        from .remote import RemoteTier
+        from .remote import RemoteRefused, RemoteTier, hide_url_passwords
+        hide_url_passwords()            # not in ps or /proc/PID/cmdline
         durable = own.get("remote_durable", "0")
         if durable not in ("0", "1"):
             print(f"memosfs: remote_durable takes 0 or 1, not {durable!r}", file=sys.stderr)
@@ -191,6 +192,15 @@ def cmd_mount(args: argparse.Namespace) -> int:
         except (ValueError, ImportError) as e:
             print(f"memosfs: bad remote= option: {e}", file=sys.stderr)
             return 1
+        try:                            # refused credentials or TLS: fail the mount now
+            unreachable = remote.check()
+        except RemoteRefused as e:
+            log.error("remote tier %s refused: %s", remote.config.redacted(), e)
+            print(f"memosfs: cannot mount {mountpoint}: remote tier "
+                  f"{remote.config.redacted()} refused: {e}", file=sys.stderr)
+            return 1
+        if unreachable:
+            log.warning("remote tier %s: %s", remote.config.redacted(), unreachable)
     store = Store(int(knob("capacity")), int(knob("evict_batch")), int(knob("ring_slots")),
                   ssd=tier, writeback_delay_ms=int(knob("writeback_delay_ms")),
                   remote=remote)

@@ -5,8 +5,28 @@
                              ssl_certfile=, ssl_keyfile=, ssl_check_hostname=0|1)
 
 Other URL options: chunk=32M (chunk size, at most 32 MiB), queue=1024 (uploads
-waiting), ack_timeout=1 (seconds a strong-mode writer waits for acknowledgements).
-The hosts are seed nodes; the rest of the cluster is discovered from them.
+waiting), ack_timeout=1 (seconds a strong-mode writer waits for acknowledgements),
+prefix=NAME (every key becomes NAME:memos:..., every channel NAME:memosfs:...;
+1-64 of A-Z a-z 0-9 _ . - :).  The hosts are seed nodes; the rest of the
+cluster is discovered from them.  A password with , @ / ? & in it is
+percent-encoded (%2C %40 %2F %3F %26).
+
+Tenants.  A Redis ACL user restricted to one prefix is enough for the tier:
+`acl_rules(prefix)` gives the rules (keys ~NAME:*, channels &NAME:*, and only
+the commands in ACL_COMMANDS), e.g. on every node of the cluster (ACLs are
+per node):
+
+    ACL SETUSER tenant on >PASSWORD ~t1:* &t1:* -@all +get +set +getrange +append
+        +persist +del +multi +exec +wait +time +zadd +zrem +zremrangebyscore
+        +zrangebyscore +sadd +srem +smembers +publish +subscribe +unsubscribe
+        +ping +hello +auth +command +cluster|slots
+
+At mount, `check()` asks the seed nodes once: a wrong password, a missing
+permission or a failed TLS handshake (unknown CA, name mismatch) fails the
+mount with a message that names the node (RemoteRefused); nodes that do not
+answer do not (the mount serves its local tiers and keeps trying).  The
+password is never logged (RemoteConfig.redacted() writes user:***), and
+`hide_url_passwords()` overwrites it in the process's command line.
 
 Layout.  A slot's keys share one hash tag, h = the first 40 hex digits of
 sha256(slot key), so they live in one hash slot on one master:
@@ -67,6 +87,7 @@ import json
 import logging
 import os
 import queue
+import re
 import struct
 import threading
 import time
@@ -79,8 +100,9 @@ from . import _native
 
 log = logging.getLogger("memosfs.remote")
 
-__all__ = ["RemoteTier", "RemoteEntry", "RemoteVersion", "RemoteConfig", "parse_url",
-           "manifest_key", "chunk_key", "CHUNK_MAX"]
+__all__ = ["RemoteTier", "RemoteEntry", "RemoteVersion", "RemoteConfig", "RemoteRefused",
+           "parse_url", "manifest_key", "chunk_key", "acl_rules", "hide_url_passwords",
+           "CHUNK_MAX"]
 
 MAGIC = b"MEMOSRT1"
 FIXED = struct.Struct("<8sI12sII")      # magic, chunks, tag, json length, json crc
@@ -106,16 +128,20 @@ def _hash(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()[:40]
 
 
-def manifest_key(key: bytes) -> str:
-    return f"memos:{{{_hash(key)}}}:m"
+def _pre(prefix: str) -> str:
+    return prefix + ":" if prefix else ""
 
 
-def chunk_key(key: bytes, tag: str, i: int) -> str:
-    return f"memos:{{{_hash(key)}}}:c:{tag}:{i}"
+def manifest_key(key: bytes, prefix: str = "") -> str:
+    return f"{_pre(prefix)}memos:{{{_hash(key)}}}:m"
 
 
-def index_key(session: bytes) -> str:
-    return f"memos:ix:{{{_hash(session)}}}"
+def chunk_key(key: bytes, tag: str, i: int, prefix: str = "") -> str:
+    return f"{_pre(prefix)}memos:{{{_hash(key)}}}:c:{tag}:{i}"
+
+
+def index_key(session: bytes, prefix: str = "") -> str:
+    return f"{_pre(prefix)}memos:ix:{{{_hash(session)}}}"
 
 
 def _session_and_name(key: bytes) -> tuple[bytes, bytes]:
@@ -142,6 +168,7 @@ class RemoteConfig:
     chunk_size: int = CHUNK_MAX
     queue_max: int = 1024
     ack_timeout: float = 1.0
+    prefix: str = ""                    # keys "<prefix>:memos:...", channels "<prefix>:memosfs:..."
 
     def redacted(self) -> str:
         scheme = "rediss" if self.tls else "redis"
@@ -161,11 +188,15 @@ def _size(text: str) -> int:
     return int(float(t) * mult)
 
 
+_PREFIX_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")   # no braces: they would move hash tags
+
+
 def parse_url(url: str) -> RemoteConfig:
     """redis://[user:pass@]host:port[,host:port...][/0][?opts]; ValueError if bad."""
     scheme, sep, rest = url.strip().partition("://")
     if not sep or scheme not in ("redis", "rediss"):
-        raise ValueError(f"remote URL must start with redis:// or rediss://, not {url!r}")
+        raise ValueError(f"remote URL must start with redis:// or rediss://, not "
+                         f"{(scheme + sep) if sep else 'that'}")      # never echo a password
     rest, _, query = rest.partition("?")
     rest, _, path = rest.partition("/")
     if path not in ("", "0"):
@@ -214,6 +245,11 @@ def parse_url(url: str) -> RemoteConfig:
                 cfg.queue_max = int(value)
             elif name == "ack_timeout":
                 cfg.ack_timeout = float(value)
+            elif name == "prefix":
+                if not _PREFIX_RE.fullmatch(value):
+                    raise ValueError(f"prefix must be 1-64 of A-Z a-z 0-9 _ . - :, "
+                                     f"not {value!r}")
+                cfg.prefix = value
             elif name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path"):
                 cfg.tls_options[name] = value
             elif name == "ssl_cert_reqs":
@@ -227,6 +263,67 @@ def parse_url(url: str) -> RemoteConfig:
     if cfg.timeout <= 0 or cfg.connect_timeout <= 0 or cfg.queue_max < 1:
         raise ValueError("remote URL: timeouts and queue must be positive")
     return cfg
+
+
+# Every command the tier (and redis-py's cluster client) sends: an ACL user
+# with these, on the keys and channels of its prefix, is enough.
+ACL_COMMANDS = ("get", "set", "getrange", "append", "persist", "del", "multi", "exec",
+                "wait", "time", "zadd", "zrem", "zremrangebyscore", "zrangebyscore",
+                "sadd", "srem", "smembers", "publish", "subscribe", "unsubscribe", "ping",
+                "hello", "auth", "command", "cluster|slots")
+
+
+def acl_rules(prefix: str) -> list[str]:
+    """The ACL SETUSER rules for a tenant whose mounts use `?prefix=<prefix>`:
+    its keys and channels only, and only the commands the tier sends."""
+    if not _PREFIX_RE.fullmatch(prefix):
+        raise ValueError(f"bad prefix {prefix!r}")
+    return [f"~{prefix}:*", f"&{prefix}:*", "-@all", *(f"+{c}" for c in ACL_COMMANDS)]
+
+
+def _redact_arg(arg: bytes) -> bytes:
+    out, pos = [], 0
+    for m in re.finditer(rb"rediss?://", arg):
+        if m.start() < pos:
+            continue
+        rest = arg[m.end():]
+        authority = rest.partition(b"?")[0].partition(b"/")[0]
+        userinfo, at, _ = authority.rpartition(b"@")
+        if not at:
+            continue
+        user, colon, _ = userinfo.partition(b":")
+        hidden = user + b":***" if colon else b"***"
+        out += [arg[pos:m.end()], hidden]
+        pos = m.end() + len(userinfo)
+    out.append(arg[pos:])
+    return b"".join(out)
+
+
+def hide_url_passwords() -> bool:
+    """Overwrite the password of every redis[s]:// URL in this process's
+    command line (what ps and /proc/PID/cmdline show) with ***.  The
+    arguments live in this process's memory at /proc/self/stat's
+    arg_start..arg_end; Python keeps its own copy (sys.argv is unchanged).
+    True if something was hidden."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(b")") + 2:].split()
+        start, end = int(fields[45]), int(fields[46])        # fields 48 and 49
+        if not 0 < start < end:
+            return False
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            old = mem.read(end - start)
+            new = b"\0".join(_redact_arg(a) for a in old.split(b"\0"))
+            if new == old:
+                return False
+            mem.seek(start)
+            mem.write(new.ljust(len(old), b"\0"))
+        return True
+    except (OSError, ValueError, IndexError) as e:
+        log.warning("remote: cannot hide the URL password in the command line: %s", e)
+        return False
 
 
 # ---------------------------------------------------------------- records
@@ -287,6 +384,12 @@ class _Unavailable(Exception):
 
 class _Failed(Exception):
     """A remote error already counted and logged."""
+
+
+class RemoteRefused(Exception):
+    """The cluster refuses this mount: wrong credentials, a TLS handshake that
+    fails (unknown CA, certificate mismatch), a permission the tier needs is
+    missing.  Retrying does not help; raised by RemoteTier.check() at mount."""
 
 
 class _Retry(Exception):
@@ -376,6 +479,11 @@ class RemoteTier:
                  origin: Optional[str] = None, subscribe: bool = True,
                  strong: bool = False) -> None:
         self.config = parse_url(url) if isinstance(url, str) else url
+        # every key and channel of this tier, under the URL's prefix= (ACLs)
+        self._prefix = self.config.prefix
+        self._channel = _pre(self._prefix).encode() + CHANNEL
+        self._ack_channel = _pre(self._prefix).encode() + ACK_CHANNEL
+        self._peers_key = _pre(self._prefix) + PEERS_KEY
         self.durable = durable
         self.strong = strong
         self.origin = origin or uuid.uuid4().hex[:16]
@@ -453,8 +561,8 @@ class RemoteTier:
             t.join(timeout=self.config.timeout * 3 + 2)
         if self._subscribe and self._rc is not None:
             try:                                # strong writers stop waiting for us
-                name, r = self._node(PEERS_KEY)
-                r.zrem(PEERS_KEY, self.origin)
+                name, r = self._node(self._peers_key)
+                r.zrem(self._peers_key, self.origin)
             except Exception:
                 pass
         rc, self._rc = self._rc, None
@@ -564,6 +672,87 @@ class RemoteTier:
         log.info("remote: connected to %s (%d nodes), origin %s", cfg.redacted(),
                  len(self._rc.get_nodes()), self.origin)
 
+    def check(self) -> Optional[str]:
+        """Ask the seed nodes once, in order, until one answers: authenticate,
+        CLUSTER SLOTS, and touch this tier's keys and channel (permissions).
+        Returns None when a node accepted all of it, or why no node could be
+        reached (transient: the mount goes on and keeps trying); raises
+        RemoteRefused when a node refuses the credentials or a permission the
+        tier needs, or the TLS handshake fails (settings that retrying does
+        not mend).  Messages name the node, never the password."""
+        import ssl
+
+        try:
+            import redis
+            from redis import exceptions as rex
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+        except ImportError as e:
+            raise RemoteRefused(f"redis-py is not installed ({e}): pip install "
+                                "'redis[hiredis]'") from None
+
+        cfg = self.config
+        who = f" as user {cfg.username!r}" if cfg.username else ""
+        for opt in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+            path = cfg.tls_options.get(opt)
+            if path and not os.access(path, os.R_OK):
+                raise RemoteRefused(f"TLS setup: {opt}={path} cannot be read")
+        unreachable = []
+        for host, port in cfg.nodes:
+            where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            r = redis.Redis(host=host, port=port, retry=Retry(NoBackoff(), 0),
+                            **self._redis_kwargs())
+            step = "connect"
+            try:
+                r.ping()
+                step = "CLUSTER SLOTS"
+                r.execute_command("CLUSTER", "SLOTS")
+                step = f"key {self._peers_key}"
+                try:
+                    r.zrangebyscore(self._peers_key, "+inf", "+inf")
+                except (rex.MovedError, rex.AskError):
+                    pass                        # allowed: ACLs are checked before MOVED
+                step = f"channel {self._channel.decode()}"
+                ps = r.pubsub()
+                try:
+                    ps.subscribe(self._channel)
+                    deadline = time.monotonic() + cfg.timeout
+                    while time.monotonic() < deadline:
+                        m = ps.get_message(timeout=0.05)
+                        if m is not None and m.get("type") == "subscribe":
+                            break
+                finally:
+                    ps.close()
+                return None
+            except rex.AuthenticationError as e:
+                raise RemoteRefused(f"{where}: authentication failed{who}: {e}") from None
+            except rex.ResponseError as e:
+                text = str(e)
+                if text.startswith(("WRONGPASS", "NOAUTH")) or "AUTH" in text[:20]:
+                    raise RemoteRefused(f"{where}: authentication failed{who}: {text}") \
+                        from None
+                if "permission" in text.lower() or text.startswith("NOPERM"):
+                    raise RemoteRefused(f"{where}: user {cfg.username or 'default'} lacks a "
+                                        f"permission the tier needs ({step}): {text}") from None
+                if step == "CLUSTER SLOTS" and "cluster support disabled" in text:
+                    raise RemoteRefused(f"{where}: not a Redis Cluster node: {text}") from None
+                raise RemoteRefused(f"{where}: {step} refused: {text}") from None
+            except (rex.ConnectionError, rex.TimeoutError, OSError) as e:
+                cause = e.__cause__ or e.__context__
+                text = str(e)
+                if isinstance(cause, ssl.SSLError) or isinstance(e, ssl.SSLError) \
+                        or "SSL" in text or "certificate" in text.lower():
+                    raise RemoteRefused(f"{where}: TLS handshake failed: {text}") from None
+                if not cfg.tls and ("reset by peer" in text or "closed by server" in text):
+                    text += " (a TLS port? then rediss://)"
+                unreachable.append(f"{where}: {text}")
+            finally:
+                try:
+                    r.close()
+                except Exception:
+                    pass
+        return "no node reachable (" + "; ".join(unreachable) + ")"
+
     def _redis_kwargs(self) -> dict[str, Any]:
         cfg = self.config
         kw: dict[str, Any] = dict(username=cfg.username, password=cfg.password,
@@ -661,15 +850,15 @@ class RemoteTier:
 
     def _heartbeat(self) -> None:
         try:
-            name, r = self._node(PEERS_KEY)
+            name, r = self._node(self._peers_key)
         except _Unavailable:
             return
         try:
             secs, usecs = r.time()
             now = secs + usecs / 1e6
             p = r.pipeline(transaction=False)
-            p.zadd(PEERS_KEY, {self.origin: now})
-            p.zremrangebyscore(PEERS_KEY, "-inf", now - 60)
+            p.zadd(self._peers_key, {self.origin: now})
+            p.zremrangebyscore(self._peers_key, "-inf", now - 60)
             p.execute()
             self._ok(name)
         except Exception as e:
@@ -677,13 +866,13 @@ class RemoteTier:
 
     def _live_peers(self) -> set[str]:
         try:
-            name, r = self._node(PEERS_KEY)
+            name, r = self._node(self._peers_key)
         except _Unavailable:
             return set()
         try:
             secs, usecs = r.time()
             now = secs + usecs / 1e6
-            peers = r.zrangebyscore(PEERS_KEY, now - PEER_TTL_S, "+inf")
+            peers = r.zrangebyscore(self._peers_key, now - PEER_TTL_S, "+inf")
             self._ok(name)
         except Exception as e:
             self._fail("peers", name, e)
@@ -697,7 +886,7 @@ class RemoteTier:
         deleted, older than a version this mount was told of, or unreachable."""
         if self._pending_delete(key):
             return None
-        mkey = manifest_key(key)
+        mkey = manifest_key(key, self._prefix)
         try:
             name, r = self._node(mkey)
             entry = self._stat_on(r, name, key, mkey)
@@ -738,7 +927,7 @@ class RemoteTier:
         by_node: dict[str, tuple[Any, list[bytes]]] = {}
         for key in keys:
             try:
-                name, r = self._node(manifest_key(key))
+                name, r = self._node(manifest_key(key, self._prefix))
             except _Unavailable as e:
                 out[key] = e
                 continue
@@ -749,7 +938,7 @@ class RemoteTier:
                 try:
                     p = r.pipeline(transaction=False)
                     for key in batch:
-                        p.getrange(manifest_key(key), 0, PROBE - 1)
+                        p.getrange(manifest_key(key, self._prefix), 0, PROBE - 1)
                     heads = p.execute()
                 except Exception as e:
                     err = self._fail("stat", name, e)
@@ -758,7 +947,7 @@ class RemoteTier:
                     break
                 for key, head in zip(batch, heads):
                     try:
-                        e = self._stat_on(r, name, key, manifest_key(key), head)
+                        e = self._stat_on(r, name, key, manifest_key(key, self._prefix), head)
                     except _Failed as f:
                         out[key] = f
                         continue
@@ -804,7 +993,7 @@ class RemoteTier:
         return None
 
     def _get_once(self, key: bytes, sink) -> Optional[RemoteEntry]:
-        mkey = manifest_key(key)
+        mkey = manifest_key(key, self._prefix)
         name, r = self._node(mkey)
         try:
             blob = r.get(mkey)
@@ -843,7 +1032,7 @@ class RemoteTier:
                 try:
                     p = r.pipeline(transaction=False)
                     for i in idx:
-                        p.get(chunk_key(key, entry.tag, i))
+                        p.get(chunk_key(key, entry.tag, i, self._prefix))
                     values = p.execute()
                 except Exception as e:
                     raise self._fail("get", name, e) from None
@@ -881,7 +1070,7 @@ class RemoteTier:
 
     def _chunk_bad(self, r, key: bytes, entry: RemoteEntry, i: int) -> bool:
         try:
-            v = r.get(chunk_key(key, entry.tag, i))
+            v = r.get(chunk_key(key, entry.tag, i, self._prefix))
         except Exception:
             return True
         return v is None or _native.crc32c(v) != entry.chunk_crcs[i]
@@ -904,7 +1093,7 @@ class RemoteTier:
     def names(self, session: bytes) -> Optional[list[bytes]]:
         """Slot names the index lists for a session (`agent/session`); None if
         the tier cannot tell.  Best effort: a name may have no slot."""
-        ik = index_key(session)
+        ik = index_key(session, self._prefix)
         try:
             name, r = self._node(ik)
             members = r.smembers(ik)
@@ -948,7 +1137,7 @@ class RemoteTier:
             def read(off: int, n: int):
                 return mv[off:off + n]
         cs = self.config.chunk_size
-        mkey = manifest_key(key)
+        mkey = manifest_key(key, self._prefix)
         name, r = self._node(mkey)
         tag = os.urandom(6).hex()
         crcs: list[int] = []
@@ -973,7 +1162,7 @@ class RemoteTier:
                         c = _native.crc32c(data)
                         crcs.append(c)
                         crc = _native.crc32c(data, crc)
-                        p.set(chunk_key(key, tag, i), data, ex=CHUNK_TTL_S)
+                        p.set(chunk_key(key, tag, i, self._prefix), data, ex=CHUNK_TTL_S)
                     p.execute()
                     del p
             header = encode_header(key, self.origin, version, size, crc, tag, cs, crcs, meta)
@@ -984,7 +1173,7 @@ class RemoteTier:
             if size and not crcs:
                 p.execute_command("APPEND", mkey, inline)    # no copy of header + payload
             for i in range(len(crcs)):
-                p.execute_command("PERSIST", chunk_key(key, tag, i))
+                p.execute_command("PERSIST", chunk_key(key, tag, i, self._prefix))
             p.execute_command("EXEC")
             waited = self.durable and self._has_replica(mkey)
             if waited:
@@ -1031,13 +1220,13 @@ class RemoteTier:
         if not n or not tag or tag == keep:
             return
         try:
-            r.delete(*[chunk_key(key, tag, i) for i in range(n)])
+            r.delete(*[chunk_key(key, tag, i, self._prefix) for i in range(n)])
         except Exception as e:
             self._fail("cleanup", name, e)      # they stay until the LRU takes them
 
     def _index(self, key: bytes, add: bool) -> None:
         sess, slot = _session_and_name(key)
-        ik = index_key(sess)
+        ik = index_key(sess, self._prefix)
         try:
             name, r = self._node(ik)
         except _Unavailable:
@@ -1050,7 +1239,7 @@ class RemoteTier:
     def delete_sync(self, key: bytes, announce: bool = True) -> bool:
         """Replace key's manifest by a tombstone (so that no mount serves or
         resurrects an older copy), delete its chunks, announce the deletion."""
-        mkey = manifest_key(key)
+        mkey = manifest_key(key, self._prefix)
         try:
             name, r = self._node(mkey)
             version = self.known_version(key) + 1
@@ -1093,7 +1282,7 @@ class RemoteTier:
                 self._acks[msg_id] = set()
         try:
             try:
-                r.publish(CHANNEL, json.dumps(msg, separators=(",", ":")))
+                r.publish(self._channel, json.dumps(msg, separators=(",", ":")))
             except Exception as e:
                 self._fail("announce", name, e)
                 return
@@ -1268,7 +1457,7 @@ class RemoteTier:
             try:
                 r = redis.Redis(host=host, port=port, **self._redis_kwargs())
                 ps = r.pubsub()
-                ps.subscribe(CHANNEL, ACK_CHANNEL)
+                ps.subscribe(self._channel, self._ack_channel)
                 confirmed = 0
                 deadline = time.monotonic() + self.config.timeout + self.config.connect_timeout
                 while confirmed < 2:
@@ -1294,7 +1483,7 @@ class RemoteTier:
                     now = time.monotonic()
                     if m is not None:
                         last_rx = now
-                        if m.get("type") == "subscribe" and m.get("channel") == CHANNEL:
+                        if m.get("type") == "subscribe" and m.get("channel") == self._channel:
                             # redis-py reconnected and subscribed again by itself:
                             # announcements may have been missed meanwhile
                             self._count("remote_reconnects")
@@ -1350,7 +1539,7 @@ class RemoteTier:
             self._warn("message", "unreadable message on %r", m.get("channel"))
             return
         try:
-            if m["channel"] == ACK_CHANNEL:
+            if m["channel"] == self._ack_channel:
                 if d.get("to") == self.origin:
                     with self._ack_cv:
                         s = self._acks.get(d.get("id"))
@@ -1395,7 +1584,7 @@ class RemoteTier:
             r = self._sub_redis
             if ack_id is not None and r is not None:
                 try:
-                    r.publish(ACK_CHANNEL, json.dumps({"o": self.origin, "to": origin,
+                    r.publish(self._ack_channel, json.dumps({"o": self.origin, "to": origin,
                                                        "id": ack_id}))
                 except Exception as e:
                     self._warn("ack", "cannot acknowledge %s: %s", _k(key), e)
