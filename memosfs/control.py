@@ -173,6 +173,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("coherence_timeout_ms", _int_in(1, 3_600_000), 5000,
          "protocol 2: how long an open waits for acknowledgements or for a writer before "
          "it fails with ETIMEDOUT and nothing changes", "on the next open"),
+    Knob("lease_break_ms", _int_in(1, 3_600_000), 1000,
+         "protocol 2: a holder that has not acknowledged this long after a writer started "
+         "waiting is revoked (its reads fail with ESTALE) and the writer goes on; no effect "
+         "when not shorter than coherence_timeout_ms", "on the next wait"),
     Knob("coherence_batch_ms", _int_in(0, 60_000), 2,
          "protocol 1: invalidations are delivered in batches at most this often "
          "(0 = at once)"),
