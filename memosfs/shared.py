@@ -165,10 +165,22 @@ class SharedSlots:
                 if ev & (select.EPOLLPRI | select.EPOLLERR | select.EPOLLHUP):
                     with self._lock:
                         path = self._paths.get(fd)
-                        if path is not None:
+                        if path is not None and self._stale(fd):
                             self._ack(fd)
                             self._drop(path)
                             self.invalidations += 1
+
+    @staticmethod
+    def _stale(fd: int) -> bool:
+        """Whether fd still reports the invalidation: a reader that found its
+        copy revoked may have dropped it and opened again meanwhile, under
+        the same descriptor number."""
+        p = select.poll()
+        p.register(fd, select.POLLPRI)
+        try:
+            return bool(p.poll(0))
+        except OSError:
+            return True
 
     def _ack(self, fd: int) -> None:
         """Acknowledge at once (the close that follows counts too, but only

@@ -285,3 +285,18 @@ def test_protocol_0_ioctl_ack_is_refused(make_mount, agents):
     a = agents(20001)
     assert a(f"open {slot} r") == "ok"
     assert a("ioctlack") == "err EINVAL"
+
+
+def test_shared_slots_after_a_revoke(make_mount):
+    """memosfs.shared.SharedSlots drops a revoked copy (its watcher sees
+    POLLERR) and reads the slot afresh."""
+    from memosfs.shared import SharedSlots
+    m = make_mount(world=True)
+    slot = shared_slot(m, OLD)
+    strong(m, 60000)
+    with SharedSlots() as slots:
+        assert slots.read(str(slot)) == OLD
+        (m.path / ".memos" / "cache" / "revoke").write_text("shared/s/prompt\n")
+        assert slots.read(str(slot)) == OLD
+        assert slots.opens == 2 and slots.invalidations == 1
+    assert m.stats()["coherence_revoked"] == 1
