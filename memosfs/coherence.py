@@ -13,8 +13,26 @@ makes its agent a holder:
 Invalidations reach the holders' handles: `poll()` on a handle reports
 POLLPRI from then on (until the agent acknowledges); under protocol 2 the
 kernel's cached pages of the inode they hold are dropped too.  An agent acknowledges by closing
-its handles, by opening the slot again, or with
-`setfattr -n user.memos.ack -v 1 SLOT`.
+its handles, by opening the slot again, with
+`setfattr -n user.memos.ack -v 1 SLOT` (needs write permission on SLOT: the
+kernel's rule for user.* attributes), or with `ioctl(fd, MEMOS_IOC_ACK)` on
+any handle it holds, read-only ones included (memosfs.shared.MEMOS_IOC_ACK,
+`_IO('M', 1)`).  An acknowledgement from an agent, or on a handle, with
+nothing to acknowledge (it holds nothing, or was not invalidated, or was
+revoked) fails with EINVAL.
+
+Lease break (protocol 2, as Linux breaks a lease): a holder that has not
+acknowledged `lease_break_ms` after a writer entered P is revoked: it is
+taken as acknowledged (it stays in I) and the writer goes on.  Its read
+handles are void from then on: every later read(2) on them fails with
+ESTALE (and an mmap of one gets SIGBUS), the inode's cached pages are
+dropped before the writer is let in, and `poll()` reports POLLERR|POLLPRI.
+ESTALE, not EIO: nothing failed, the handle's version is no longer the
+slot's, and the remedy is the one ESTALE always means, to open the name
+again.  Root revokes every reader of a slot at once by writing its key to
+`.memos/cache/revoke`.  Revocations are counted (`coherence_revoked`),
+logged, and traced (`cause=revoke`).  Holders with a write handle are never
+revoked.
 
 `coherence_protocol`:
 
@@ -35,7 +53,7 @@ from __future__ import annotations
 import errno
 import logging
 import select
-from typing import Callable, Optional
+from typing import Awaitable, Callable, Optional
 
 import pyfuse3
 import trio
@@ -58,7 +76,8 @@ def agent_name(agent: int) -> str:
 class Hold:
     """A handle's place in the directory."""
 
-    __slots__ = ("key", "agent", "writer", "invalidated", "poll_handle", "handle")
+    __slots__ = ("key", "agent", "writer", "invalidated", "poll_handle", "handle",
+                 "revoked")
 
     def __init__(self, key: bytes, agent: int, writer: bool, handle: object) -> None:
         self.key = key
@@ -67,6 +86,7 @@ class Hold:
         self.invalidated = False        # told of a newer version, not yet acked
         self.poll_handle: Optional[pyfuse3.PollHandle] = None
         self.handle = handle            # the fs Handle (its node, for the page cache)
+        self.revoked = False            # a lease break or root voided its copy
 
 
 class _Deadline:
@@ -103,6 +123,9 @@ class Coherence:
         self.knobs = knobs
         self.trace = trace
         self._invalidate_pages = invalidate_pages   # fs: drop a node's cached pages
+        # fs: drop a node's cached pages and return once they are gone (None:
+        # as _invalidate_pages, without waiting)
+        self.drop_pages: Optional[Callable[[object], Awaitable[None]]] = None
         self.holds: dict[tuple[bytes, int], set[Hold]] = {}
         self._changed: dict[bytes, trio.Event] = {}   # key -> its waiters' event
         self._delivered = 0
@@ -195,8 +218,20 @@ class Coherence:
         acknowledged (True), or give up at the deadline — at once with
         O_NONBLOCK — restoring the holders (False)."""
         self.deliver()
+        lease = self._lease(deadline)
         while self.dir.state(key, agent) == "P":
-            if not nonblock and await self._wait(key, deadline):
+            if not nonblock and lease is not None:
+                if await self._wait(key, lease):
+                    continue
+                if lease.interrupted:
+                    deadline.interrupted = True
+                elif trio.current_time() < deadline.at():
+                    # the holders had lease_break_ms: those that did not
+                    # acknowledge lose their copy, and the writer goes on
+                    await self._break_leases(key, agent)
+                    lease = self._lease(deadline)
+                    continue
+            elif not nonblock and await self._wait(key, deadline):
                 continue
             if self.dir.cancel(key, agent, keep_handle):
                 self._after_change()
@@ -231,11 +266,78 @@ class Coherence:
         self._after_change()
         self._schedule_delivery()
 
-    def ack(self, key: bytes, agent: int) -> None:
+    def ack(self, key: bytes, agent: int) -> bool:
+        """The agent acknowledges its invalidation of key; False (nothing
+        changed) when it has none to acknowledge: it holds nothing, was not
+        invalidated, already acknowledged, or was revoked."""
+        if not self.dir.unacked(key, agent):
+            return False
         self.dir.ack(key, agent)
         for hold in self.holds.get((key, agent), ()):
             hold.invalidated = False
         self._after_change()
+        return True
+
+    # ---- lease break and revocation ----
+
+    def _lease(self, deadline: "_Deadline") -> Optional["_Deadline"]:
+        """The wait of a pending writer until its holders' lease breaks (the
+        same thread, so an interrupt ends it), or None if the open would time
+        out first."""
+        ms = int(self.knobs["lease_break_ms"])
+        if self.protocol < 2 or ms >= deadline.ms:
+            return None
+        lease = _Deadline(ms, deadline.pid)
+        if lease.at() > deadline.at():
+            lease.end = deadline.end
+        return lease
+
+    async def _break_leases(self, key: bytes, writer: int) -> None:
+        """The holders of key that did not acknowledge in time are revoked;
+        their pages are gone before this returns (bounded)."""
+        nodes = self.revoke(key, valid=False,
+                            why=f"no acknowledgement within lease_break_ms="
+                                f"{int(self.knobs['lease_break_ms'])} while "
+                                f"{agent_name(writer)} waited to write",
+                            drop=self.drop_pages is None)
+        if nodes and self.drop_pages is not None:
+            with trio.move_on_after(max(int(self.knobs["lease_break_ms"]), 1000) / 1000):
+                for node in nodes:
+                    await self.drop_pages(node)
+
+    def revoke(self, key: bytes, valid: bool, why: str, drop: bool = True) -> list:
+        """Revoke key's holders (see the module docstring): the directory
+        voids their copies, their read handles fail from now on, their
+        pollers are told.  `valid`: also holders whose copy is still valid
+        (root's explicit revoke), not only those that did not acknowledge.
+        Returns the nodes whose pages must go; with `drop` they are being
+        dropped already (without waiting)."""
+        agents = self.dir.revoke(key, valid)
+        nodes = {}
+        for agent in agents:
+            n = 0
+            for hold in self.holds.get((key, agent), ()):
+                hold.invalidated = False
+                if hold.writer:
+                    continue            # a write handle acquires again on its next write
+                hold.revoked = True
+                n += 1
+                if hold.poll_handle is not None:
+                    ph, hold.poll_handle = hold.poll_handle, None
+                    try:
+                        ph.notify()
+                    except Exception as e:    # the poller may be gone
+                        log.debug("poll notify for %s failed: %s", agent_name(agent), e)
+                node = getattr(hold.handle, "node", None)
+                if node is not None:
+                    nodes[id(node)] = node
+            log.warning("revoked %s's hold on %s (%d read handle(s) now fail with ESTALE): %s",
+                        agent_name(agent), key.decode("utf-8", "replace"), n, why)
+        self._after_change()
+        if drop:
+            for node in nodes.values():
+                self._invalidate_pages(node)
+        return list(nodes.values())
 
     def state(self, key: bytes, agent: int) -> str:
         if self.protocol == 0 and not self.holds.get((key, agent)):
@@ -249,6 +351,8 @@ class Coherence:
             return mask
         if hold.writer:
             mask |= select.POLLOUT | select.POLLWRNORM
+        if hold.revoked:
+            return mask | select.POLLPRI | select.POLLERR
         if hold.invalidated:
             return mask | select.POLLPRI
         if ph is not None:

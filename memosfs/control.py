@@ -22,6 +22,8 @@ cache/<knob>           0644  `value\\n`; root writing a valid value sets it at o
                              anything else is EINVAL and changes nothing
 cache/flush            0200  root writes 1: persist every dirty slot, then reclaim
                              memory
+cache/revoke           0200  write `agent/session/slot`: revoke every reader of it
+                             (coherence protocol 2; their reads fail with ESTALE)
 cache/reset_context    0200  root writes `agent/session`: drop that session's slots
 debug/trace            0600  root only.  write 1 (on, clears the buffer) or 0 (off);
                              read: one event a line, `<ns> <EVENT> field=value ...`
@@ -242,6 +244,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("coherence_timeout_ms", "int", (1, 3_600_000), 5000,
          "protocol 2: how long an open waits for acknowledgements or for a writer before "
          "it fails with ETIMEDOUT and nothing changes", "on the next open"),
+    Knob("lease_break_ms", "int", (1, 3_600_000), 1000,
+         "protocol 2: a holder that has not acknowledged this long after a writer started "
+         "waiting is revoked (its reads fail with ESTALE) and the writer goes on; no effect "
+         "when not shorter than coherence_timeout_ms", "on the next wait"),
     Knob("coherence_batch_ms", "int", (0, 60_000), 2,
          "protocol 1: invalidations are delivered in batches at most this often "
          "(0 = at once)"),

@@ -45,7 +45,8 @@ except ImportError:             # not built: fallocate is EOPNOTSUPP, every
     _fuseshim = None            # flush of a writer publishes
 from .control import (KNOB_BY_NAME, KNOBS, KnobError, Trace, format_metrics,
                       format_stats, parse_size, stats_json)
-from .coherence import Coherence, Hold
+from .coherence import Coherence, Hold, agent_name
+from .shared import MEMOS_IOC_ACK
 from .tenants import QUOTA_XATTR, USAGE_XATTR, OverLimit, Tenants
 from .fedfs import FED_INO, FedTree
 from .prefetch import PrefetchEngine
@@ -331,8 +332,9 @@ class MemosOperations(pyfuse3.Operations):
                                         # being served (memosfs._fuseshim)
         if _fuseshim is not None:
             _fuseshim.install(self.fallocate, self._flush_note, self.coherence_interrupt,
-                              self._write_note)
+                              self._write_note, self.ioctl)
         self.coherence = Coherence(self.knobs, self.trace, self._invalidate_pages)
+        self.coherence.drop_pages = self._drop_pages_now
         self.tenants = Tenants(store, self.knobs)
         store.prefetch = self.prefetch = PrefetchEngine(
             store.prefetch_fetch, store._in_memory, self._session_slot_names, self.knobs)
@@ -457,6 +459,7 @@ class MemosOperations(pyfuse3.Operations):
         self._add_pseudo(next(ino), "flush", cache, 0o200, None, self._write_flush)
         self._add_pseudo(next(ino), "reset_context", cache, 0o200, None,
                          self._write_reset)
+        self._add_pseudo(next(ino), "revoke", cache, 0o200, None, self._write_revoke)
         # the trace names every tenant's agents, sessions, slots and uids
         self._add_pseudo(next(ino), "trace", debug, 0o600, self.trace.text,
                          self._write_trace)
@@ -546,6 +549,20 @@ class MemosOperations(pyfuse3.Operations):
             if not any(True for _ in self._walk_slots(child)):
                 self._drop_tree(child)
         self.store.namespace_changed()
+
+    def _write_revoke(self, text: str) -> None:
+        """Root revokes every reader of the slot agent/session/slot (see
+        memosfs/coherence.py): their reads fail with ESTALE from now on, and
+        a writer waiting for them goes on."""
+        t = text.strip().strip("/")
+        if len(t.split("/")) < 3 or not all(t.split("/")):
+            raise KnobError(f"write agent/session/slot, not {text.strip()!r}")
+        node = self._slot_by_key(t.encode("utf-8", "surrogateescape"))
+        if node is None:
+            raise OSError(errno.ENOENT, f"no slot {t!r}")
+        while node.successor is not None:
+            node = node.successor
+        self.coherence.revoke(node.key, valid=True, why="root wrote it to .memos/cache/revoke")
 
     def _drop_tree(self, d: Dir) -> None:
         for child in [c for c in d.children.values() if isinstance(c, Dir)]:
@@ -1525,6 +1542,9 @@ class MemosOperations(pyfuse3.Operations):
         if h.kind == "pseudo":
             return h.data[off:off + size]
         self._read_requests += 1
+        if h.hold is not None and h.hold.revoked:
+            raise refuse(errno.ESTALE, "read %s: the handle's hold was revoked (reopen it)",
+                         h.node.name)
         if h.kind == "read":
             if h.decoded is not None:
                 return h.decoded[off:off + size]
@@ -1721,6 +1741,28 @@ class MemosOperations(pyfuse3.Operations):
         except ValueError as e:
             self._refused += 1
             raise refuse(errno.EINVAL, "%s", e, level=logging.WARNING) from None
+
+    def ioctl(self, fh: int, cmd: int, pid: int) -> int:
+        """From memosfs._fuseshim (trio thread): ioctl(2) on an open file.
+        MEMOS_IOC_ACK acknowledges the invalidation of the handle's agent —
+        the way a holder without write permission (no user.* xattrs) acks
+        without closing; EINVAL when there is nothing to acknowledge.
+        Returns an errno (0: done)."""
+        h = self.handles.get(fh)
+        if h is None or fh in self.fed.handles or h.kind == "pseudo":
+            return errno.ENOTTY
+        if cmd != MEMOS_IOC_ACK:
+            log.debug("ioctl %#x on %s by pid %d: not ours (ENOTTY)", cmd, h.node.name, pid)
+            return errno.ENOTTY
+        hold = h.hold
+        if hold is None or hold.revoked or not self.coherence.ack(hold.key, hold.agent):
+            self._refused += 1
+            refuse(errno.EINVAL, "MEMOS_IOC_ACK on %s by pid %d: %s", h.node.name, pid,
+                   "the handle holds nothing (protocol 0)" if hold is None else
+                   "its hold was revoked" if hold.revoked else
+                   f"{agent_name(hold.agent)} has no invalidation to acknowledge")
+            return errno.EINVAL
+        return 0
 
     def coherence_interrupt(self, pid: int) -> None:
         """From memosfs._fuseshim: the kernel interrupted an open or create of
@@ -2064,7 +2106,10 @@ class MemosOperations(pyfuse3.Operations):
             # the caller acknowledges that its copy of this slot is stale
             while node.successor is not None:
                 node = node.successor
-            self.coherence.ack(node.key, self.coherence.agent_of(ctx))
+            agent = self.coherence.agent_of(ctx)
+            if not self.coherence.ack(node.key, agent):
+                raise refuse(errno.EINVAL, "ack %s: %s has no invalidation to acknowledge",
+                             node.name, agent_name(agent))
             return
         if name == b"user.memos.pin" and isinstance(node, Slot):
             if value.strip() not in (b"0", b"1"):
@@ -2175,6 +2220,11 @@ class MemosOperations(pyfuse3.Operations):
             return
         ino = node.ino
         trio.lowlevel.spawn_system_task(self._invalidate_inode_off_loop, ino)
+
+    async def _drop_pages_now(self, node: Node) -> None:
+        """As _invalidate_pages, but returns once the kernel dropped them."""
+        if self.mounted and isinstance(node, Slot):
+            await self._invalidate_inode_off_loop(node.ino)
 
     async def _invalidate_inode_off_loop(self, ino: int) -> None:
         try:

@@ -12,6 +12,16 @@ waiting), and the next read opens the new version.
     with SharedSlots() as slots:
         prefix = slots.read("/mnt/memos/team/s/system-prompt")   # bytes
 
+The watcher acknowledges with `ioctl(fd, MEMOS_IOC_ACK)` before it closes:
+the ioctl returns once memosfs has counted the acknowledgement (a close only
+sends it on its way), and it needs no write permission, unlike
+`setfattr -n user.memos.ack`, so a read-only holder (a slot of mode 0444
+owned by another uid) can use it on the descriptor it reads from:
+
+    import fcntl
+    from memosfs.shared import MEMOS_IOC_ACK
+    fcntl.ioctl(fd, MEMOS_IOC_ACK)      # EINVAL: nothing to acknowledge
+
 `read` always returns a whole version (never a torn or mixed one).  Under
 protocol 1 a read may return the previous version until the invalidation
 arrives (at most `coherence_batch_ms` after the writer's open); under
@@ -20,12 +30,39 @@ protocol 2 a writer's open returns only after this cache has dropped its copy.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import select
 import threading
 from typing import Optional
 
-__all__ = ["SharedSlots"]
+__all__ = ["SharedSlots", "MEMOS_IOC_ACK", "ack"]
+
+
+def _IO(kind: str, nr: int) -> int:
+    """Linux's _IO(type, nr): an ioctl number that carries no data."""
+    return (ord(kind) << 8) | nr
+
+
+# ioctl(fd, MEMOS_IOC_ACK) on an open slot: its agent acknowledges the
+# invalidation of its copy (as `setfattr -n user.memos.ack` does, without
+# needing write permission).  Fails with EINVAL when there is nothing to
+# acknowledge (the handle's agent was not invalidated, already acknowledged,
+# or its hold was revoked), ENOTTY on anything that is not a memosfs slot.
+MEMOS_IOC_ACK = _IO("M", 1)        # 0x4d01
+
+
+def ack(fd: int) -> bool:
+    """Acknowledge the invalidation of the slot open on fd.  False when there
+    was none to acknowledge (EINVAL); other errors raise OSError."""
+    try:
+        fcntl.ioctl(fd, MEMOS_IOC_ACK)
+    except OSError as e:
+        if e.errno == errno.EINVAL:
+            return False
+        raise
+    return True
 
 
 class SharedSlots:
@@ -54,8 +91,12 @@ class SharedSlots:
             with self._lock:
                 fd = self._fds.get(path)
                 if fd is not None:
-                    size = os.fstat(fd).st_size
-                    return os.pread(fd, size + 1, 0) if size else b""
+                    try:
+                        size = os.fstat(fd).st_size
+                        return os.pread(fd, size + 1, 0) if size else b""
+                    except OSError as e:
+                        self._revoked(path, e)
+                        continue
             self._open(path)
 
     def readinto(self, path: str, buf: bytearray) -> int:
@@ -64,8 +105,20 @@ class SharedSlots:
             with self._lock:
                 fd = self._fds.get(path)
                 if fd is not None:
-                    return os.preadv(fd, [buf], 0)
+                    try:
+                        return os.preadv(fd, [buf], 0)
+                    except OSError as e:
+                        self._revoked(path, e)
+                        continue
             self._open(path)
+
+    def _revoked(self, path: str, e: OSError) -> None:
+        """A read failed: ESTALE means memosfs revoked our copy (we did not
+        acknowledge in time); drop it and open again.  Other errors raise."""
+        if e.errno != errno.ESTALE:
+            raise e
+        self._drop(path)
+        self.invalidations += 1
 
     def forget(self, path: str) -> None:
         """Drop our copy (e.g. before rewriting the slot ourselves)."""
@@ -112,9 +165,30 @@ class SharedSlots:
                 if ev & (select.EPOLLPRI | select.EPOLLERR | select.EPOLLHUP):
                     with self._lock:
                         path = self._paths.get(fd)
-                        if path is not None:
+                        if path is not None and self._stale(fd):
+                            self._ack(fd)
                             self._drop(path)
                             self.invalidations += 1
+
+    @staticmethod
+    def _stale(fd: int) -> bool:
+        """Whether fd still reports the invalidation: a reader that found its
+        copy revoked may have dropped it and opened again meanwhile, under
+        the same descriptor number."""
+        p = select.poll()
+        p.register(fd, select.POLLPRI)
+        try:
+            return bool(p.poll(0))
+        except OSError:
+            return True
+
+    def _ack(self, fd: int) -> None:
+        """Acknowledge at once (the close that follows counts too, but only
+        once the kernel sends its release)."""
+        try:
+            ack(fd)
+        except OSError:
+            pass                                  # not memosfs, or an older one
 
     def close(self) -> None:
         if self._closed:

@@ -537,6 +537,41 @@ int dir_cancel(dir_table *d, const void *key, size_t klen, uint64_t agent, int k
     return MEMOS_OK;
 }
 
+int dir_unacked(dir_table *d, const void *key, size_t klen, uint64_t agent)
+{
+    uint64_t hv = hash_key(key, klen);
+    pthread_mutex_lock(&d->lock);
+    holder *h = holder_of(find(d, key, klen, hv), agent);
+    int un = h ? h->unacked : 0;
+    pthread_mutex_unlock(&d->lock);
+    return un;
+}
+
+size_t dir_revoke(dir_table *d, const void *key, size_t klen, int valid,
+                  uint64_t *agents, size_t max)
+{
+    uint64_t hv = hash_key(key, klen);
+    size_t n = 0;
+    pthread_mutex_lock(&d->lock);
+    dslot *s = find(d, key, klen, hv);
+    for (holder *h = s ? s->holders : NULL; h; h = h->next) {
+        int take = h->unacked ||
+                   (valid && h->writers == 0 && (h->state == DIR_S || h->state == DIR_M));
+        if (!take)
+            continue;
+        h->unacked = 0;                          /* void, not acknowledged */
+        set_state(d, s, h, DIR_I, DIR_CAUSE_REVOKE);
+        d->st.revoked++;
+        if (n < max)
+            agents[n] = h->agent;
+        n++;
+    }
+    if (n)
+        grant_pending(d, s);
+    pthread_mutex_unlock(&d->lock);
+    return n;
+}
+
 int dir_state(dir_table *d, const void *key, size_t klen, uint64_t agent)
 {
     uint64_t hv = hash_key(key, klen);
@@ -674,6 +709,7 @@ const char *dir_state_name(int state)
 const char *dir_cause_name(int cause)
 {
     static const char *names[] = {"read", "write", "invalidate", "ack", "release",
-                                  "grant", "publish", "downgrade", "cancel", "restore"};
-    return cause >= 0 && cause <= DIR_CAUSE_RESTORE ? names[cause] : "?";
+                                  "grant", "publish", "downgrade", "cancel", "restore",
+                                  "revoke"};
+    return cause >= 0 && cause <= DIR_CAUSE_REVOKE ? names[cause] : "?";
 }

@@ -34,7 +34,7 @@ enum {
 enum {
     DIR_CAUSE_READ = 0, DIR_CAUSE_WRITE, DIR_CAUSE_INVALIDATE, DIR_CAUSE_ACK,
     DIR_CAUSE_RELEASE, DIR_CAUSE_GRANT, DIR_CAUSE_PUBLISH, DIR_CAUSE_DOWNGRADE,
-    DIR_CAUSE_CANCEL, DIR_CAUSE_RESTORE,
+    DIR_CAUSE_CANCEL, DIR_CAUSE_RESTORE, DIR_CAUSE_REVOKE,
 };
 
 typedef struct dir_table dir_table;
@@ -53,6 +53,7 @@ typedef struct dir_stats {
     uint64_t publishes;
     uint64_t msgs_queued;    /* invalidation messages queued for delivery */
     uint64_t events_dropped; /* events lost to a full event ring */
+    uint64_t revoked;        /* holders whose copy was revoked (lease break, root) */
 } dir_stats;
 
 /* An invalidation to deliver: `agent` must learn that its copy of `key` is stale. */
@@ -108,6 +109,19 @@ int dir_publish(dir_table *d, const void *key, size_t klen, uint64_t agent);
  * had happened.  Returns MEMOS_OK, or MEMOS_ENOENT if it was not pending. */
 int dir_cancel(dir_table *d, const void *key, size_t klen, uint64_t agent,
                int keep_handle);
+
+/* Whether the agent holds key and was invalidated without acknowledging. */
+int dir_unacked(dir_table *d, const void *key, size_t klen, uint64_t agent);
+
+/* Revoke holders of key (a lease break): every holder that was invalidated
+ * and has not acknowledged is taken as acknowledged (it stays in I, its
+ * handles' copies are void: the caller fails their reads).  With `valid`,
+ * also every holder with a valid copy and no write handle (S, or M after a
+ * publish) goes to I.  Holders with a write handle in E, M or P are never
+ * revoked.  A pending writer whose last wait this was enters E.  Writes the
+ * revoked agents to agents[0..max) and returns their number. */
+size_t dir_revoke(dir_table *d, const void *key, size_t klen, int valid,
+                  uint64_t *agents, size_t max);
 
 /* The agent's state for key (DIR_I when it holds nothing). */
 int dir_state(dir_table *d, const void *key, size_t klen, uint64_t agent);

@@ -123,6 +123,40 @@ static PyObject *py_state(DirectoryObject *self, PyObject *args)
     return PyUnicode_FromString(dir_state_name(st));
 }
 
+static PyObject *py_unacked(DirectoryObject *self, PyObject *args)
+{
+    Py_buffer k;
+    unsigned long long agent;
+    if (!PyArg_ParseTuple(args, "y*K", &k, &agent))
+        return NULL;
+    int un = dir_unacked(self->d, k.buf, (size_t)k.len, agent);
+    PyBuffer_Release(&k);
+    return PyBool_FromLong(un);
+}
+
+static PyObject *py_revoke(DirectoryObject *self, PyObject *args)
+{
+    Py_buffer k;
+    int valid = 0;
+    if (!PyArg_ParseTuple(args, "y*|p", &k, &valid))
+        return NULL;
+    uint64_t agents[256];
+    size_t n = dir_revoke(self->d, k.buf, (size_t)k.len, valid, agents, 256);
+    PyBuffer_Release(&k);
+    if (n > 256)
+        n = 256;
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)agents[i]);
+        if (!v) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, v);
+    }
+    return out;
+}
+
 static PyObject *py_holders(DirectoryObject *self, PyObject *args)
 {
     Py_buffer k;
@@ -221,7 +255,7 @@ static PyObject *py_stats(DirectoryObject *self, PyObject *unused)
     dir_stats st;
     dir_get_stats(self->d, &st);
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsK}",
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsK}",
         "coherence_slots", (unsigned long long)st.slots,
         "coherence_holders", (unsigned long long)st.holders,
         "coherence_reads", (unsigned long long)st.reads,
@@ -234,7 +268,8 @@ static PyObject *py_stats(DirectoryObject *self, PyObject *unused)
         "coherence_downgrades", (unsigned long long)st.downgrades,
         "coherence_publishes", (unsigned long long)st.publishes,
         "coherence_msgs_queued", (unsigned long long)st.msgs_queued,
-        "coherence_events_dropped", (unsigned long long)st.events_dropped);
+        "coherence_events_dropped", (unsigned long long)st.events_dropped,
+        "coherence_revoked", (unsigned long long)st.revoked);
 }
 
 static PyObject *py_check(DirectoryObject *self, PyObject *unused)
@@ -259,6 +294,11 @@ static PyMethodDef dir_methods[] = {
     {"cancel", (PyCFunction)py_cancel, METH_VARARGS,
      "cancel(key, agent, keep_handle=False) -> bool: a pending writer gives up; others restored"},
     {"state", (PyCFunction)py_state, METH_VARARGS, "state(key, agent) -> 'I'|'S'|'E'|'M'|'P'"},
+    {"unacked", (PyCFunction)py_unacked, METH_VARARGS,
+     "unacked(key, agent) -> bool: invalidated and not yet acknowledged"},
+    {"revoke", (PyCFunction)py_revoke, METH_VARARGS,
+     "revoke(key, valid=False) -> [agent]: void the unacknowledged holders' copies "
+     "(valid: also S/M holders without a write handle); a pending writer may enter E"},
     {"holders", (PyCFunction)py_holders, METH_VARARGS, "holders(key) -> [(agent, state)]"},
     {"forget", (PyCFunction)py_forget, METH_VARARGS, "forget(key) -> holders dropped"},
     {"take_msgs", (PyCFunction)py_take_msgs, METH_VARARGS,

@@ -326,6 +326,7 @@ GOOD = {
     "page_cache_push": [("0", "0\n"), ("1", "1\n")],
     "coherence_protocol": [("2", "2\n"), ("1", "1\n")],
     "coherence_timeout_ms": [("1", "1\n"), ("5000", "5000\n")],
+    "lease_break_ms": [("1", "1\n"), ("250", "250\n"), ("1000", "1000\n")],
     "coherence_batch_ms": [("60000", "60000\n"), ("2", "2\n")],
     "agent_identity": [("pid", "pid\n"), ("uid", "uid\n")],
     "ring_slots": [("1073741824", "1073741824\n"), ("0", "0\n")],

@@ -2,16 +2,17 @@
  * fuseshim.c — the FUSE requests pyfuse3 does not pass on, built as
  * memosfs._fuseshim.
  *
- * pyfuse3 3.5 hands libfuse a table of low-level operations without
+ * pyfuse3 3.5 hands libfuse a table of low-level operations without `ioctl` and
  * `fallocate`, and its `flush` handler drops the caller's pid.  memosfs needs
- * both: fallocate(2) mode 0 is how fsx and many writers preallocate, and only
+ * them: ioctl(2) is how a read-only holder acknowledges an invalidation
+ * (MEMOS_IOC_ACK, memosfs/shared.py), fallocate(2) mode 0 is how fsx and many writers preallocate, and only
  * the process that opened a slot for writing may publish it on close (a
  * forked child's close of an inherited descriptor sends FLUSH too).
  *
  * How: this library defines `fuse_session_new`.  It is loaded with
  * RTLD_GLOBAL before pyfuse3 (memosfs/__init__.py), so the dynamic linker
  * binds pyfuse3's call to this definition; it copies pyfuse3's table, adds
- * `fallocate`, wraps `flush` to note the caller's pid and lock owner, wraps
+ * `fallocate` and `ioctl`, wraps `flush` to note the caller's pid and lock owner, wraps
  * `init` to turn off the kernel's automatic page invalidation on mtime
  * changes (see shim_init), and calls the real `fuse_session_new` in libfuse.  The Python side registers
  * two callables with `install()`:
@@ -23,6 +24,10 @@
  *                          thread (a signal, SIGKILL included)   (trio thread)
  *   write_note(fh, off, writepage)   just before pyfuse3's write handler:
  *                          whether the kernel writes back cached pages
+ *   ioctl(fh, cmd, pid) -> errno (0: done)   a restricted ioctl(2) without
+ *                          data on an open file (trio thread): memosfs's
+ *                          MEMOS_IOC_ACK = _IO('M', 1), how a holder that may
+ *                          not set xattrs (a read-only reader) acknowledges
  *
  * pyfuse3 runs a request's handler right after fuse_session_process_buf()
  * returns, with no other request in between, so the note read at the top of
@@ -76,6 +81,44 @@ static void shim_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offse
     }
     PyGILState_Release(g);
     fuse_reply_err(req, err);
+}
+
+/* ioctl(2) on an open file.  Only restricted ioctls without data reach the
+ * callback (memosfs defines no other); anything else is ENOTTY, as for a
+ * filesystem without ioctls. */
+static PyObject *ioctl_cb;                     /* owned; GIL */
+
+static void shim_ioctl(fuse_req_t req, fuse_ino_t ino, int cmd, void *arg,
+                       struct fuse_file_info *fi, unsigned flags, const void *in_buf,
+                       size_t in_bufsz, size_t out_bufsz)
+{
+    int err = ENOTTY;
+    if (!(flags & (FUSE_IOCTL_UNRESTRICTED | FUSE_IOCTL_DIR)) && in_bufsz == 0 &&
+        out_bufsz == 0) {
+        const struct fuse_ctx *ctx = fuse_req_ctx(req);
+        PyGILState_STATE g = PyGILState_Ensure();
+        if (ioctl_cb) {
+            PyObject *r = PyObject_CallFunction(ioctl_cb, "KIi",
+                                                (unsigned long long)fi->fh,
+                                                (unsigned int)cmd, (int)ctx->pid);
+            if (r) {
+                long v = PyLong_AsLong(r);
+                err = (v == -1 && PyErr_Occurred()) ? EIO : (int)v;
+                Py_DECREF(r);
+            } else {
+                err = EIO;
+            }
+            if (PyErr_Occurred()) {
+                PyErr_WriteUnraisable(ioctl_cb);
+                err = EIO;
+            }
+        }
+        PyGILState_Release(g);
+    }
+    if (err)
+        fuse_reply_err(req, err);
+    else
+        fuse_reply_ioctl(req, 0, NULL, 0);
 }
 
 static void shim_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -221,6 +264,8 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
     }
     if (!shim_ops.fallocate)
         shim_ops.fallocate = shim_fallocate;
+    if (!shim_ops.ioctl)
+        shim_ops.ioctl = shim_ioctl;
     intercepted = 1;
     return real(args, &shim_ops, sizeof shim_ops, userdata);
 }
@@ -229,9 +274,10 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
 
 static PyObject *py_install(PyObject *self, PyObject *args)
 {
-    PyObject *fa, *fl, *in = Py_None, *wn = Py_None;
-    if (!PyArg_ParseTuple(args, "OO|OO", &fa, &fl, &in, &wn))
+    PyObject *fa, *fl, *in = Py_None, *wn = Py_None, *io = Py_None;
+    if (!PyArg_ParseTuple(args, "OO|OOO", &fa, &fl, &in, &wn, &io))
         return NULL;
+    Py_XSETREF(ioctl_cb, io == Py_None ? NULL : Py_NewRef(io));
     Py_XSETREF(write_note_cb, wn == Py_None ? NULL : Py_NewRef(wn));
     Py_XSETREF(fallocate_cb, fa == Py_None ? NULL : Py_NewRef(fa));
     Py_XSETREF(flush_note_cb, fl == Py_None ? NULL : Py_NewRef(fl));
@@ -246,7 +292,7 @@ static PyObject *py_active(PyObject *self, PyObject *unused)
 
 static PyMethodDef methods[] = {
     {"install", py_install, METH_VARARGS,
-     "install(fallocate, flush_note[, interrupted[, write_note]]): the callables the "
+     "install(fallocate, flush_note[, interrupted[, write_note[, ioctl]]]): the callables the "
      "added requests "
      "call (None: off)."},
     {"active", py_active, METH_NOARGS,

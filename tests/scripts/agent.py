@@ -8,15 +8,18 @@ and obeys one command a line on stdin, answering one line on stdout.
   poll MS              wait up to MS for POLLPRI on the open file: "pri" or "none"
   state PATH           user.memos.state of PATH
   ack PATH             setfattr user.memos.ack
+  ioctlack             ioctl(fd, MEMOS_IOC_ACK) on the open file
   close
 Errors answer "err ERRNO-NAME".  Stdlib only.
 """
 import errno
+import fcntl
 import os
 import select
 import sys
 
 fd = None
+MEMOS_IOC_ACK = 0x4D01          # memosfs.shared.MEMOS_IOC_ACK, _IO('M', 1)
 
 
 def answer(text: str) -> None:
@@ -53,6 +56,9 @@ for line in sys.stdin:
             answer(os.getxattr(args[0], "user.memos.state").decode())
         elif cmd == "ack":
             os.setxattr(args[0], "user.memos.ack", b"1")
+            answer("ok")
+        elif cmd == "ioctlack":
+            fcntl.ioctl(fd, MEMOS_IOC_ACK)
             answer("ok")
         elif cmd == "close":
             os.close(fd)
