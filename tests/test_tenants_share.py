@@ -218,3 +218,25 @@ def test_quota_without_ssd_tier_refuses_instead_of_dropping(make_mount, tmp_path
         wc -c < a0; wc -c < a1""")
     assert "TWO" in r.stdout and "REFUSED" in r.stdout, (r.stdout, r.stderr)
     assert r.stdout.split()[-2:] == [str(2 * MiB), str(MiB)]
+
+
+def test_quota_follows_an_agent_rename_and_rmdir(make_mount):
+    """The quota belongs to the agent directory: renamed, the agent keeps
+    it (and its slots stay counted under the new name); removed, it goes."""
+    m = make_mount(world=True, capacity="32M")
+    a = agent_dir(m, "alice", 5001)
+    os.setxattr(m.p("alice"), "user.memos.quota", b"6M")
+    (a / "x").write_bytes(b"x" * (2 * MiB))
+    assert int(os.getxattr(m.p("alice"), "user.memos.usage")) == 2 * MiB
+    os.rename(m.p("alice"), m.p("alice2"))
+    assert os.getxattr(m.p("alice2"), "user.memos.quota") == str(6 * MiB).encode()
+    assert int(os.getxattr(m.p("alice2"), "user.memos.usage")) == 2 * MiB
+    for i in range(4):
+        (m.p("alice2", "s") / f"y{i}").write_bytes(b"y" * (2 * MiB))
+    assert int(os.getxattr(m.p("alice2"), "user.memos.usage")) <= 6 * MiB
+    assert m.stats()["quota_agents"] == 1
+    for f in m.p("alice2", "s").iterdir():
+        f.unlink()
+    m.p("alice2", "s").rmdir()
+    m.p("alice2").rmdir()
+    assert m.stats()["quota_agents"] == 0
