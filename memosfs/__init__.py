@@ -20,7 +20,7 @@ def _preload_fuse_shim() -> None:
     flags = sys.getdlopenflags()
     sys.setdlopenflags(flags | os.RTLD_GLOBAL)
     try:
-        from . import _fuseshim  # noqa: F401
+        from memosfs import _fuseshim  # noqa: F401
     except ImportError:
         pass                    # not built: fallocate stays EOPNOTSUPP
     finally:

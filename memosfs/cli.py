@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from .control import KNOB_BY_NAME, KNOBS, KnobError
+from memosfs.knobs import KNOB_BY_NAME, KNOBS, KnobError
 
 log = logging.getLogger("memosfs")
 
@@ -87,7 +87,7 @@ def _join_remote_hosts(parts: list[str]) -> list[str]:
 def _setup_logging(path: Optional[str], debug: bool) -> None:
     """Log to path (made 0600 if new, group/other access taken off if it
     was there with it: the log names agents, sessions and slots), else stderr."""
-    from .private import tighten_file
+    from memosfs.private import tighten_file
     handler: logging.Handler
     tightened = False
     problem = None
@@ -143,10 +143,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
     import pyfuse3
     import trio
 
-    from . import _native
-    from .fs import MemosOperations
-    from .ssd import SSDTier
-    from .store import Store, UnsavedSlots
+    from memosfs import _native
+    from memosfs.fuse.operations import MemosOperations
+    from memosfs.store.ssd import SSDTier
+    from memosfs.store.store import Store, UnsavedSlots
 
     knobs, own, fuse_opts = parse_mount_options(args.o or [])
     foreground = args.foreground or "foreground" in own
@@ -163,7 +163,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     def knob(name):
         return knobs.get(name, KNOB_BY_NAME[name].default)
 
-    from .fs import physical_memory
+    from memosfs.fuse.operations import physical_memory
     memory = physical_memory()
     if memory and int(knob("capacity")) > memory:
         print(f"memosfs: capacity {knob('capacity')} cannot grow beyond memory "
@@ -179,7 +179,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
             return 1
     remote = None
     if own.get("remote"):               # remote=redis://host:port,...: the shared tier
-        from .remote import RemoteRefused, RemoteTier, hide_url_passwords
+        from memosfs.store.remote import RemoteRefused, RemoteTier, hide_url_passwords
         hide_url_passwords()            # not in ps or /proc/PID/cmdline
         durable = own.get("remote_durable", "0")
         if durable not in ("0", "1"):
@@ -286,7 +286,7 @@ def _run_dir() -> Optional[str]:
         base = os.path.join(os.environ["XDG_RUNTIME_DIR"], "memosfs")
     else:
         base = f"/tmp/memosfs-{uid}"
-    from .private import private_makedirs
+    from memosfs.private import private_makedirs
     import stat
     try:
         private_makedirs(base)
@@ -318,7 +318,7 @@ def _write_run_file(path: Optional[str], obj: dict) -> None:
     if path is None:
         return
     try:
-        from .private import open_private
+        from memosfs.private import open_private
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w") as f:
             json.dump(obj, f)
@@ -637,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--markdown", action="store_true", help="as the README's table")
     k.set_defaults(fn=cmd_knobs)
 
-    from . import bench
+    from memosfs.bench import io as bench
     bench.add_parser(sub)
     return p
 

@@ -510,7 +510,7 @@ def test_shared_slots_follow_rewrites(make_mount, agents, protocol):
     """memosfs.shared.SharedSlots keeps its copy open (re-reads reach no
     daemon read handler once cached), drops it when invalidated, and under
     protocol 2 acknowledges from its watcher so a writer is not kept waiting."""
-    from memosfs.shared import SharedSlots
+    from memosfs.client.shared import SharedSlots
     m = make_mount(world=True)
     slot = shared_slot(m, b"one" * 50000)
     knob(m, "coherence_protocol", protocol)

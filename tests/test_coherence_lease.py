@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
 from memosfs import _native as N
-from memosfs.shared import MEMOS_IOC_ACK, ack
+from memosfs.client.shared import MEMOS_IOC_ACK, ack
 from test_coherence import Agents
 from test_coherence import agents, coherence_lines, knob, run_as, shared_slot  # noqa: F401
 
@@ -290,7 +290,7 @@ def test_protocol_0_ioctl_ack_is_refused(make_mount, agents):
 def test_shared_slots_after_a_revoke(make_mount):
     """memosfs.shared.SharedSlots drops a revoked copy (its watcher sees
     POLLERR) and reads the slot afresh."""
-    from memosfs.shared import SharedSlots
+    from memosfs.client.shared import SharedSlots
     m = make_mount(world=True)
     slot = shared_slot(m, OLD)
     strong(m, 60000)

@@ -28,9 +28,10 @@ from pathlib import Path
 import pytest
 
 from conftest import FUSE_REASON, is_mounted
-from memosfs import faults, ssd as ssd_mod
-from memosfs.ssd import SSDTier
-from memosfs.store import Store, UnsavedSlots
+from memosfs.testing import faults
+from memosfs.store import ssd as ssd_mod
+from memosfs.store.ssd import SSDTier
+from memosfs.store.store import Store, UnsavedSlots
 
 MiB = 1 << 20
 
@@ -404,7 +405,7 @@ def test_close_with_a_full_ssd_counts_logs_and_raises(tmp_path, caplog):
     keys = [f"a/s/k{i:02d}".encode() for i in range(12)]
     for k in keys:
         _put(store, k, k * (600 * 1024 // len(k)))
-    caplog.set_level(logging.ERROR, logger="memosfs.store")
+    caplog.set_level(logging.ERROR, logger="memosfs.store.store")
     with pytest.raises(UnsavedSlots) as e:
         store.close()
     lost = e.value.keys

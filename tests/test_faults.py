@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from memosfs import faults
-from memosfs.ssd import _name_of, read_trailer
+from memosfs.testing import faults
+from memosfs.store.ssd import _name_of, read_trailer
 
 from conftest import FUSE_REASON, is_mounted
 

@@ -19,7 +19,7 @@ import threading
 import pytest
 
 np = pytest.importorskip("numpy")
-F = pytest.importorskip("memosfs.federated")
+F = pytest.importorskip("memosfs.federated.jobs")
 
 ALICE, BOB = 1001, 1002
 
@@ -289,10 +289,10 @@ def test_handlers_without_a_mount(tmp_path):
     """The hooks in fs.py, called directly (no FUSE): inodes, handles, errnos."""
     import pyfuse3
 
-    from memosfs.fedfs import FED_INO
-    from memosfs.fs import MemosOperations
-    from memosfs.ssd import SSDTier
-    from memosfs.store import Store
+    from memosfs.fuse.fedtree import FED_INO
+    from memosfs.fuse.operations import MemosOperations
+    from memosfs.store.ssd import SSDTier
+    from memosfs.store.store import Store
 
     class Ctx:
         def __init__(self, uid=0, gid=0):

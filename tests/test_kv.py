@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from memosfs import kv, models
+from memosfs.client import kv
+from memosfs.testing import models
 
 try:
     import torch
@@ -105,7 +106,7 @@ import sys
 sys.modules["torch"] = None
 sys.modules["transformers"] = None
 import numpy as np
-from memosfs import kv
+from memosfs.client import kv
 pairs = [(np.ones((1, 2, 3, 4), np.float32), np.zeros((1, 2, 3, 4), np.float32))]
 kv.save_kv({str(tmp_path / 'n')!r}, pairs, model_id="m", tokens=[1, 2, 3])
 got = kv.load_kv({str(tmp_path / 'n')!r}, model={{"model": "m", "layers": 1}}, as_="numpy")

@@ -11,8 +11,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from memosfs.fs import MemosOperations
-from memosfs.store import Store
+from memosfs.fuse.operations import MemosOperations
+from memosfs.store.store import Store
 
 MiB = 1 << 20
 

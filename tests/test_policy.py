@@ -12,8 +12,8 @@ import random
 import pytest
 
 from memosfs import _native as N
-from memosfs import bench_policy
-from memosfs.store import Store
+from memosfs.bench import policy as bench_policy
+from memosfs.store.store import Store
 
 MiB = 1 << 20
 PAGE = N.PAGE_SIZE

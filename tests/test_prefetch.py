@@ -13,10 +13,11 @@ import threading
 
 import pytest
 
-from memosfs import _native, prefetch
-from memosfs.bench_prefetch import SimTier, simulate, strided_requests
-from memosfs.control import KNOB_BY_NAME, KnobError
-from memosfs.prefetch import ModeUnavailable, PrefetchEngine, natural_key
+from memosfs import _native
+from memosfs.store import prefetch
+from memosfs.bench.prefetch import SimTier, simulate, strided_requests
+from memosfs.knobs import KNOB_BY_NAME, KnobError
+from memosfs.store.prefetch import ModeUnavailable, PrefetchEngine, natural_key
 
 
 # ---------------------------------------------------------------- native tables

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load, save
 
-from memosfs import kvfile
+from memosfs.store import kvfile
 
 MiB = 1 << 20
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from memosfs.localcluster import LocalCluster, redis_server_missing
+from memosfs.testing.localcluster import LocalCluster, redis_server_missing
 
 REASON = redis_server_missing()
 try:
@@ -24,8 +24,8 @@ except ImportError:
 
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
-from memosfs import remote as rt  # noqa: E402
-from memosfs.remote import RemoteTier, parse_url  # noqa: E402
+from memosfs.store import remote as rt  # noqa: E402
+from memosfs.store.remote import RemoteTier, parse_url  # noqa: E402
 
 MiB = 1 << 20
 
@@ -378,11 +378,11 @@ def test_failover_with_replicas():
 from conftest import FUSE_REASON  # noqa: E402
 
 try:
-    from memosfs.fs import MemosOperations
+    from memosfs.fuse.operations import MemosOperations
     FS_REASON = None if hasattr(MemosOperations, "_remote_name") else \
         "fs.py does not look names up on the remote tier yet (MemosOperations._remote_name)"
 except Exception as e:                    # pragma: no cover
-    FS_REASON = f"memosfs.fs does not import: {e}"
+    FS_REASON = f"memosfs.fuse.operations does not import: {e}"
 
 mounted = pytest.mark.skipif(FUSE_REASON is not None or FS_REASON is not None,
                              reason=FUSE_REASON or FS_REASON or "")

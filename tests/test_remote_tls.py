@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from memosfs.localcluster import LocalCluster, make_test_ca, redis_tls_missing
+from memosfs.testing.localcluster import LocalCluster, make_test_ca, redis_tls_missing
 
 REASON = redis_tls_missing()
 try:
@@ -28,8 +28,8 @@ except ImportError:
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 from conftest import FUSE_REASON, is_mounted  # noqa: E402
-from memosfs import remote as rt  # noqa: E402
-from memosfs.remote import RemoteRefused, RemoteTier, acl_rules, parse_url  # noqa: E402
+from memosfs.store import remote as rt  # noqa: E402
+from memosfs.store.remote import RemoteRefused, RemoteTier, acl_rules, parse_url  # noqa: E402
 
 MiB = 1 << 20
 PREFIX = "t1"

@@ -15,8 +15,8 @@ import pytest
 
 from conftest import is_mounted
 from memosfs import _native
-from memosfs.ssd import MAGIC, CorruptSlot, SSDTier
-from memosfs.store import Store
+from memosfs.store.ssd import MAGIC, CorruptSlot, SSDTier
+from memosfs.store.store import Store
 
 MiB = 1 << 20
 

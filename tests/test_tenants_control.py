@@ -26,9 +26,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memosfs.cli import parse_mount_options
-from memosfs.control import KNOB_BY_NAME, KNOBS, KnobError, Trace, trace_quote
-from memosfs.fs import MemosOperations, physical_memory
-from memosfs.store import Store
+from memosfs.knobs import KNOB_BY_NAME, KNOBS, KnobError
+from memosfs.trace import Trace, trace_quote
+from memosfs.fuse.operations import MemosOperations, physical_memory
+from memosfs.store.store import Store
 
 MiB = 1 << 20
 OTHER = 20011                       # a uid that is not root and owns nothing here

@@ -1,34 +1,9 @@
-"""The control plane: the knob table and the `.memos/` pseudo-files.
+"""The knob table: every setting of a mount, in one place.
 
 Every setting lives in one table, `KNOBS`: its name, its kind and bounds (how
 a written value is parsed and checked), its default, and what it means.  The
 knob files under `.memos/cache/`, their validation, the mount options and the
 README's knob list all come from this table.
-
-Pseudo-files (all owned by root, served with direct_io, st_size 0, read as a
-snapshot taken at open).  Their modes say what they do and the daemon itself
-enforces them, with or without `default_permissions`: a uid other than 0 gets
-the "other" bits, root the owner bits (so root too gets EACCES reading a
-write-only file or writing a read-only one).  chmod, chown and utimes of any
-control file or directory are EPERM, for root too.
-
-=====================  ====  =====================================================
-file                   mode  meaning
-=====================  ====  =====================================================
-cache/stats            0444  `name value` lines, one per counter (no names: only
-                             counts, sizes and the eviction policy)
-cache/stats.json       0444  the same counters as one JSON object
-cache/<knob>           0644  `value\\n`; root writing a valid value sets it at once,
-                             anything else is EINVAL and changes nothing
-cache/flush            0200  root writes 1: persist every dirty slot, then reclaim
-                             memory
-cache/revoke           0200  write `agent/session/slot`: revoke every reader of it
-                             (coherence protocol 2; their reads fail with ESTALE)
-cache/reset_context    0200  root writes `agent/session`: drop that session's slots
-debug/trace            0600  root only.  write 1 (on, clears the buffer) or 0 (off);
-                             read: one event a line, `<ns> <EVENT> field=value ...`
-metrics                0444  Prometheus text exposition of the stats
-=====================  ====  =====================================================
 
 Knob input is strict: ASCII only (any other byte is EINVAL, so are Unicode
 digits such as U+0663 or full-width ones), surrounding spaces, tabs and
@@ -44,28 +19,15 @@ newlines are ignored, and then the whole text must be
 and within the knob's bounds in `KNOBS` (see `Knob.range_text`).  At most 64
 bytes are read.  The mount options (`-o capacity=4G,...`) go through the same
 parser.
-
-Trace encoding: every value in a trace line (and the event name) is
-percent-encoded so that a line is always exactly one event and splits
-unambiguously at spaces and at the first `=` of each field: the value is
-taken as UTF-8 (names that are not UTF-8 keep their bytes), and every byte
-outside the printable ASCII range 0x21-0x7E, and `%` and `=` themselves, is
-written `%XX` (two upper-case hex digits): a space is `%20`, a newline `%0A`,
-`%` is `%25`, `=` is `%3D`.  Decoding is `urllib.parse.unquote`.
 """
 
 from __future__ import annotations
 
-import collections
-import json
 import re
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Knob", "KNOBS", "KNOB_BY_NAME", "parse_size", "Trace", "trace_quote",
-           "format_stats", "format_metrics", "KnobError"]
+__all__ = ["Knob", "KNOBS", "KNOB_BY_NAME", "KnobError", "parse_size"]
 
 
 class KnobError(ValueError):
@@ -277,93 +239,3 @@ KNOBS: tuple[Knob, ...] = (
          "learned retrains and hybrid re-chooses"),
 )
 KNOB_BY_NAME = {k.name: k for k in KNOBS}
-
-
-_TRACE_SAFE = frozenset(range(0x21, 0x7F)) - {ord("%"), ord("=")}
-
-
-def trace_quote(value: Any) -> str:
-    """A trace field value with every byte outside printable ASCII, and `%`
-    and `=`, percent-encoded (`%0A`, `%20`, `%25`, `%3D`): no whitespace, no
-    control character, no `=` (see the module docstring)."""
-    if isinstance(value, (bytes, bytearray)):
-        raw = bytes(value)
-    else:
-        raw = str(value).encode("utf-8", "surrogateescape")
-    if all(b in _TRACE_SAFE for b in raw):
-        return raw.decode("ascii")
-    return "".join(chr(b) if b in _TRACE_SAFE else f"%{b:02X}" for b in raw)
-
-
-class Trace:
-    """The debug/trace event buffer: a bounded ring of text lines."""
-
-    def __init__(self, maxlen: int = 65536) -> None:
-        self.enabled = False
-        self._lines: collections.deque[str] = collections.deque(maxlen=maxlen)
-        self._lock = threading.Lock()
-
-    def set(self, on: bool) -> None:
-        with self._lock:
-            if on and not self.enabled:
-                self._lines.clear()
-            self.enabled = on
-
-    def emit(self, event: str, **fields: Any) -> None:
-        """Append `<ns> <EVENT> field=value ...`; every value is encoded by
-        `trace_quote`, so no name can split or forge a line."""
-        if not self.enabled:
-            return
-        kv = " ".join(f"{trace_quote(k)}={trace_quote(v)}" for k, v in fields.items())
-        with self._lock:
-            self._lines.append(f"{time.time_ns()} {trace_quote(event)} {kv}".rstrip())
-
-    def text(self) -> str:
-        with self._lock:
-            return "".join(line + "\n" for line in self._lines)
-
-
-def format_stats(stats: dict[str, Any]) -> str:
-    """`name value` lines; floats with 6 significant digits."""
-    out = []
-    for k, v in stats.items():
-        out.append(f"{k} {_fmt(v)}\n")
-    return "".join(out)
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
-
-
-_GAUGES = {"slots", "bytes_used", "capacity", "index_load_factor", "free_pages",
-           "superblocks", "hit_rate", "drafts", "pinned", "pages_used", "bytes_draft",
-           "evict_batch", "ring_slots", "agents", "sessions", "open_handles",
-           "dead_pinned", "index_buckets", "index_entries", "huge_pages", "uptime_s",
-           "fragmentation", "pages_pending", "sweep_ns_max", "policy_recency",
-           "policy_probation", "policy_protected", "ssd_slots", "ssd_bytes",
-           "ssd_capacity", "warmup_loaded_bytes", "warmup_total_bytes", "warmup_done",
-           "reclaim_free_ratio", "reclaim_fail_limit", "open_handles",
-           "coherence_slots", "coherence_holders", "coherence_protocol"}
-
-
-_GAUGE_PREFIXES = ("prefetch_queue", "prefetch_outstanding", "prefetch_hybrid_random",
-                   "prefetch_learned_loss", "remote_queue")
-
-
-def format_metrics(stats: dict[str, Any]) -> str:
-    """Prometheus text exposition format (version 0.0.4)."""
-    out = []
-    for k, v in stats.items():
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            continue
-        gauge = k in _GAUGES or k.startswith(_GAUGE_PREFIXES) or "accuracy" in k
-        name = "memosfs_" + k + ("" if gauge else "_total")
-        kind = "gauge" if gauge else "counter"
-        out.append(f"# TYPE {name} {kind}\n{name} {_fmt(v)}\n")
-    return "".join(out)
-
-
-def stats_json(stats: dict[str, Any]) -> str:
-    return json.dumps(stats, sort_keys=False) + "\n"

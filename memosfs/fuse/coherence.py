@@ -58,9 +58,9 @@ from typing import Awaitable, Callable, Optional
 import pyfuse3
 import trio
 
-from . import _native
+from memosfs import _native
 
-log = logging.getLogger("memosfs.coherence")
+log = logging.getLogger("memosfs.fuse.coherence")
 
 GRANTED = _native.DIR_GRANTED
 WAIT = _native.DIR_WAIT

@@ -75,9 +75,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from .control import KnobError
+from memosfs.knobs import KnobError
 
-log = logging.getLogger("memosfs.prefetch")
+log = logging.getLogger("memosfs.store.prefetch")
 
 __all__ = ["PrefetchEngine", "ModeUnavailable", "MODES", "learned_available",
            "natural_key", "DEFAULT_KNOBS"]
@@ -413,7 +413,7 @@ class PrefetchEngine:
                  window_min: int = WINDOW_MIN, horizon: int = HORIZON, seed: int = 0,
                  heat_capacity: int = 4096, heat_halflife: float = 1024.0,
                  confirm: int = 2) -> None:
-        from . import _native
+        from memosfs import _native
         self._fetch = fetch
         self._in_memory = in_memory
         self._session_slots = session_slots

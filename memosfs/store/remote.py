@@ -96,9 +96,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional
 from urllib.parse import parse_qsl, unquote
 
-from . import _native
+from memosfs import _native
 
-log = logging.getLogger("memosfs.remote")
+log = logging.getLogger("memosfs.store.remote")
 
 __all__ = ["RemoteTier", "RemoteEntry", "RemoteVersion", "RemoteConfig", "RemoteRefused",
            "parse_url", "manifest_key", "chunk_key", "acl_rules", "hide_url_passwords",

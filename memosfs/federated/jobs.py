@@ -66,9 +66,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .private import open_private, private_makedirs, tighten_tree
+from memosfs.private import open_private, private_makedirs, tighten_tree
 
-log = logging.getLogger("memosfs.federated")
+log = logging.getLogger("memosfs.federated.jobs")
 
 __all__ = [
     "FedError", "MemoryKV", "DirKV", "FederatedJobs",

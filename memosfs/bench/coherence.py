@@ -31,8 +31,8 @@ import statistics
 import time
 from typing import Optional
 
-from .bench import memos_mount, tmpfs_dir
-from .control import parse_size
+from memosfs.bench.io import memos_mount, tmpfs_dir
+from memosfs.knobs import parse_size
 
 MODES = ("protocol0", "protocol1", "protocol2", "lock_slot", "lock_global")
 
@@ -72,7 +72,7 @@ def _agent(idx: int, slots: list[str], locks: list[str], glock: str, mode: str,
     acknowledges the invalidation, and the next read opens the new version.  Under protocol 0 and the lock schemes
     nothing tells an agent that its copy is stale, so every read opens the
     slot anew."""
-    from .shared import SharedSlots
+    from memosfs.client.shared import SharedSlots
     rng = random.Random(seed * 1000 + idx)
     payload = bytes([65 + idx]) * size
     buf = bytearray(size + 1)

@@ -8,7 +8,7 @@ against what the writer ever wrote -> start the writer -> after a random
 After the last cycle: mount, check, a short write burst, a clean unmount,
 mount again and check that every slot holds exactly its newest version.
 
-The writer (`python -m memosfs.faults writer ...`, a separate process so that
+The writer (`python -m memosfs.testing.faults writer ...`, a separate process so that
 nothing in the checker can block on the dead mount) loops over a small pool
 of keys (agent `fault`, sessions s0.., slots k00..), writing whole slots of
 random sizes (1 KiB - 3 MiB) whose bytes are a function of (key, version)
@@ -263,7 +263,7 @@ def kill9(m: MountLike, timeout: float = 15, grace: float = 3) -> bool:
 # ---------------------------------------------------------------- the writer
 
 def writer_main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m memosfs.faults writer")
+    ap = argparse.ArgumentParser(prog="python -m memosfs.testing.faults writer")
     ap.add_argument("mnt")
     ap.add_argument("journal")
     ap.add_argument("--seed", type=int, default=0)
@@ -378,7 +378,7 @@ def writer_main(argv: Optional[list[str]] = None) -> int:
 
 def start_writer(mnt: str | os.PathLike, journal: str, seed: int, base: int,
                  **opts: object) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "memosfs.faults", "writer", str(mnt), journal,
+    cmd = [sys.executable, "-m", "memosfs.testing.faults", "writer", str(mnt), journal,
            "--seed", str(seed), "--base", str(base)]
     for k, v in opts.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
@@ -744,7 +744,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["writer"]:
         return writer_main(argv[1:])
-    print("usage: python -m memosfs.faults writer MNT JOURNAL [options]", file=sys.stderr)
+    print("usage: python -m memosfs.testing.faults writer MNT JOURNAL [options]", file=sys.stderr)
     return 2
 
 

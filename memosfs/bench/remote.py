@@ -34,9 +34,9 @@ import tempfile
 import time
 from typing import Iterator, Optional, Sequence
 
-from .bench import _drop_cached_pages, _mounted, drop_page_cache
-from .bench import _read_file as _read_whole
-from .control import parse_size
+from memosfs.bench.io import _drop_cached_pages, _mounted, drop_page_cache
+from memosfs.bench.io import _read_file as _read_whole
+from memosfs.knobs import parse_size
 
 MiB = 1 << 20
 
@@ -86,7 +86,7 @@ def _cluster(url: str, maxmemory: str) -> Iterator[tuple[str, str]]:
     if url:
         yield url, "given"
         return
-    from .localcluster import LocalCluster, redis_server_missing
+    from memosfs.testing.localcluster import LocalCluster, redis_server_missing
     why = redis_server_missing()
     if why:
         raise RuntimeError(why)
@@ -144,7 +144,7 @@ def _read_all(paths: list[str], size: int) -> float:
 
 
 def bench_remote(slot: int, slots: int, repeat: int, url: str = "") -> dict[str, object]:
-    from .remote import RemoteTier, chunk_key, manifest_key
+    from memosfs.store.remote import RemoteTier, chunk_key, manifest_key
     import redis.utils
 
     total = slot * slots

@@ -37,23 +37,25 @@ from typing import Callable, Iterator, Optional
 import pyfuse3
 import trio
 
-from . import _native, kvfile
+from memosfs import _native
+from memosfs.store import kvfile
 
 try:
-    from . import _fuseshim
+    from memosfs import _fuseshim
 except ImportError:             # not built: fallocate is EOPNOTSUPP, every
     _fuseshim = None            # flush of a writer publishes
-from .control import (KNOB_BY_NAME, KNOBS, KnobError, Trace, format_metrics,
-                      format_stats, parse_size, stats_json)
-from .coherence import Coherence, Hold, agent_name
-from .shared import MEMOS_IOC_ACK
-from .tenants import QUOTA_XATTR, USAGE_XATTR, OverLimit, Tenants
-from .fedfs import FED_INO, FedTree
-from .prefetch import PrefetchEngine
-from .pagecache import PUSH_LOCK, BytesSource, PageCachePusher, Refresher
-from .store import Store, make_key, split_key
+from memosfs.knobs import KNOB_BY_NAME, KNOBS, KnobError, parse_size
+from memosfs.trace import Trace
+from memosfs.stats import format_metrics, format_stats, stats_json
+from memosfs.fuse.coherence import Coherence, Hold, agent_name
+from memosfs.abi import MEMOS_IOC_ACK
+from memosfs.fuse.tenants import QUOTA_XATTR, USAGE_XATTR, OverLimit, Tenants
+from memosfs.fuse.fedtree import FED_INO, FedTree
+from memosfs.store.prefetch import PrefetchEngine
+from memosfs.fuse.pagecache import PUSH_LOCK, BytesSource, PageCachePusher, Refresher
+from memosfs.store.store import Store, make_key, split_key
 
-log = logging.getLogger("memosfs.fs")
+log = logging.getLogger("memosfs.fuse.operations")
 
 __all__ = ["MemosOperations", "NAME_MAX", "CONTROL_DIR"]
 

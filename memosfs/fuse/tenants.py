@@ -41,9 +41,9 @@ import logging
 import weakref
 from typing import Optional
 
-from . import _native
+from memosfs import _native
 
-log = logging.getLogger("memosfs.tenants")
+log = logging.getLogger("memosfs.fuse.tenants")
 
 QUOTA_XATTR = b"user.memos.quota"
 USAGE_XATTR = b"user.memos.usage"

@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Iterable
 
-from . import _native
+from memosfs import _native
 
 SIZES = (0.005, 0.027, 0.055, 0.11, 0.27)
 PEERS = ("LRU", "LFU", "ARC", "LIRS", "2Q", "S3-FIFO", "SIEVE", "W-TinyLFU")

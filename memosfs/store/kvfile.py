@@ -39,7 +39,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import _native
+from memosfs import _native
 
 __all__ = ["SCHEMES", "parse_safetensors", "encode", "decode", "is_container",
            "EncodeResult", "quantize_tensor", "dequantize_tensor"]

@@ -44,8 +44,9 @@ import tempfile
 import time
 from typing import Any
 
-from . import kv, models
-from .bench import _drop_cached_pages, memos_mount
+from memosfs.client import kv
+from memosfs.testing import models
+from memosfs.bench.io import _drop_cached_pages, memos_mount
 
 MiB = 1 << 20
 

@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from .prefetch import MODES, PrefetchEngine, learned_available
+from memosfs.store.prefetch import MODES, PrefetchEngine, learned_available
 
 Op = tuple[str, tuple[str, str, str]]          # ("r" | "w", (agent, session, name))
 Request = list[Op]
@@ -105,7 +105,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Standalone: python -m memosfs.bench_prefetch [args]."""
+    """Standalone: python -m memosfs.bench.prefetch [args]."""
     p = argparse.ArgumentParser(prog="memosfs bench prefetch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     _arguments(p)
@@ -329,7 +329,7 @@ def replay_mount(reqs: list[Request], mode: str, capacity_bytes: int, slot: int,
                  ) -> dict[str, Any]:
     """Replay on a fresh mount; `think_ms` pauses between requests (an engine
     computes between two turns: the window a prefetch has), not timed."""
-    from .bench import memos_mount
+    from memosfs.bench.io import memos_mount
     options = (f"prefetch_mode={mode},prefetch_stride={stride},"
                f"prefetch_retrain_below={retrain_below}")
     if opts:
@@ -442,7 +442,7 @@ def bench_prefetch(workloads: list[str], modes: list[str], sim: bool, trace: str
 
 
 def cmd_bench_prefetch(args: argparse.Namespace) -> int:
-    from .control import parse_size
+    from memosfs.knobs import parse_size
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [w for w in workloads if w not in WORKLOADS] + [m for m in modes if m not in MODES]

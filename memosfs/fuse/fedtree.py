@@ -57,7 +57,7 @@ from typing import Any, Optional
 import pyfuse3
 import trio
 
-log = logging.getLogger("memosfs.fedfs")
+log = logging.getLogger("memosfs.fuse.fedtree")
 
 __all__ = ["FedTree", "FED_INO", "FED_NAME"]
 
@@ -101,7 +101,7 @@ class FedTree:
         self._active = False                # the kernel may be told of changes
         self._notify_lock = threading.Lock()
         try:
-            from . import federated as F
+            from memosfs.federated import jobs as F
             ssd = getattr(ops.store, "ssd", None)
             if ssd is not None:
                 kv = F.DirKV(os.path.join(ssd.root, "federated"))
@@ -216,7 +216,7 @@ class FedTree:
 
     @staticmethod
     def _fed_error():
-        from .federated import FedError
+        from memosfs.federated.jobs import FedError
         return FedError
 
     @staticmethod

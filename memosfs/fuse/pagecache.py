@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import trio
 
-from . import _native
+from memosfs import _native
 
 if TYPE_CHECKING:
-    from .fs import Slot
+    from memosfs.fuse.operations import Slot
 
-log = logging.getLogger("memosfs.fs")
+log = logging.getLogger("memosfs.fuse.operations")
 
 __all__ = ["PUSH_LOCK", "PageCachePusher", "BytesSource", "Refresher"]
 

@@ -51,10 +51,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
-from . import _native
-from .private import open_private, private_dir, private_makedirs, tighten_tree
+from memosfs import _native
+from memosfs.private import open_private, private_dir, private_makedirs, tighten_tree
 
-log = logging.getLogger("memosfs.ssd")
+log = logging.getLogger("memosfs.store.ssd")
 
 __all__ = ["SSDTier", "SSDEntry", "CorruptSlot", "MAGIC"]
 

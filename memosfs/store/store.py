@@ -60,14 +60,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from . import _native
-from .control import Trace
-from .ssd import CorruptSlot, SSDEntry, SSDFull, SSDReader, SSDTier
+from memosfs import _native
+from memosfs.trace import Trace
+from memosfs.store.ssd import CorruptSlot, SSDEntry, SSDFull, SSDReader, SSDTier
 
 if TYPE_CHECKING:
-    from .remote import RemoteEntry, RemoteTier, RemoteVersion
+    from memosfs.store.remote import RemoteEntry, RemoteTier, RemoteVersion
 
-log = logging.getLogger("memosfs.store")
+log = logging.getLogger("memosfs.store.store")
 
 __all__ = ["Store", "StoreStats", "UnsavedSlots", "make_key", "split_key"]
 

@@ -46,7 +46,7 @@ import tempfile
 import time
 from typing import Iterator
 
-from .control import parse_size
+from memosfs.knobs import parse_size
 
 MiB = 1 << 20
 
@@ -70,14 +70,14 @@ def add_parser(sub) -> None:
     ps.add_argument("--seed", type=int, default=0, help="seed of the kill -9 cycles")
     ps.add_argument("--json", action="store_true", help="print JSON only")
     ps.set_defaults(fn=cmd_bench_persist)
-    from . import bench_policy; bench_policy.add_parsers(bsub)
-    from . import bench_native; bench_native.add_parsers(bsub)
-    from . import bench_kv; bench_kv.add_parsers(bsub)
-    from . import bench_coherence; bench_coherence.add_parsers(bsub)
-    from . import bench_prefetch; bench_prefetch.add_parsers(bsub)
-    from . import bench_remote; bench_remote.add_parsers(bsub)
+    from memosfs.bench import policy as bench_policy; bench_policy.add_parsers(bsub)
+    from memosfs.bench import native as bench_native; bench_native.add_parsers(bsub)
+    from memosfs.bench import kv as bench_kv; bench_kv.add_parsers(bsub)
+    from memosfs.bench import coherence as bench_coherence; bench_coherence.add_parsers(bsub)
+    from memosfs.bench import prefetch as bench_prefetch; bench_prefetch.add_parsers(bsub)
+    from memosfs.bench import remote as bench_remote; bench_remote.add_parsers(bsub)
     try:                                # numpy (the `federated` extra) is optional
-        from . import bench_federated; bench_federated.add_parsers(bsub)
+        from memosfs.bench import federated as bench_federated; bench_federated.add_parsers(bsub)
     except ImportError:
         pass
 
@@ -303,7 +303,7 @@ def _write_slot(path: str, block: memoryview, size: int, tag: int, fsync: bool) 
 
 def bench_persist(size: int, slot: int, cycles: int, repeat: int = 3, seed: int = 0,
                   progress=None) -> dict[str, object]:
-    from . import faults
+    from memosfs.testing import faults
 
     say = progress or (lambda msg: None)
     count = max(1, size // slot)

@@ -1,0 +1,20 @@
+"""What the daemon and its clients agree on beyond POSIX: ioctl numbers.
+
+A leaf: it imports nothing, and both sides (`memosfs.fuse`, `memosfs.client`)
+take their constants from here.
+"""
+
+__all__ = ["MEMOS_IOC_ACK"]
+
+
+def _IO(kind: str, nr: int) -> int:
+    """Linux's _IO(type, nr): an ioctl number that carries no data."""
+    return (ord(kind) << 8) | nr
+
+
+# ioctl(fd, MEMOS_IOC_ACK) on an open slot: its agent acknowledges the
+# invalidation of its copy (as `setfattr -n user.memos.ack` does, without
+# needing write permission).  Fails with EINVAL when there is nothing to
+# acknowledge (the handle's agent was not invalidated, already acknowledged,
+# or its hold was revoked), ENOTTY on anything that is not a memosfs slot.
+MEMOS_IOC_ACK = _IO("M", 1)        # 0x4d01

@@ -1,0 +1,1 @@
+"""`memosfs bench ...`: one module per benchmark.  Imported by the CLI only."""
