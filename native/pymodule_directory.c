@@ -323,7 +323,7 @@ static PyTypeObject DirectoryType = {
     .tp_methods = dir_methods,
 };
 
-int memos_directory_register(PyObject *m)
+int pym_directory_register(PyObject *m)
 {
     if (PyType_Ready(&DirectoryType) < 0)
         return -1;

@@ -286,7 +286,7 @@ static PyTypeObject PrefetcherType = {
     .tp_methods = pfo_methods,
 };
 
-int memos_prefetch_register(PyObject *m)
+int pym_prefetch_register(PyObject *m)
 {
     if (PyType_Ready(&PrefetcherType) < 0)
         return -1;
