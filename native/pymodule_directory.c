@@ -1,10 +1,22 @@
 /*
  * pymodule_directory.c — memosfs._native.Directory, the coherence directory
  * (directory.c) for Python.  Keys are bytes, agents are ints (a uid or a
- * pid); every method is short and holds the directory's own mutex.
+ * pid).
+ *
+ * Owns.  The Directory type: one dir_table per object, and the methods
+ * that map each dir_* call (read, write, ack, release, publish, cancel,
+ * state, unacked, revoke, holders, forget, take_msgs, take_events, stats,
+ * check) and its DIR_* results to Python values.
+ *
+ * The GIL and the lock.  Every method runs with the GIL held and is short:
+ * the dir_* call takes the directory's own mutex inside and returns before
+ * any Python object is built, so the lock order is GIL → directory mutex
+ * and an object may be used from several threads.
+ *
+ * May call.  The dir_* API (directory.h) only; nothing of the cache or the
+ * other types.  MEMOS_ENOMEM becomes MemoryError here (nomem_or_long).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "pymodule.h"
 
 #include "directory.h"
 
@@ -323,7 +335,7 @@ static PyTypeObject DirectoryType = {
     .tp_methods = dir_methods,
 };
 
-int memos_directory_register(PyObject *m)
+int pym_directory_register(PyObject *m)
 {
     if (PyType_Ready(&DirectoryType) < 0)
         return -1;

@@ -1,14 +1,22 @@
 /*
  * pymodule_prefetch.c — memosfs._native.Prefetcher: the stride detector and
- * heat table of prefetch.c for Python (memosfs/prefetch.py drives them).
+ * heat table of prefetch.c for Python (memosfs/store/prefetch.py drives
+ * them).
  *
+ * Owns.  The Prefetcher type: one pf_table per object, the generator state
+ * of heat_sample, and the methods mapping each pf_* call to Python values.
  * Sessions and slots are 64-bit ids (Prefetcher.key_id(bytes) hashes a key
  * or a session path with the index's hash); slot indices are signed 64-bit.
- * Every method is short and holds the table's own mutex (prefetch.c), so an
- * object may be used from several threads.
+ *
+ * The GIL and the lock.  Every method runs with the GIL held and is short:
+ * the pf_* call holds the table's own mutex (prefetch.c) and returns before
+ * any Python object is built, so an object may be used from several
+ * threads and the lock order is GIL → table mutex.
+ *
+ * May call.  The pf_* API (prefetch.h) and index_hash (index.h) only;
+ * nothing of the cache or the other types.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "pymodule.h"
 
 #include "index.h"
 #include "prefetch.h"
@@ -286,7 +294,7 @@ static PyTypeObject PrefetcherType = {
     .tp_methods = pfo_methods,
 };
 
-int memos_prefetch_register(PyObject *m)
+int pym_prefetch_register(PyObject *m)
 {
     if (PyType_Ready(&PrefetcherType) < 0)
         return -1;
