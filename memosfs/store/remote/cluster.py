@@ -4,7 +4,9 @@ At mount, `check()` asks the seed nodes once: a wrong password, a missing
 permission or a failed TLS handshake (unknown CA, name mismatch) fails the
 mount with a message that names the node (RemoteRefused); nodes that do not
 answer do not (the mount serves its local tiers and keeps trying).  The
-
+check asks the seed nodes with plain redis.Redis clients; the tier itself
+uses one redis.cluster.RedisCluster client, connected by the maintenance
+thread (and the subscriber one plain client on the node it listens to).
 
 Faults: connect and operation timeouts are short; a node that fails is
 skipped for a back-off period (0.5 s doubling to 5 s), so requests for its
@@ -16,8 +18,9 @@ Owns (as ClusterMixin, one of RemoteTier's bases): the cluster client
 (`_rc`, `connected`), the down table (`_down`), the counters (`_c`) and the
 rate-limited warnings; the maintenance thread (connect, slot map refresh,
 this mount's heartbeat in the peers key); check() and RemoteRefused.
-The state is created by RemoteTier.__init__ (tier.py).  Calls url and wire;
-redis-py is imported where it is used.
+The state is created by RemoteTier.__init__ (tier.py).  Calls nothing of
+the tier's other modules (self.config is a url.RemoteConfig); redis-py is
+imported where it is used.
 """
 
 from __future__ import annotations

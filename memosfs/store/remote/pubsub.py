@@ -16,11 +16,11 @@ Strong mode: a writer waits until every live peer (those whose subscription
 heartbeat is fresh in `memos:{peers}`) has acknowledged the announcement on
 `memosfs:ack`, or the ack timeout passes (counted in remote_ack_timeouts).
 
-
 Owns (as PubSubMixin, one of RemoteTier's bases): the versions this mount
 has seen (`_known`), the subscription (`subscribed`, `sub_node`,
 `_sub_redis`), the inbox and the handler thread that calls on_invalidate /
-on_reconnect, and the acknowledgements (`_acks`, `_ack_cv`).  The state is
+on_reconnect, and the acknowledgements (`_acks`, `_ack_cv`); _announce, which the writes
+call.  The state is
 created by RemoteTier.__init__.  Calls the cluster mixin (_node, _fail,
 _live_peers, _sub_candidates, _redis_kwargs, _count, _warn) and wire.
 """

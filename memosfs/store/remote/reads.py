@@ -5,7 +5,6 @@ each chunk's crc32c and the payload's; a missing chunk, a short one or a
 checksum mismatch is a miss (logged, counted), never served.  A manifest
 replaced while it was read is read again once.
 
-
 stat / stat_many read manifests only; get / get_into read a whole version,
 chunk by chunk in pipelines of PIPE_BYTES, checking as they go; names reads
 a session's index.  None of them raises for a remote fault.

@@ -8,8 +8,8 @@ the manifest's master replaces the manifest, PERSISTs the chunks and returns
 the header it replaced (GETRANGE), whose chunks are deleted afterwards.  A
 reader therefore sees a whole old version or a whole new one; an upload cut
 short leaves chunks that expire.  With `durable`, the writer also WAITs for
-one replica when the master has one.
-
+one replica when the master has one.  A write then announces itself
+(pubsub.py's _announce) and records the slot in its session's index.
 
 Owns: RemoteTier, its state (created in __init__ here, used by its bases),
 its threads' lifecycle, statistics(), and the synchronous writes (put_sync,

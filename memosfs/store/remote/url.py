@@ -21,7 +21,6 @@ per node):
         +zrangebyscore +sadd +srem +smembers +publish +subscribe +unsubscribe
         +ping +hello +auth +command +cluster|slots
 
-
 The password is never logged (RemoteConfig.redacted() writes user:***), and
 `hide_url_passwords()` overwrites it in the process's command line.
 

@@ -16,7 +16,6 @@ u32 crc32c of the JSON.  JSON: k (the key, hex), o (origin mount), v (version),
 n (size), c (crc32c of the payload), cs (chunk size), cc (crc32c of each chunk),
 m (the slot's metadata: owner, mode, xattrs...), d (1: a tombstone), t (time).
 
-
 A chunked version is cut into chunks of `cs` bytes (the last one shorter);
 crc32c (the C core's) covers the JSON header, each chunk and the payload.
 
