@@ -1,4 +1,4 @@
-"""memosfs.federated.jobs without a mount: client helpers, masks, HE, accounting, and the
+"""memosfs.federated without a mount: client helpers, masks, HE, accounting, and the
 FederatedJobs tree (refusals, rounds, persistence).  Every random draw is seeded and
 every statistical check has a tolerance far outside its sampling error, so nothing
 here can flake."""
@@ -12,14 +12,14 @@ import threading
 import numpy as np
 import pytest
 
-fed = pytest.importorskip("memosfs.federated.jobs")
+fed = pytest.importorskip("memosfs.federated")
 pytest.importorskip("cryptography")
 
-from memosfs.federated.jobs import (  # noqa: E402
-    DirKV, FedClient, FedError, FederatedJobs, InprocTransport, MemoryKV,
-    clip_gradients, decode_fixed, decrypted_sum_bytes, encode_fixed, epsilon_for,
-    generate_keypair, global_norm, he_keygen, make_update, mask_update, noise_injection,
-    parse_config, st_load, st_save)
+from memosfs.federated import (  # noqa: E402
+    FedClient, FedError, InprocTransport, clip_gradients, decode_fixed,
+    decrypted_sum_bytes, encode_fixed, epsilon_for, generate_keypair, global_norm,
+    he_keygen, make_update, mask_update, noise_injection, parse_config, st_load, st_save)
+from memosfs.federated.engine import DirKV, FederatedJobs, MemoryKV  # noqa: E402
 
 OWNER = 1000
 SHAPES = {"w": (8, 5), "b": (5,)}

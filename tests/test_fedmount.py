@@ -1,4 +1,4 @@
-"""`.federated/` through a real mount (memosfs/fedfs.py over memosfs/federated.py).
+"""`.federated/` through a real mount (memosfs/fuse/fedtree.py over memosfs/federated/engine.py).
 
 A job made with mkdir, configured with the shell, fed by clients that run as
 other uids (setpriv), aggregated when the last update closes; refusals seen as
@@ -19,7 +19,8 @@ import threading
 import pytest
 
 np = pytest.importorskip("numpy")
-F = pytest.importorskip("memosfs.federated.jobs")
+F = pytest.importorskip("memosfs.federated")
+from memosfs.federated.engine import JOB_ENTRIES  # noqa: E402
 
 ALICE, BOB = 1001, 1002
 
@@ -119,7 +120,7 @@ def test_job_through_the_mount(make_mount):
     job = fed / "lr"
     os.mkdir(job, 0o755)
     assert os.listdir(fed) == ["lr"]
-    assert sorted(os.listdir(job)) == sorted(F.JOB_ENTRIES)
+    assert sorted(os.listdir(job)) == sorted(JOB_ENTRIES)
 
     # config with the shell: a bad value is EINVAL and changes nothing
     bad = sh(f"echo 'clip_norm = -1' > {job}/config")

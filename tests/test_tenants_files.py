@@ -228,7 +228,7 @@ def test_tighten_tree_takes_only_group_and_other_bits(tmp_path):
 @needs_root_setpriv
 def test_federated_state_is_private(make_mount):
     pytest.importorskip("numpy")
-    F = pytest.importorskip("memosfs.federated.jobs")
+    F = pytest.importorskip("memosfs.federated")
     import numpy as np
     with umask(0):
         m = make_mount(world=True, capacity="64M")

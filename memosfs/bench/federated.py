@@ -39,7 +39,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from memosfs.federated import jobs as F
+import memosfs.federated as F
+from memosfs.federated.engine import FederatedJobs, MemoryKV
 
 
 def add_parsers(bsub) -> None:
@@ -254,7 +255,7 @@ def cmd_bench_federated(args) -> int:
                       f"{res['round_s_mean'] * 1000:.1f} ms", file=sys.stderr)
 
     if args.inproc:
-        jobs = F.FederatedJobs(F.MemoryKV())
+        jobs = FederatedJobs(MemoryKV())
 
         def make(label):
             jobs.mkdir((label,), 0, 0, 0o755)

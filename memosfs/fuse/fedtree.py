@@ -101,7 +101,7 @@ class FedTree:
         self._active = False                # the kernel may be told of changes
         self._notify_lock = threading.Lock()
         try:
-            from memosfs.federated import jobs as F
+            from memosfs.federated import engine as F
             ssd = getattr(ops.store, "ssd", None)
             if ssd is not None:
                 kv = F.DirKV(os.path.join(ssd.root, "federated"))
@@ -216,7 +216,7 @@ class FedTree:
 
     @staticmethod
     def _fed_error():
-        from memosfs.federated.jobs import FedError
+        from memosfs.federated.errors import FedError
         return FedError
 
     @staticmethod
