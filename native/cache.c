@@ -130,6 +130,10 @@ struct memos_cache {
 /* How long an allocation waits for other threads' evictions (write-backs to
  * the SSD) to free pages before it gives up with MEMOS_ENOMEM. */
 #define ALLOC_WAIT_MS 30000
+/* How long it waits, at most, for replaced versions that are still pinned
+ * (dead_pinned: a reader finishing, a page-cache push copying the previous
+ * version) to be released, when nothing is being evicted. */
+#define DEAD_WAIT_MS  1000
 
 /* ---- private prototypes ---- */
 
@@ -867,6 +871,7 @@ static void do_unpin(memos_cache *c, memos_entry *e)
     if (--e->refs == 0 && e->dead) {
         c->st.dead_pinned--;
         entry_destroy(c, e);
+        pthread_cond_broadcast(&c->evicted);   /* an allocation may be waiting */
     }
 }
 
@@ -888,9 +893,13 @@ static int do_alloc(memos_cache *c, unsigned k, uint32_t gen, extent *out)
         do_evict_run(c, gen, &picked);
         /* No victim left: pages still awaiting the sweep are the last resort,
          * then the victims other threads are writing back right now (their
-         * pages are freed when the write-back ends): wait for them, bounded. */
+         * pages are freed when the write-back ends), then replaced versions
+         * that are still pinned (freed at their last unpin): wait for them,
+         * bounded. */
         if (picked == 0 && arena_reclaim(&c->ar) == 0) {
-            if (c->evicting == 0 || waited_ms >= ALLOC_WAIT_MS)
+            int wait_evict = c->evicting > 0 && waited_ms < ALLOC_WAIT_MS;
+            int wait_dead = c->st.dead_pinned > 0 && waited_ms < DEAD_WAIT_MS;
+            if (!wait_evict && !wait_dead)
                 return MEMOS_ENOMEM;
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);

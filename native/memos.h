@@ -74,7 +74,7 @@ typedef struct memos_stats {
     uint64_t eviction_runs;    /* eviction runs (each picks up to evict_batch) */
     uint64_t evict_refused;    /* victims the callback kept */
     uint64_t alloc_failures;   /* page allocations that failed before eviction */
-    uint64_t alloc_waits;      /* 50 ms waits of an allocation for other threads' write-backs */
+    uint64_t alloc_waits;      /* 50 ms waits of an allocation for other threads' write-backs or unpins */
     uint64_t slots;            /* live entries */
     uint64_t drafts;           /* drafts not yet published or freed */
     uint64_t dead_pinned;      /* dead entries kept alive by a reference */

@@ -610,3 +610,24 @@ def test_tenant_quota_counts_and_protects():
         c.set_quota(b"a/b", 1)
     c.check()
     c.close()
+
+
+def test_allocation_waits_for_a_replaced_version_to_be_unpinned():
+    """Memory held only by a replaced version that another thread still
+    pins (a reader finishing, a page-cache push) is waited for, briefly,
+    instead of failing the allocation at once."""
+    c = N.Cache(2 * MiB, 4)
+    old = put(c, b"a/s/x", b"o" * (1536 * KiB))          # pinned by this ref
+    put(c, b"a/s/x", b"n" * (256 * KiB)).release()       # old is replaced: dead, pinned
+    assert c.stats()["dead_pinned"] == 1
+    timer = threading.Timer(0.2, old.release)
+    timer.start()
+    try:
+        d = c.draft()
+        assert d.write(0, b"z" * (1536 * KiB)) == 1536 * KiB   # fits once old is gone
+        d.free()
+    finally:
+        timer.join()
+    assert c.stats()["alloc_waits"] >= 1
+    c.check()
+    c.close()
