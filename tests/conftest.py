@@ -41,14 +41,19 @@ elif shutil.which("fusermount3") is None:
 
 needs_fuse = pytest.mark.skipif(FUSE_REASON is not None, reason=FUSE_REASON or "")
 
-MOUNT_FIXTURES = {"make_mount", "mnt"}
+# A test that uses one of these fixtures (directly or through another) gets the mark.
+MARK_BY_FIXTURE = {"make_mount": "mount", "mnt": "mount", "cluster": "cluster",
+                   "real_model": "model"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test that mounts through the fixtures is a `mount` test."""
+    """Mark the layers from the fixtures each test uses: a test that mounts
+    through make_mount or mnt is a `mount` test, one that uses a `cluster`
+    fixture a `cluster` test, one that uses `real_model` a `model` test."""
     for item in items:
-        if MOUNT_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.mount)
+        used = set(getattr(item, "fixturenames", ()))
+        for name in sorted({m for f, m in MARK_BY_FIXTURE.items() if f in used}):
+            item.add_marker(getattr(pytest.mark, name))
 
 
 # ---------------------------------------------------------------- mounts
