@@ -15,6 +15,9 @@ it (open O_TRUNC, write, close).  The modes:
 Reported per mode: total ops/s, mean and P99 latency (all, reads, writes),
 failed opens (protocol 2 timeouts), and the directory's counters.  The lock
 files live on tmpfs beside the mount, so the lock itself costs a local syscall.
+
+May call: memosfs.bench.common (the mount, the tmpfs folder, knobs, stats),
+memosfs.client.shared (in the agent processes).
 """
 
 from __future__ import annotations

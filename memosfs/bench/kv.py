@@ -31,6 +31,9 @@ beside its baseline in the same run:
     size of the same KV saved in fp16; perplexity change and top-1 agreement
     against the exact KV; the worst per-tensor relative error; the mount's
     quant_fallbacks.
+
+May call: memosfs.bench.common (mounts, stats), memosfs.client.kv,
+memosfs.testing.models.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ In one run, on one cluster (a fresh 3-master cluster on loopback ports unless
     is done when fsync returns).
 Each figure is the best of --repeat.  Ratios: remote_vs_redis_py,
 remote_vs_ssd.
+
+May call: memosfs.bench.common (daemons, timed reads, dropping the page
+cache), memosfs.store.remote (RemoteTier), memosfs.testing.localcluster.
 """
 
 from __future__ import annotations
