@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 MODEL    ?= 1
 FUZZ_SECONDS ?= 20
 
-.PHONY: run test deps system-deps build test-c test-py test-sanitize mount-helper clean bench
+.PHONY: run test deps system-deps build test-c test-py test-fast test-sanitize mount-helper clean bench
 
 run: deps build
 	@mkdir -p $(MOUNT)
@@ -67,6 +67,11 @@ test-sanitize:
 
 test-py: build
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+# The fast layer: no FUSE mount, nothing over ~10 s (markers in pyproject.toml:
+# mount, slow, model, cluster); well under a minute.
+test-fast: build
+	$(PY) -m pytest -q -m "not mount and not slow" $(PYTEST_ARGS) tests
 
 # Put `memosfs` where mount(8) finds it (mount.fuse3 runs it with a standard PATH).
 mount-helper: deps build

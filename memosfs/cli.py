@@ -637,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--markdown", action="store_true", help="as the README's table")
     k.set_defaults(fn=cmd_knobs)
 
-    from memosfs.bench import io as bench
+    from memosfs.bench import cli as bench
     bench.add_parser(sub)
     return p
 

@@ -87,10 +87,12 @@ def _run_kill_cycles(make_mount, tmp_path, **ops) -> faults.FaultReport:
     return rep
 
 
+@pytest.mark.slow
 def test_kill9_during_write_loops(no_mounts_left, make_mount, tmp_path):
     _run_kill_cycles(make_mount, tmp_path)
 
 
+@pytest.mark.slow
 def test_kill9_during_renames_unlinks_and_mkdirs(no_mounts_left, make_mount, tmp_path):
     """Writes, renames over slots, unlinks and mkdirs, each namespace change
     followed by an fsync of its directory (fs.py's fsyncdir ->
@@ -234,6 +236,8 @@ def test_full_ssd_is_enospc_and_keeps_what_is_stored(no_mounts_left, small_tmpfs
 
 # ---------------------------------------------------------------- the bench
 
+@pytest.mark.mount         # the bench mounts through its own daemons
+@pytest.mark.slow
 def test_bench_persist_small(no_mounts_left, tmp_path):
     """`memosfs bench persist` end to end, small: one JSON object with every
     figure, nothing lost, no mount or temporary folder left."""

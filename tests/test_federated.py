@@ -6,6 +6,7 @@ here can flake."""
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import threading
 
@@ -20,6 +21,9 @@ from memosfs.federated import (  # noqa: E402
     decrypted_sum_bytes, encode_fixed, epsilon_for, generate_keypair, global_norm,
     he_keygen, make_update, mask_update, noise_injection, parse_config, st_load, st_save)
 from memosfs.federated.engine import DirKV, FederatedJobs, MemoryKV  # noqa: E402
+from memosfs.testing.errnos import errno_of as _errno_of  # noqa: E402
+
+errno_of = functools.partial(_errno_of, raises=FedError)     # only refusals count
 
 OWNER = 1000
 SHAPES = {"w": (8, 5), "b": (5,)}
@@ -66,12 +70,6 @@ def plain_update(d, rnd, **meta):
 
 def current(jobs, job):
     return st_load(jobs.read((job, "params.safetensors")))
-
-
-def errno_of(fn, *args):
-    with pytest.raises(FedError) as ei:
-        fn(*args)
-    return ei.value.errno
 
 
 # ------------------------------------------------------------------ client helpers

@@ -22,6 +22,8 @@ np = pytest.importorskip("numpy")
 F = pytest.importorskip("memosfs.federated")
 from memosfs.federated.engine import JOB_ENTRIES  # noqa: E402
 
+from memosfs.testing.errnos import errno_of  # noqa: E402
+
 ALICE, BOB = 1001, 1002
 
 # A client as another uid: `op path`, data on stdin; prints the errno (0: ok).
@@ -60,14 +62,6 @@ def as_uid(uid: int, op: str, path, data: bytes = b"") -> int:
                        input=data, capture_output=True, timeout=60)
     assert r.returncode == 0, r.stderr.decode()
     return int(r.stdout.split()[-1])
-
-
-def errno_of(fn, *args) -> int:
-    try:
-        fn(*args)
-    except OSError as e:
-        return e.errno
-    return 0
 
 
 def write_file(path, data: bytes) -> None:
@@ -286,82 +280,62 @@ def test_secure_round_and_keys_through_the_mount(make_mount):
     assert errno_of(write_file, job / "updates" / "c0.safetensors", bad) == errno.EINVAL
 
 
-def test_handlers_without_a_mount(tmp_path):
+def test_handlers_without_a_mount(tmp_path, make_handlers):
     """The hooks in fs.py, called directly (no FUSE): inodes, handles, errnos."""
     import pyfuse3
 
+    from conftest import Ctx
     from memosfs.fuse.fedtree import FED_INO
-    from memosfs.fuse.operations import MemosOperations
-    from memosfs.store.ssd import SSDTier
-    from memosfs.store.store import Store
-
-    class Ctx:
-        def __init__(self, uid=0, gid=0):
-            self.uid, self.gid, self.pid, self.umask = uid, gid, os.getpid(), 0o022
-
-    def call(ops, name, *args):
-        coro = getattr(ops, name)(*args)
-        try:
-            coro.send(None)
-        except StopIteration as done:
-            return done.value
-        coro.close()
-        raise AssertionError(f"handler {name} suspended")
-
-    def err(ops, name, *args):
-        try:
-            call(ops, name, *args)
-        except pyfuse3.FUSEError as e:
-            return e.errno
-        return 0
 
     ctx, other = Ctx(), Ctx(1001, 1001)
 
     def make():
-        return MemosOperations(Store(16 << 20, ssd=SSDTier(str(tmp_path / "ssd"))))
-    ops = make()
+        return make_handlers(ssd=tmp_path / "ssd")
+    h = make()
+    ops, call, err = h.ops, h.call, h.err
     root = pyfuse3.ROOT_INODE
-    fed = call(ops, "lookup", root, b".federated", ctx)
+    fed = call("lookup", root, b".federated", ctx)
     assert fed.st_ino == FED_INO
-    assert stat.S_IMODE(call(ops, "getattr", FED_INO, ctx).st_mode) == 0o1777
-    assert err(ops, "rmdir", root, b".federated", ctx) == errno.EPERM
-    job = call(ops, "mkdir", FED_INO, b"j", 0o755, other)
+    assert stat.S_IMODE(call("getattr", FED_INO, ctx).st_mode) == 0o1777
+    assert err("rmdir", root, b".federated", ctx) == errno.EPERM
+    job = call("mkdir", FED_INO, b"j", 0o755, other)
     assert job.st_ino > FED_INO and job.st_uid == 1001 and job.entry_timeout == 0
-    assert err(ops, "mkdir", FED_INO, b"j", 0o755, ctx) == errno.EEXIST
-    assert err(ops, "mkdir", job.st_ino, b"d", 0o755, ctx) == errno.EPERM
-    assert err(ops, "lookup", job.st_ino, b"nope", ctx) == errno.ENOENT
-    cfg = call(ops, "lookup", job.st_ino, b"config", ctx)
-    assert call(ops, "lookup", job.st_ino, b"config", ctx).st_ino == cfg.st_ino
-    fi = call(ops, "open", cfg.st_ino, os.O_WRONLY | os.O_TRUNC, other)
+    assert err("mkdir", FED_INO, b"j", 0o755, ctx) == errno.EEXIST
+    assert err("mkdir", job.st_ino, b"d", 0o755, ctx) == errno.EPERM
+    assert err("lookup", job.st_ino, b"nope", ctx) == errno.ENOENT
+    cfg = call("lookup", job.st_ino, b"config", ctx)
+    assert call("lookup", job.st_ino, b"config", ctx).st_ino == cfg.st_ino
+    fi = call("open", cfg.st_ino, os.O_WRONLY | os.O_TRUNC, other)
     assert fi.direct_io and fi.fh in ops.fed.handles
-    assert err(ops, "write", fi.fh, 0, b"clients = -3\n") == errno.EINVAL
-    assert call(ops, "write", fi.fh, 0, b"clients = 3\n") == len(b"clients = 3\n")
-    call(ops, "flush", fi.fh)
-    call(ops, "release", fi.fh)
+    assert err("write", fi.fh, 0, b"clients = -3\n") == errno.EINVAL
+    assert call("write", fi.fh, 0, b"clients = 3\n") == len(b"clients = 3\n")
+    call("flush", fi.fh)
+    call("release", fi.fh)
     assert not ops.fed.handles
-    fi = call(ops, "open", cfg.st_ino, os.O_RDONLY, ctx)
-    assert call(ops, "read", fi.fh, 0, 4096).startswith(b"clients = 3\n")
-    call(ops, "release", fi.fh)
-    rnd = call(ops, "lookup", job.st_ino, b"round", ctx)
-    assert err(ops, "open", rnd.st_ino, os.O_WRONLY, ctx) == errno.EACCES
-    upd = call(ops, "lookup", job.st_ino, b"updates", ctx)
+    fi = call("open", cfg.st_ino, os.O_RDONLY, ctx)
+    assert call("read", fi.fh, 0, 4096).startswith(b"clients = 3\n")
+    call("release", fi.fh)
+    rnd = call("lookup", job.st_ino, b"round", ctx)
+    assert err("open", rnd.st_ino, os.O_WRONLY, ctx) == errno.EACCES
+    upd = call("lookup", job.st_ino, b"updates", ctx)
     # a created update that gets no write disappears at release
-    fi, entry = call(ops, "create", upd.st_ino, b"a.safetensors", 0o644, os.O_WRONLY, ctx)
+    fi, entry = call("create", upd.st_ino, b"a.safetensors", 0o644, os.O_WRONLY, ctx)
     assert stat.S_ISREG(entry.st_mode)
-    call(ops, "release", fi.fh)
-    assert err(ops, "lookup", upd.st_ino, b"a.safetensors", ctx) == errno.ENOENT
-    assert err(ops, "rename", upd.st_ino, b"a", root, b"a", 0, ctx) == errno.EXDEV
-    assert err(ops, "getxattr", cfg.st_ino, b"user.x", ctx) == pyfuse3.ENOATTR
-    assert call(ops, "listxattr", cfg.st_ino, ctx) == []
+    call("release", fi.fh)
+    assert err("lookup", upd.st_ino, b"a.safetensors", ctx) == errno.ENOENT
+    assert err("rename", upd.st_ino, b"a", root, b"a", 0, ctx) == errno.EXDEV
+    assert err("getxattr", cfg.st_ino, b"user.x", ctx) == pyfuse3.ENOATTR
+    assert call("listxattr", cfg.st_ino, ctx) == []
     # persisted in <ssd>/federated: a new Operations on the same directory has the job
     assert os.listdir(tmp_path / "ssd" / "federated")
-    ops2 = make()
-    job2 = call(ops2, "lookup", FED_INO, b"j", ctx)
+    h2 = make()
+    call2, err2 = h2.call, h2.err
+    job2 = call2("lookup", FED_INO, b"j", ctx)
     assert job2.st_uid == 1001
-    cfg2 = call(ops2, "lookup", job2.st_ino, b"config", ctx)
-    fi = call(ops2, "open", cfg2.st_ino, os.O_RDONLY, ctx)
-    assert call(ops2, "read", fi.fh, 0, 4096).startswith(b"clients = 3\n")
-    call(ops2, "release", fi.fh)
-    assert err(ops2, "rmdir", FED_INO, b"j", Ctx(1002, 1002)) == errno.EACCES
-    call(ops2, "rmdir", FED_INO, b"j", other)
-    assert err(ops2, "getattr", job2.st_ino, ctx) == errno.ENOENT
+    cfg2 = call2("lookup", job2.st_ino, b"config", ctx)
+    fi = call2("open", cfg2.st_ino, os.O_RDONLY, ctx)
+    assert call2("read", fi.fh, 0, 4096).startswith(b"clients = 3\n")
+    call2("release", fi.fh)
+    assert err2("rmdir", FED_INO, b"j", Ctx(1002, 1002)) == errno.EACCES
+    call2("rmdir", FED_INO, b"j", other)
+    assert err2("getattr", job2.st_ino, ctx) == errno.ENOENT

@@ -28,7 +28,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from conftest import FUSE_REASON, Mount
 
-pytestmark = pytest.mark.skipif(FUSE_REASON is not None, reason=FUSE_REASON or "")
+pytestmark = [pytest.mark.skipif(FUSE_REASON is not None, reason=FUSE_REASON or ""),
+              pytest.mark.mount, pytest.mark.slow]      # one mount for the module
 
 NAMES = st.sampled_from(["x", "y", "z"])
 SIZES = st.integers(0, 200_000)

@@ -21,6 +21,7 @@ pytestmark = [
     pytest.mark.skipif(FUSE_REASON is not None, reason=FUSE_REASON or ""),
     pytest.mark.skipif(os.geteuid() != 0, reason="mount(8) of a FUSE type needs root"),
     pytest.mark.skipif(shutil.which("mount") is None, reason="mount(8) is missing"),
+    pytest.mark.mount,
 ]
 
 

@@ -11,102 +11,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from memosfs.fuse.operations import MemosOperations
-from memosfs.store.store import Store
+from conftest import CTX, Handlers
 
 MiB = 1 << 20
 
 
-class Ctx:
-    def __init__(self, uid=0, gid=0):
-        self.uid, self.gid, self.pid, self.umask = uid, gid, os.getpid(), 0o022
-
-
-CTX = Ctx()
-
-
-class FS:
-    """Synchronous wrappers over the async handlers, for tests."""
-
-    def __init__(self, capacity=16 * MiB, **knobs):
-        self.store = Store(capacity, knobs.pop("evict_batch", 16), knobs.pop("ring_slots", 0))
-        self.ops = MemosOperations(self.store)
-
-    def call(self, name, *args):
-        """Run a handler to completion; handlers never wait on anything, so
-        one send() finishes them (and proves it)."""
-        coro = getattr(self.ops, name)(*args)
-        try:
-            coro.send(None)
-        except StopIteration as done:
-            return done.value
-        coro.close()
-        raise AssertionError(f"handler {name} suspended")
-
-    def lookup(self, path):
-        ino = pyfuse3.ROOT_INODE
-        for part in path.strip("/").split("/"):
-            if part:
-                ino = self.call("lookup", ino, part.encode(), CTX).st_ino
-        return ino
-
-    def mkdirs(self, path):
-        ino = pyfuse3.ROOT_INODE
-        for part in path.strip("/").split("/"):
-            try:
-                ino = self.call("lookup", ino, part.encode(), CTX).st_ino
-            except pyfuse3.FUSEError:
-                ino = self.call("mkdir", ino, part.encode(), 0o755, CTX).st_ino
-        return ino
-
-    def write(self, path, data, flags=os.O_WRONLY | os.O_TRUNC):
-        d, name = path.rsplit("/", 1)
-        parent = self.lookup(d)
-        for attempt in range(2):            # the kernel retries an open on ESTALE
-            try:
-                ino = self.call("lookup", parent, name.encode(), CTX).st_ino
-                fi = self.call("open", ino, flags, CTX)
-                break
-            except pyfuse3.FUSEError as e:
-                if e.errno == errno.ESTALE and attempt == 0:
-                    continue
-                if e.errno != errno.ENOENT:
-                    raise
-                fi, _ = self.call("create", parent, name.encode(), 0o644, flags, CTX)
-                break
-        self.call("write", fi.fh, 0, data)
-        self.call("flush", fi.fh)
-        self.call("release", fi.fh)
-
-    def open_read(self, path):
-        return self.call("open", self.lookup(path), os.O_RDONLY, CTX)
-
-    def read(self, path):
-        fi = self.open_read(path)
-        out = b""
-        while chunk := self.call("read", fi.fh, len(out), 1 << 20):
-            out += chunk
-        self.call("release", fi.fh)
-        return out
-
-    def listdir(self, path):
-        node = self.ops.inodes[self.lookup(path)]
-        return sorted(node.children)
-
-    def errno_of(self, fn, *args):
-        try:
-            fn(*args)
-        except pyfuse3.FUSEError as e:
-            return e.errno
-        return 0
-
-
 @pytest.fixture
-def fs():
-    f = FS()
-    yield f
-    f.ops.check()
-    f.store.close()
+def fs(make_handlers):
+    return make_handlers()
 
 
 def test_write_read_and_stats(fs):
@@ -214,7 +126,7 @@ def test_writes_to_unlinked_slot_vanish(fs):
 
 
 def test_eviction_removes_names_and_keeps_writer_data():
-    f = FS(capacity=4 * MiB, evict_batch=1)
+    f = Handlers(capacity=4 * MiB, evict_batch=1)
     f.mkdirs("a/s")
     for i in range(3):
         f.write(f"a/s/{i}", bytes([i]) * MiB)
@@ -263,7 +175,7 @@ class TreeMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.fs = FS(capacity=64 * MiB)
+        self.fs = Handlers(capacity=64 * MiB)
         self.model: dict[str, dict[str, dict[str, bytes]]] = {}
 
     def teardown(self):

@@ -12,8 +12,8 @@ import random
 import pytest
 
 from memosfs import _native as N
-from memosfs.bench import policy as bench_policy
 from memosfs.store.store import Store
+from memosfs.testing import policy_sim
 
 MiB = 1 << 20
 PAGE = N.PAGE_SIZE
@@ -198,9 +198,9 @@ def test_bench_policy_on_a_tiny_trace(tmp_path, capsys):
     jsonl = tmp_path / "t.jsonl"
     jsonl.write_text("\n".join(lines) + "\n")
     csv = tmp_path / "t.csv"
-    keys = bench_policy.load_trace(str(jsonl))
+    keys = policy_sim.load_trace(str(jsonl))
     csv.write_text("key\n" + "".join(f"b{k},1\n" for k in keys))
-    assert bench_policy.load_trace(str(csv)) == keys
+    assert policy_sim.load_trace(str(csv)) == keys
     from memosfs.cli import main
     peers = "LRU,ARC,Belady"
     try:
@@ -221,6 +221,6 @@ def test_bench_policy_on_a_tiny_trace(tmp_path, capsys):
 
 
 def test_batch_cost_measures_evicting_puts():
-    r = bench_policy.batch_cost(16, 300)
+    r = policy_sim.batch_cost(16, 300)
     assert r["evict_batch"] == 16 and r["evicting_puts"] > 0
     assert r["ops_per_s"] > 0 and r["evicting_p99_us"] > 0

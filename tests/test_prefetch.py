@@ -15,7 +15,7 @@ import pytest
 
 from memosfs import _native
 from memosfs.store import prefetch
-from memosfs.bench.prefetch import SimTier, simulate, strided_requests
+from memosfs.testing.prefetch_sim import SimTier, simulate, strided_requests
 from memosfs.knobs import KNOB_BY_NAME, KnobError
 from memosfs.store.prefetch import ModeUnavailable, PrefetchEngine, natural_key
 

@@ -311,6 +311,8 @@ def test_never_connected_is_a_miss():
         t.close(drain_s=1)
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_killed_and_paused_master(tmp_path):
     """A dead master's keys are misses within the timeout, then at once; the
     others still work; nothing raises; a paused (SIGSTOP) one costs at most
@@ -350,6 +352,8 @@ def test_killed_and_paused_master(tmp_path):
             t.close(drain_s=1)
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_failover_with_replicas():
     """With a replica per master: a killed master's keys are misses until its
     replica takes over, then hits again (what had reached the replica)."""
@@ -492,6 +496,8 @@ def test_corrupt_chunk_not_served_through_the_mount(cluster, make_mount):
 
 
 @mounted
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_killed_master_mid_run_no_hang_no_wrong_bytes(make_mount):
     """Two mounts on a 3+3 cluster; a master is killed while the second
     mount reads: every read ends quickly with the right bytes or ENOENT

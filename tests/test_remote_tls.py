@@ -209,6 +209,7 @@ def test_mounts_share_slots_over_tls_as_the_tenant(cluster, make_mount):
 
 
 @mounted
+@pytest.mark.mount
 def test_wrong_password_refused_at_mount(cluster, tmp_path):
     rc, out, log = mount_refused(tmp_path, tenant_url(cluster, password="wrong-pw"), "bad")
     assert rc != 0
@@ -219,6 +220,7 @@ def test_wrong_password_refused_at_mount(cluster, tmp_path):
 
 
 @mounted
+@pytest.mark.mount
 def test_unknown_ca_refused_at_mount(cluster, tmp_path):
     other = make_test_ca(str(tmp_path), "other")
     rc, out, log = mount_refused(tmp_path, tenant_url(cluster, ca=other[0]), "badca")

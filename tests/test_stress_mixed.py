@@ -501,6 +501,7 @@ def snapshot(top: str) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_mixed_stress_then_remount(make_mount, tmp_path):
     m = make_mount(capacity="64M", writeback_delay_ms=50)
     root = m.p("a", "s")

@@ -28,8 +28,10 @@ from hypothesis import strategies as st
 from memosfs.cli import parse_mount_options
 from memosfs.knobs import KNOB_BY_NAME, KNOBS, KnobError
 from memosfs.trace import Trace, trace_quote
-from memosfs.fuse.operations import MemosOperations, physical_memory
-from memosfs.store.store import Store
+from memosfs.fuse.operations import physical_memory
+from memosfs.testing.errnos import errno_of
+
+from conftest import Ctx
 
 MiB = 1 << 20
 OTHER = 20011                       # a uid that is not root and owns nothing here
@@ -87,14 +89,6 @@ def as_uid(uid: int, op: str, path, arg: str = "") -> int:
                        capture_output=True, timeout=60, cwd="/")
     assert r.returncode == 0, r.stderr.decode()
     return int(r.stdout.split()[-1])
-
-
-def errno_of(fn, *args) -> int:
-    try:
-        fn(*args)
-    except OSError as e:
-        return e.errno
-    return 0
 
 
 def write_value(path: Path, data: bytes) -> int:
@@ -173,30 +167,11 @@ def test_root_gets_eacces_against_the_mode_too(mnt):
     trace.read_text()
 
 
-class Ctx:
-    def __init__(self, uid, gid=None):
-        self.uid, self.gid, self.pid, self.umask = uid, uid if gid is None else gid, \
-            os.getpid(), 0o022
-
-
-def test_daemon_enforces_the_modes_without_default_permissions():
+def test_daemon_enforces_the_modes_without_default_permissions(make_handlers):
     """The handlers themselves refuse (a mount without default_permissions
     gets no check from the kernel): called directly, as test_ops does."""
-    ops = MemosOperations(Store(16 * MiB, 16, 0))
-
-    def call(name, *args):
-        coro = getattr(ops, name)(*args)
-        try:
-            coro.send(None)
-        except StopIteration as done:
-            return done.value
-        raise AssertionError(f"{name} suspended")
-
-    def ino(path):
-        i = pyfuse3.ROOT_INODE
-        for part in path.split("/"):
-            i = call("lookup", i, part.encode(), Ctx(0)).st_ino
-        return i
+    h = make_handlers(capacity=16 * MiB)
+    call, ino = h.call, h.lookup
 
     def open_errno(path, flags, uid):
         try:
@@ -225,7 +200,6 @@ def test_daemon_enforces_the_modes_without_default_permissions():
     with pytest.raises(pyfuse3.FUSEError) as e:
         call("setattr", ino(".memos/cache/stats"), attr, fields, None, Ctx(0))
     assert e.value.errno == errno.EPERM
-    ops.store.close()
 
 
 # ---------------------------------------------------------------- the trace

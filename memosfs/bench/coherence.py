@@ -15,6 +15,9 @@ it (open O_TRUNC, write, close).  The modes:
 Reported per mode: total ops/s, mean and P99 latency (all, reads, writes),
 failed opens (protocol 2 timeouts), and the directory's counters.  The lock
 files live on tmpfs beside the mount, so the lock itself costs a local syscall.
+
+May call: memosfs.bench.common (the mount, the tmpfs folder, knobs, stats),
+memosfs.client.shared (in the agent processes).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import statistics
 import time
 from typing import Optional
 
-from memosfs.bench.io import memos_mount, tmpfs_dir
+from memosfs.bench.common import memos_mount, percentile, set_knob, stats, tmpfs_dir
 from memosfs.knobs import parse_size
 
 MODES = ("protocol0", "protocol1", "protocol2", "lock_slot", "lock_global")
@@ -51,13 +54,6 @@ def add_parsers(bsub) -> None:
     p.add_argument("--opts", default="", help="extra mount options for memosfs")
     p.add_argument("--json", action="store_true", help="print JSON only")
     p.set_defaults(fn=cmd_bench_coherence)
-
-
-def _percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def _agent(idx: int, slots: list[str], locks: list[str], glock: str, mode: str,
@@ -133,20 +129,10 @@ def _agent(idx: int, slots: list[str], locks: list[str], glock: str, mode: str,
              "errors": errors})
 
 
-def _knob(mnt: str, name: str, value: object) -> None:
-    with open(os.path.join(mnt, ".memos", "cache", name), "w") as f:
-        f.write(f"{value}\n")
-
-
-def _stats(mnt: str) -> dict:
-    with open(os.path.join(mnt, ".memos", "cache", "stats.json")) as f:
-        return json.load(f)
-
-
 def run_mode(mnt: str, lockdir: str, mode: str, agents: int, nslots: int, size: int,
              seconds: float, write_ratio: float, zipf: float, seed: int) -> dict:
     proto = {"protocol1": 1, "protocol2": 2}.get(mode, 0)
-    _knob(mnt, "coherence_protocol", proto)
+    set_knob(mnt, "coherence_protocol", proto)
     sess = os.path.join(mnt, "shared", mode)
     os.makedirs(sess, exist_ok=True)
     slots, locks = [], []
@@ -166,7 +152,7 @@ def run_mode(mnt: str, lockdir: str, mode: str, agents: int, nslots: int, size: 
     for w in weights:
         acc += w
         cum.append(acc)
-    before = _stats(mnt)
+    before = stats(mnt)
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     start_at = time.time() + 0.5
@@ -178,7 +164,7 @@ def run_mode(mnt: str, lockdir: str, mode: str, agents: int, nslots: int, size: 
     results = [q.get(timeout=seconds + 120) for _ in procs]
     for p in procs:
         p.join()
-    after = _stats(mnt)
+    after = stats(mnt)
     reads = [x for r in results for x in r["reads"]]
     writes = [x for r in results for x in r["writes"]]
     both = reads + writes
@@ -197,9 +183,9 @@ def run_mode(mnt: str, lockdir: str, mode: str, agents: int, nslots: int, size: 
                    for k in sorted({k for r in results for k in r["errors"]})},
         "torn_reads": sum(r["torn"] for r in results),
         "mean_ms": round(statistics.fmean(both) * 1e3, 3) if both else 0.0,
-        "p99_ms": round(_percentile(both, 0.99) * 1e3, 3),
-        "read_p99_ms": round(_percentile(reads, 0.99) * 1e3, 3),
-        "write_p99_ms": round(_percentile(writes, 0.99) * 1e3, 3),
+        "p99_ms": round(percentile(both, 0.99) * 1e3, 3),
+        "read_p99_ms": round(percentile(reads, 0.99) * 1e3, 3),
+        "write_p99_ms": round(percentile(writes, 0.99) * 1e3, 3),
         "counters": delta,
     }
 

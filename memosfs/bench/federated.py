@@ -288,7 +288,7 @@ def cmd_bench_federated(args) -> int:
         if args.federated_dir:
             rc = in_root(args.federated_dir, f"fedbench-{os.getpid()}-")
         else:
-            from memosfs.bench.io import memos_mount
+            from memosfs.bench.common import memos_mount
             with memos_mount(256 << 20, args.opts) as mnt:
                 rc = in_root(os.path.join(mnt, ".federated"), "")
         if rc:

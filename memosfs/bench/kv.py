@@ -31,6 +31,9 @@ beside its baseline in the same run:
     size of the same KV saved in fp16; perplexity change and top-1 agreement
     against the exact KV; the worst per-tensor relative error; the mount's
     quant_fallbacks.
+
+May call: memosfs.bench.common (mounts, stats), memosfs.client.kv,
+memosfs.testing.models.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from typing import Any
 
 from memosfs.client import kv
 from memosfs.testing import models
-from memosfs.bench.io import _drop_cached_pages, memos_mount
+from memosfs.bench.common import drop_cached_pages, memos_mount, read_stats
 
 MiB = 1 << 20
 
@@ -127,7 +130,7 @@ def bench_exact(model: Any, ids: Any, prefix: int, chunk: int, device: str,
             _sync(device)
             best_load = min(best_load, time.perf_counter() - t0)
             del cache
-            _drop_cached_pages(path)
+            drop_cached_pages(path)
             t0 = time.perf_counter()
             cache = kv.load_kv(path, model=model, tokens=n, device=device)
             _touch(cache)
@@ -251,8 +254,7 @@ def bench_quant(model: Any, ids: Any, schemes: list[str], prefix: int, scored: i
                 logits, _ = kv.forward(model, S, loaded)
             logits = logits[0, :-1].float()
             nll = float(torch.nn.functional.cross_entropy(logits, targets))
-            with open(os.path.join(mnt, ".memos", "cache", "stats.json")) as f:
-                stats = json.load(f)
+            stats = read_stats(mnt)
         change = math.exp(nll - ref_nll) - 1
         res = {
             "stored_bytes": stored, "fp32_bytes": size, "fp16_bytes": fp16_bytes,

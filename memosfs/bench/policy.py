@@ -21,6 +21,10 @@ that.
 Batch: puts of 64 KiB slots into a full 32 MiB cache through the native API,
 evict_batch 16 vs 24: puts per second, and P50/P99 latency of all puts and
 of the puts that ran an eviction.
+
+The trace loader and the batch measurement live in memosfs/testing/policy_sim.py
+(the tests use them too).  May call: memosfs._native, memosfs.testing.policy_sim,
+libcachesim (the peers, optional).
 """
 
 from __future__ import annotations
@@ -29,10 +33,10 @@ import argparse
 import array
 import json
 import sys
-import time
 from typing import Iterable
 
 from memosfs import _native
+from memosfs.testing.policy_sim import batch_cost, load_trace, next_access
 
 SIZES = (0.005, 0.027, 0.055, 0.11, 0.27)
 PEERS = ("LRU", "LFU", "ARC", "LIRS", "2Q", "S3-FIFO", "SIEVE", "W-TinyLFU")
@@ -52,46 +56,6 @@ def add_parsers(bsub) -> None:
     p.add_argument("--puts", type=int, default=20000, help="puts per evict_batch run")
     p.add_argument("--json", action="store_true", help="print JSON only")
     p.set_defaults(fn=cmd_bench_policy)
-
-
-# ---- traces ----
-
-def load_trace(path: str) -> list[int]:
-    """Block ids in access order, renumbered 0..unique-1."""
-    ids: dict[object, int] = {}
-    out: list[int] = []
-    with open(path) as f:
-        first = ""
-        for line in f:
-            if line.strip():
-                first = line.strip()
-                break
-        f.seek(0)
-        if first.startswith("{"):
-            for line in f:
-                if line.strip():
-                    for h in json.loads(line)["hash_ids"]:
-                        out.append(ids.setdefault(h, len(ids)))
-            return out
-        for n, line in enumerate(f):
-            key = line.strip().split(",")[0].strip()
-            if not key:
-                continue
-            if n == 0 and not key.lstrip("-").isdigit() and key.lower() in ("key", "id", "obj_id", "block"):
-                continue   # a header
-            out.append(ids.setdefault(key, len(ids)))
-    return out
-
-
-def next_access(keys: list[int]) -> list[int]:
-    """For each access, the index of the next access of its key (-1: none)."""
-    nxt = [-1] * len(keys)
-    last: dict[int, int] = {}
-    for i in range(len(keys) - 1, -1, -1):
-        k = keys[i]
-        nxt[i] = last.get(k, -1)
-        last[k] = i
-    return nxt
 
 
 # ---- hit ratios ----
@@ -175,50 +139,6 @@ def hit_ratios(keys: list[int], sizes: Iterable[float], peers: list[str]) -> dic
 
 
 # ---- evict_batch cost ----
-
-def _pct(xs: list[int], q: float) -> float:
-    if not xs:
-        return 0.0
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] / 1000.0
-
-
-def batch_cost(batch: int, puts: int, slot: int = 64 << 10, capacity: int = 32 << 20) -> dict:
-    """Puts of `slot`-byte slots into a full cache, through the native API."""
-    c = _native.Cache(capacity, batch)
-    data = b"x" * slot
-    clock = time.perf_counter_ns
-    for i in range(2 * capacity // slot):       # fill, so every later run evicts
-        d = c.draft()
-        d.write(0, data)
-        c.publish(d, b"w%d" % i, dirty=False).release()
-    lat, lat_evict = [], []
-    runs = c.stats()["eviction_runs"]
-    t0 = clock()
-    for i in range(puts):
-        key = b"k%d" % i
-        a = clock()
-        d = c.draft()
-        d.write(0, data)
-        c.publish(d, key, dirty=False).release()
-        dt = clock() - a
-        lat.append(dt)
-        r = c.stats()["eviction_runs"]
-        if r != runs:
-            lat_evict.append(dt)
-            runs = r
-    # stats() calls are outside each put's timing but inside the wall time:
-    # take ops/s from the summed put latencies.
-    total = sum(lat)
-    wall = clock() - t0
-    c.check()
-    c.close()
-    return {"evict_batch": batch, "puts": puts, "slot_bytes": slot,
-            "ops_per_s": round(puts / (total / 1e9)) if total else 0,
-            "p50_us": _pct(lat, 0.50), "p99_us": _pct(lat, 0.99),
-            "evicting_puts": len(lat_evict), "evicting_p50_us": _pct(lat_evict, 0.50),
-            "evicting_p99_us": _pct(lat_evict, 0.99), "wall_s": round(wall / 1e9, 3)}
-
 
 def batch_compare(puts: int, batches=(16, 24), rounds: int = 3) -> dict:
     """Alternate the batches `rounds` times (noisy machines); keep the median."""

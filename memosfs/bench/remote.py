@@ -19,6 +19,9 @@ In one run, on one cluster (a fresh 3-master cluster on loopback ports unless
     is done when fsync returns).
 Each figure is the best of --repeat.  Ratios: remote_vs_redis_py,
 remote_vs_ssd.
+
+May call: memosfs.bench.common (daemons, timed reads, dropping the page
+cache), memosfs.store.remote (RemoteTier), memosfs.testing.localcluster.
 """
 
 from __future__ import annotations
@@ -28,17 +31,14 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Iterator, Optional, Sequence
 
-from memosfs.bench.io import _drop_cached_pages, _mounted, drop_page_cache
-from memosfs.bench.io import _read_file as _read_whole
+from memosfs.bench.common import Daemon, MiB, drop_cached_pages, drop_page_cache, read_file
 from memosfs.knobs import parse_size
 
-MiB = 1 << 20
 
 
 def add_parsers(bsub) -> None:
@@ -94,49 +94,17 @@ def _cluster(url: str, maxmemory: str) -> Iterator[tuple[str, str]]:
         yield c.url, "local, 3 masters, no replicas"
 
 
-class _Daemon:
+def _daemon(base: str, name: str, opts: str, ssd: Optional[str] = None) -> Daemon:
     """A memosfs mount in `base/name`, with its own SSD directory."""
-
-    def __init__(self, base: str, name: str, opts: str, ssd: Optional[str] = None) -> None:
-        self.mnt = os.path.join(base, name)
-        os.makedirs(self.mnt, exist_ok=True)
-        self.ssd = ssd or os.path.join(base, name + "-ssd")
-        self.log = os.path.join(base, name + ".log")
-        options = f"ssd={self.ssd},log={self.log},{opts}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "memosfs", "memos", self.mnt,
-                                      "-f", "-o", options], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while not _mounted(self.mnt):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"memosfs did not mount (see {self.log})")
-            time.sleep(0.05)
-
-    def path(self, *parts: str) -> str:
-        return os.path.join(self.mnt, *parts)
-
-    def stats(self) -> dict:
-        with open(self.path(".memos", "cache", "stats.json")) as f:
-            return json.load(f)
-
-    def stop(self) -> None:
-        if _mounted(self.mnt):
-            subprocess.run(["fusermount3", "-u", self.mnt], stderr=subprocess.DEVNULL)
-        if _mounted(self.mnt):
-            subprocess.run(["fusermount3", "-u", "-z", self.mnt], stderr=subprocess.DEVNULL)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+    return Daemon(os.path.join(base, name), ssd or os.path.join(base, name + "-ssd"),
+                  os.path.join(base, name + ".log"), opts)
 
 
 def _read_all(paths: list[str], size: int) -> float:
     buf = bytearray(4 * MiB)
     total_t = 0.0
     for p in paths:
-        t, n = _read_whole(p, buf)
+        t, n = read_file(p, buf)
         if n != size:
             raise RuntimeError(f"read {n} of {size} bytes from {p}")
         total_t += t
@@ -154,20 +122,20 @@ def bench_remote(slot: int, slots: int, repeat: int, url: str = "") -> dict[str,
     tmp = tempfile.mkdtemp(prefix="memosfs-bench-remote-")
     best = {k: float("inf") for k in ("remote", "ssd", "mem", "upload", "redis", "tier")}
     cache_drop = "fadvise"
-    daemons: list[_Daemon] = []
+    daemons: list[Daemon] = []
     try:
         with _cluster(url, maxmemory) as (curl, described):
             opts = f"capacity={capacity},remote={curl},remote_durable=1,writeback_delay_ms=100"
             names = [f"slot{i}" for i in range(slots)]
             keys = [f"bench/remote/{n}".encode() for n in names]
             block = os.urandom(slot)
-            writer = _Daemon(tmp, "writer", opts)
+            writer = _daemon(tmp, "writer", opts)
             daemons.append(writer)
-            os.makedirs(writer.path("bench", "remote"))
+            os.makedirs(writer.p("bench", "remote"))
             for r in range(repeat):
                 t0 = time.perf_counter()
                 for i, n in enumerate(names):
-                    fd = os.open(writer.path("bench", "remote", n),
+                    fd = os.open(writer.p("bench", "remote", n),
                                  os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                     try:
                         os.write(fd, i.to_bytes(8, "little") + bytes([r]))
@@ -184,16 +152,16 @@ def bench_remote(slot: int, slots: int, repeat: int, url: str = "") -> dict[str,
             for r in range(repeat):
                 # a fresh reader each round: nothing local, every open a remote hit
                 ssd = os.path.join(tmp, f"reader{r}-ssd")
-                reader = _Daemon(tmp, f"reader{r}", opts + ",warmup_ratio=0", ssd=ssd)
+                reader = _daemon(tmp, f"reader{r}", opts + ",warmup_ratio=0", ssd=ssd)
                 daemons.append(reader)
-                os.makedirs(reader.path("bench", "remote"))
-                paths = [reader.path("bench", "remote", n) for n in names]
+                os.makedirs(reader.p("bench", "remote"))
+                paths = [reader.p("bench", "remote", n) for n in names]
                 best["remote"] = min(best["remote"], _read_all(paths, slot))
                 s = reader.stats()
                 if s.get("remote_hits", 0) < slots:
                     raise RuntimeError(f"expected {slots} remote hits, stats say {s}")
                 for p in paths:
-                    _drop_cached_pages(p)
+                    drop_cached_pages(p)
                 best["mem"] = min(best["mem"], _read_all(paths, slot))
                 deadline = time.monotonic() + 60         # the promoted copies reach the SSD
                 while reader.stats().get("ssd_slots", 0) < slots:
@@ -204,9 +172,9 @@ def bench_remote(slot: int, slots: int, repeat: int, url: str = "") -> dict[str,
                 daemons.remove(reader)
                 files = [os.path.join(dp, f) for dp, _, fs in os.walk(ssd) for f in fs]
                 cache_drop = drop_page_cache(files)
-                again = _Daemon(tmp, f"again{r}", opts + ",warmup_ratio=0", ssd=ssd)
+                again = _daemon(tmp, f"again{r}", opts + ",warmup_ratio=0", ssd=ssd)
                 daemons.append(again)
-                paths = [again.path("bench", "remote", n) for n in names]
+                paths = [again.p("bench", "remote", n) for n in names]
                 best["ssd"] = min(best["ssd"], _read_all(paths, slot))
                 s = again.stats()
                 if s.get("ssd_hits", 0) < slots:

@@ -49,23 +49,27 @@ The rules the checker applies, per name:
 A kill -9 that does not end the daemon (a thread of it waits, unkillably, on
 a request to its own mount) is counted as `kills_stuck`; `kill9` then aborts
 the FUSE connection through fusectl so that nothing hangs.
+
+May call: memosfs.testing.daemon (starting, stopping and killing daemons);
+nothing of the daemon itself (the writer and the checker go through the mount).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import random
-import signal
 import struct
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol
+from typing import Callable, Optional
 
+from memosfs.testing.daemon import (  # noqa: F401  (re-exported)
+    FUSECTL, Daemon, MountLike, abort_connection, fuse_connection, is_mounted, kill9,
+    read_stats)
 MiB = 1 << 20
 AGENT = "fault"
 HEADER = struct.Struct("<8sQQ16s")       # magic, version, size, key digest
@@ -121,144 +125,8 @@ def _dir_of(name: str) -> str:
 
 
 # ---------------------------------------------------------------- mounts
-
-def is_mounted(path: str | os.PathLike) -> bool:
-    p = os.path.realpath(path)
-    with open("/proc/mounts") as f:
-        return any(line.split()[1] == p for line in f)
-
-
-class MountLike(Protocol):
-    path: Any                       # the mountpoint
-    proc: subprocess.Popen          # the daemon (memosfs ... -f)
-
-    def stop(self) -> None: ...
-
-
-class Daemon:
-    """`memosfs memos MNT -f -o ...` as a child process, mounted when built;
-    stopped by unmounting (stop) or by SIGKILL to its pid (kill9)."""
-
-    def __init__(self, mnt: str, ssd: str, log: str, opts: dict[str, object],
-                 timeout: float = 30) -> None:
-        self.path = mnt
-        self.ssd = ssd
-        self.log = log
-        os.makedirs(mnt, exist_ok=True)
-        options = ",".join([f"ssd={ssd}", f"log={log}"] + [f"{k}={v}" for k, v in opts.items()])
-        self.t_start = time.perf_counter()
-        self.proc = subprocess.Popen([sys.executable, "-m", "memosfs", "memos", mnt, "-f",
-                                      "-o", options], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while not is_mounted(mnt):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"memosfs did not mount at {mnt} (see {log})")
-            time.sleep(0.005)
-        self.t_mounted = time.perf_counter()
-
-    def stats(self) -> dict[str, float]:
-        return read_stats(self.path)
-
-    def logtext(self) -> str:
-        try:
-            with open(self.log, errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        """Unmount cleanly (the daemon persists everything) and wait for it;
-        lazily, then SIGTERM, then SIGKILL by pid only if it hangs."""
-        if is_mounted(self.path):
-            subprocess.run(["fusermount3", "-u", self.path], stderr=subprocess.DEVNULL)
-        if is_mounted(self.path):
-            subprocess.run(["fusermount3", "-u", "-z", self.path], stderr=subprocess.DEVNULL)
-        if self.proc.poll() is None:
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-
-    def kill9(self) -> None:
-        kill9(self)
-
-
-def read_stats(mnt: str | os.PathLike) -> dict[str, float]:
-    with open(os.path.join(mnt, ".memos", "cache", "stats.json")) as f:
-        return json.load(f)
-
-
-FUSECTL = "/sys/fs/fuse/connections"
-
-
-def fuse_connection(path: str | os.PathLike) -> Optional[str]:
-    """The fusectl connection number of the FUSE mount at path (its device
-    minor, from mountinfo: no request to the mount itself)."""
-    p = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if fields[4] == p and " - fuse" in line:
-                return fields[2].split(":")[1]
-    return None
-
-
-def abort_connection(conn: str) -> bool:
-    """echo 1 > /sys/fs/fuse/connections/N/abort (mounting fusectl for the
-    moment if it is not); True if it was written."""
-    ours = False
-    if not os.path.isdir(os.path.join(FUSECTL, conn)) and not is_mounted(FUSECTL):
-        ours = subprocess.run(["mount", "-t", "fusectl", "none", FUSECTL],
-                              stderr=subprocess.DEVNULL).returncode == 0
-    try:
-        with open(os.path.join(FUSECTL, conn, "abort"), "w") as f:
-            f.write("1")
-        return True
-    except OSError:
-        return False
-    finally:
-        if ours:
-            subprocess.run(["umount", FUSECTL], stderr=subprocess.DEVNULL)
-
-
-def kill9(m: MountLike, timeout: float = 15, grace: float = 3) -> bool:
-    """SIGKILL the daemon by pid, reap it, lazily unmount the dead mount;
-    raises if a mount or the process is left behind.
-
-    Returns True when kill -9 alone did not end the daemon: a thread of it
-    was waiting, uninterruptibly, on a request to its own mount that the
-    dead main thread had read and will never answer, so /dev/fuse stayed
-    open and the mount hung; the connection had to be aborted (fusectl)."""
-    path = str(m.path)
-    conn = fuse_connection(path)
-    stuck = False
-    if m.proc.poll() is None:
-        os.kill(m.proc.pid, signal.SIGKILL)
-    try:
-        m.proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        stuck = True
-        if conn is None or not abort_connection(conn):
-            raise RuntimeError(f"daemon {m.proc.pid} survives kill -9 and the FUSE "
-                               f"connection {conn} of {path} cannot be aborted")
-        m.proc.wait(timeout=timeout)
-    deadline = time.monotonic() + timeout
-    while is_mounted(path):
-        subprocess.run(["fusermount3", "-u", "-z", path], stderr=subprocess.DEVNULL)
-        if not is_mounted(path):
-            break
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{path} is still mounted after kill -9 and fusermount3 -u -z")
-        time.sleep(0.05)
-    return stuck
-
+# Starting, stopping and killing daemons is memosfs/testing/daemon.py's; the
+# names stay importable from here (tests and `bench persist` use faults.X).
 
 # ---------------------------------------------------------------- the writer
 

@@ -1,0 +1,125 @@
+"""What the benchmarks share: a fresh mount (`memos_mount`, from the harness's
+one daemon helper), a tmpfs folder for baselines, whole-file reads and writes
+timed, dropping cached pages, and the mount's statistics.
+
+May call: memosfs.testing.daemon (starting and stopping daemons, is_mounted,
+read_stats) and the standard library.  Every bench module imports its helpers
+from here; none imports another bench module (memosfs/bench/cli.py gathers
+their parsers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from typing import Any, Iterator
+
+from memosfs.testing.daemon import Daemon, is_mounted, memos_mount, read_stats  # noqa: F401
+
+MiB = 1 << 20
+
+
+@contextlib.contextmanager
+def tmpfs_dir() -> Iterator[str]:
+    """A directory on tmpfs: /dev/shm when it is tmpfs, else a tmpfs we mount."""
+    with open("/proc/mounts") as f:
+        shm = any(line.split()[1] == "/dev/shm" and line.split()[2] == "tmpfs" for line in f)
+    if shm:
+        d = tempfile.mkdtemp(prefix="memosfs-bench-", dir="/dev/shm")
+        try:
+            yield d
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        return
+    d = tempfile.mkdtemp(prefix="memosfs-bench-tmpfs-")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2g", "tmpfs", d], check=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", d])
+        os.rmdir(d)
+
+
+def write_file(path: str | os.PathLike, block: memoryview, size: int) -> float:
+    """Write `size` bytes (repeating `block`), close included; seconds taken."""
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        left = size
+        while left:
+            left -= os.write(fd, block[:min(left, len(block))])
+    finally:
+        os.close(fd)
+    return time.perf_counter() - t0
+
+
+def read_file(path: str | os.PathLike, buf: bytearray) -> tuple[float, int]:
+    """Read the whole file through `buf`: (seconds, bytes)."""
+    view = memoryview(buf)
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    total = 0
+    try:
+        while n := os.readv(fd, [view]):
+            total += n
+    finally:
+        os.close(fd)
+    return time.perf_counter() - t0, total
+
+
+def drop_cached_pages(path: str | os.PathLike) -> None:
+    """posix_fadvise(DONTNEED) on one file: its pages leave the page cache
+    (on memosfs the next read goes through the daemon)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def drop_page_cache(paths: list[str]) -> str:
+    """Drop the page cache: all of it if /proc/sys/vm/drop_caches is
+    writable, else the pages of `paths`.  Returns the way it went."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        for p in paths:
+            try:
+                drop_cached_pages(p)
+            except OSError:
+                pass
+        return "fadvise"
+
+
+def files_under(d: str) -> list[str]:
+    """Every file below d, sorted."""
+    out = []
+    for root, _dirs, files in os.walk(d):
+        out += [os.path.join(root, f) for f in files]
+    return sorted(out)
+
+
+def stats(mnt: str | os.PathLike) -> dict[str, Any]:
+    """The mount's stats.json."""
+    return read_stats(mnt)
+
+
+def set_knob(mnt: str | os.PathLike, name: str, value: object) -> None:
+    """Write `value` to .memos/cache/NAME."""
+    with open(os.path.join(mnt, ".memos", "cache", name), "w") as f:
+        f.write(f"{value}\n")
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """The q-quantile of xs, nearest rank below (0.0 when empty)."""
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
