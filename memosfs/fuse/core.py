@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from memosfs.fuse.coherence import Coherence
     from memosfs.fuse.control import ControlTree
     from memosfs.fuse.fedtree import FedTree
-    from memosfs.fuse.pagecache import PageCachePusher
+    from memosfs.fuse.pagecache import PageCachePusher, Refresher
     from memosfs.fuse.tenants import Tenants
     from memosfs.store.prefetch import PrefetchEngine
     from memosfs.store.store import Store
@@ -101,6 +101,9 @@ class OpsCore:
     pusher: Optional["PageCachePusher"]
     fed: "FedTree"
     control: "ControlTree"
+    trio_token: object          # set when serving: other threads post here
+    mountpoint: str             # set by start_kernel_notifications
+    _refresher: "Refresher"
     _next_ino: int
     _next_fh: int
     _lookup_misses: int         # lookups of a name no tier has (counted as misses)

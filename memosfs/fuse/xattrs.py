@@ -4,17 +4,17 @@ MemosOperations; composed in operations.py).
 
 Attributes.  `user.*` attributes are kept on slots and directories (saved
 with them); `user.memos.*` are the daemon's: tier, dirty, version, hits,
-stored_bytes and pin of a slot (read-only but pin, which root or the
-owner sets to 0 or 1), state (the caller's coherence state), ack (write:
+stored_bytes and pin of a slot (read-only but pin, set to 0 or 1 within
+the caller's share), state (the caller's coherence state), ack (write:
 acknowledge an invalidation), quota on an agent directory (root only) and
-usage beside it.  Control-plane nodes take none (ENOTSUP).
+usage beside it.  Control-plane nodes take no user.* attributes (ENOTSUP).
 
 Owns: getxattr, listxattr, setxattr, removexattr, `_set_quota`, ioctl,
 poll, coherence_interrupt.
 
 May call: the store (peek, ssd_entry, tier_of, load, namespace_changed),
 coherence (state, ack, poll, interrupt), tenants (quotas, pins), the
-OpsCore helpers (core.py), files.py via `_metadata_changed` (namespace.py).
+OpsCore helpers (core.py), `_metadata_changed` (namespace.py).
 """
 
 from __future__ import annotations
