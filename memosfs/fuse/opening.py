@@ -153,9 +153,7 @@ class OpenOps(OpsCore):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if isinstance(node, Pseudo):
             return self._open_pseudo(node, flags, ctx)
-        live = node
-        while live.successor is not None:
-            live = live.successor
+        live = node.latest()
         hold = await self.coherence.acquire(
             live.key, self.coherence.agent_of(ctx), (flags & os.O_ACCMODE) != os.O_RDONLY,
             bool(flags & os.O_NONBLOCK), pid=ctx.pid)
@@ -214,8 +212,7 @@ class OpenOps(OpsCore):
         node = self._node(inode)
         acc = flags & os.O_ACCMODE
         inode_node = node               # the inode the kernel opens
-        while node.successor is not None:
-            node = node.successor       # the one that holds the name now
+        node = node.latest()                # the one that holds the name now
         if node.detached:
             # unlinked or renamed over while this open was on its way: as if
             # the open came first — a writer's bytes go with the name (they

@@ -45,8 +45,7 @@ class PublishOps(OpsCore):
         """Publish the writers' draft; returns a page-cache push to run, if any."""
         node = h.node
         assert isinstance(node, Slot)
-        while node.successor is not None:
-            node = node.successor
+        node = node.latest()
         src = h.node
         if node.detached in ("unlink", "replaced", "unpublished") or node.parent is None \
                 or node.parent.detached:

@@ -73,8 +73,7 @@ class XattrOps(OpsCore):
     async def getxattr(self, inode, name, ctx):
         node = self._node(inode)
         if isinstance(node, Slot) and name == b"user.memos.state":
-            while node.successor is not None:
-                node = node.successor
+            node = node.latest()
             return self.coherence.state(node.key, self.coherence.agent_of(ctx)).encode()
         if isinstance(node, Slot) and name in self._MEMOS_ATTRS:
             return self._memos_attr(node, name)
@@ -98,8 +97,7 @@ class XattrOps(OpsCore):
         node = self._node(inode)
         if name == b"user.memos.ack" and isinstance(node, Slot):
             # the caller acknowledges that its copy of this slot is stale
-            while node.successor is not None:
-                node = node.successor
+            node = node.latest()
             agent = self.coherence.agent_of(ctx)
             if not self.coherence.ack(node.key, agent):
                 raise refuse(errno.EINVAL, "ack %s: %s has no invalidation to acknowledge",
@@ -108,8 +106,7 @@ class XattrOps(OpsCore):
         if name == b"user.memos.pin" and isinstance(node, Slot):
             if value.strip() not in (b"0", b"1"):
                 raise refuse(errno.EINVAL, "user.memos.pin takes 0 or 1, not %r", value)
-            while node.successor is not None:
-                node = node.successor
+            node = node.latest()
             if not node.version:
                 raise refuse(errno.ENOENT, "pin %s: nothing published yet", node.name)
             on = value.strip() == b"1"
