@@ -212,7 +212,7 @@ class OpenOps(OpsCore):
         node = self._node(inode)
         acc = flags & os.O_ACCMODE
         inode_node = node               # the inode the kernel opens
-        node = node.latest()                # the one that holds the name now
+        node = node.latest()            # the one that holds the name now
         if node.detached:
             # unlinked or renamed over while this open was on its way: as if
             # the open came first — a writer's bytes go with the name (they
