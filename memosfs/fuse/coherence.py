@@ -46,6 +46,11 @@ revoked.
 
 Every transition goes to the trace as a CACHE_COHERENCE line:
 `CACHE_COHERENCE key=a/s/x agent=uid:1000 from=S to=I cause=invalidate`.
+
+Owns: `Coherence` (the directory's holders, waits, batches, revokes) and
+`Hold` (a handle's place in it).  May call: memosfs._native (the
+directory), the trace, and the two page-drop callbacks the filesystem
+gives it (notify.py); nothing else of the filesystem.
 """
 
 from __future__ import annotations

@@ -1,23 +1,29 @@
 """`.federated/` in the mount: pyfuse3 handlers over memosfs.federated.FederatedJobs.
 
-FederatedJobs (memosfs/federated.py, docs/federated.md) is a path-keyed virtual
-filesystem; this module gives it inodes and file handles, and fs.py hands it every
-request on them with a one-line hook at the top of each handler.
+FederatedJobs (memosfs/federated/jobs.py, docs/federated.md) is a path-keyed virtual
+filesystem; this module gives it inodes and file handles, and MemosOperations hands
+it every request on them (the routing table FED_ROUTES in routing.py).
 
-Inodes.  `.federated` is inode FED_INO, far above fs.py's inodes (which count up from
+Of the filesystem (`ops`, MemosOperations) it uses only this narrow interface
+(core.py): `store` (its SSD tier's folder), `add_fixed`, `new_fh`, `parse_name`,
+`root_entry`, `root_attr`, `count_refused`, `is_mounted`.  It may call
+memosfs.federated.jobs (imported when the tree is made), pyfuse3, trio.
+
+Inodes.  `.federated` is inode FED_INO, far above the other inodes (which count up from
 FIRST_DYNAMIC_INO), and every path below it gets the next number the first time the
 kernel sees it; a path keeps its number while the mount lives (a path never changes
 type), except that removing a job forgets the numbers of its paths, so a job made
-again under the same name gets fresh inodes.  fs.py's hooks test `inode >= FED_INO`
-(and, for directories, the handle, which is the inode as in fs.py).  fs.py keeps a
+again under the same name gets fresh inodes.  The routing (routing.py) tests
+`inode >= FED_INO` (and, for directories, the handle, which is the inode as in the
+rest of the mount), or for files whether FedTree opened the handle.  The mount keeps a
 placeholder directory node under the same number in the root, so that the root's
 lookup, readdir, rmdir and rename treat `.federated` like `.memos` (fixed, EPERM).
 
-Handles.  Numbers come from fs.py's allocator (`ops._fh()`), so they never collide;
+Handles.  Numbers come from the mount's allocator (`ops.new_fh()`), so they never collide;
 the handles themselves live in `self.handles`.  A handle opened for reading holds a
 snapshot of the file taken at open.  A handle opened for writing buffers; files whose
 `write_mode` is "each" (config, aggregate, keys/*) are applied at every write() with
-the handle's whole text, as fs.py does for knobs, so that `echo ... > file` sees the
+the handle's whole text, as the control plane does for knobs, so that `echo ... > file` sees the
 errno; the others (params, updates, he/*) are applied once, at flush (close) or
 fsync, so a refused update makes close(2) fail with the documented errno.  A file
 made by O_CREAT that never got a successful write is discarded at release.
@@ -31,7 +37,7 @@ Kernel caches.  Every entry and attribute goes out with zero timeouts and every 
 is opened with direct_io (no page cache; reads are not bounded by the cached size),
 so the kernel asks again each time; `notify` additionally invalidates the attributes
 of the inodes FederatedJobs names after a change.  Attribute-only invalidation takes
-no lock in the kernel, so it is safe from any thread, inside a handler too (fs.py's
+no lock in the kernel, so it is safe from any thread, inside a handler too (notify.py's
 `_forget_attrs` does the same).  Dentries are not invalidated: with entry_timeout 0
 every path walk revalidates them anyway, and `invalidate_entry` may block while a
 related request is pending.
@@ -56,6 +62,8 @@ from typing import Any, Optional
 
 import pyfuse3
 import trio
+
+from memosfs.fuse.nodes import CTL, Dir
 
 log = logging.getLogger("memosfs.fuse.fedtree")
 
@@ -111,7 +119,7 @@ class FedTree:
         except (ImportError, OSError) as e:
             log.error("%s is not served: %s", FED_NAME, e)
             return
-        d = ops._add_perm_dir(FED_INO, FED_NAME, ops.root)
+        d = ops.add_fixed(Dir(FED_INO, FED_NAME, ops.root, 0o755, 0, 0, CTL))
         d.mode = stat.S_IFDIR | F.FED_ROOT_MODE
 
     # ---- mount life ----
@@ -203,13 +211,13 @@ class FedTree:
         """A FederatedJobs call: in a worker thread when mounted; a refusal
         (FedError, or an OSError of its store) becomes the FUSE errno."""
         try:
-            if self.ops.mounted:
+            if self.ops.is_mounted():
                 return await trio.to_thread.run_sync(fn, *args)
             return fn(*args)
         except OSError as e:
             code = e.errno or errno.EIO
             if code != errno.ENOENT:
-                self.ops._refused += 1
+                self.ops.count_refused()
             if not isinstance(e, self._fed_error()):
                 log.warning("federated: %s%s failed: %s", fn.__name__, args[:1], e)
             raise pyfuse3.FUSEError(code) from None
@@ -225,16 +233,16 @@ class FedTree:
         return pyfuse3.FUSEError(code)
 
     def _child(self, parent_inode: int, name: bytes) -> tuple[str, ...]:
-        return self._parts(parent_inode) + (self.ops._name(name),)
+        return self._parts(parent_inode) + (self.ops.parse_name(name),)
 
     # ---- lookup and attributes ----
 
     async def lookup(self, parent_inode, name, ctx):
         parent = self._parts(parent_inode)
-        n = self.ops._name(name)
+        n = self.ops.parse_name(name)
         if n == "..":
             if not parent:
-                return self.ops._entry(self.ops.root)
+                return self.ops.root_entry()
             parts = parent[:-1]
         else:
             parts = parent if n == "." else parent + (n,)
@@ -249,7 +257,7 @@ class FedTree:
         owners are fixed (EPERM)."""
         parts = self._parts(inode)
         if fields.update_mode or fields.update_uid or fields.update_gid:
-            self.ops._refused += 1
+            self.ops.count_refused()
             raise self._refuse(errno.EPERM, "chmod/chown %s/%s: modes and owners in %s "
                                "are fixed", FED_NAME, "/".join(parts), FED_NAME)
         if fields.update_size:
@@ -270,7 +278,7 @@ class FedTree:
                     h.data = bytearray()    # the next write() brings the whole text
             else:
                 # truncate(2) by path: allowed where an open for writing is, and
-                # changes nothing (as for fs.py's pseudo-files): the content of
+                # changes nothing (as for .memos pseudo-files): the content of
                 # these files is only ever replaced whole, by a write
                 await self._run(self.jobs.check_open, parts, ctx.uid, True)
         return self._entry(parts, await self._run(self.jobs.getattr, parts))
@@ -296,7 +304,7 @@ class FedTree:
         if parent_inode_old < FED_INO or parent_inode_new < FED_INO:
             # mv falls back to copy and unlink
             raise self._refuse(errno.EXDEV, "rename across %s", FED_NAME)
-        self.ops._refused += 1
+        self.ops.count_refused()
         raise self._refuse(errno.EPERM, "rename in %s: names there are fixed", FED_NAME)
 
     async def opendir(self, inode, ctx):
@@ -330,7 +338,7 @@ class FedTree:
             return out
 
         for i, n, p, a in await self._run(attrs):
-            attr = self.ops._attr(self.ops.root) if p is None else self._entry(p, a)
+            attr = self.ops.root_attr() if p is None else self._entry(p, a)
             if not pyfuse3.readdir_reply(token, n.encode("utf-8", "surrogateescape"),
                                          attr, i + 1):
                 break
@@ -338,7 +346,7 @@ class FedTree:
     # ---- files ----
 
     def _new_handle(self, parts: tuple[str, ...], flags: int, ctx) -> FedHandle:
-        h = FedHandle(self.ops._fh(), parts, ctx.uid, ctx.gid)
+        h = FedHandle(self.ops.new_fh(), parts, ctx.uid, ctx.gid)
         h.write = (flags & os.O_ACCMODE) != os.O_RDONLY
         if h.write:
             h.mode = self.jobs.write_mode(parts)
@@ -394,7 +402,7 @@ class FedTree:
         if not h.write:
             raise pyfuse3.FUSEError(errno.EBADF)
         if h.mode == "each":
-            # the handle's whole text so far, applied now (as fs.py's knobs)
+            # the handle's whole text so far, applied now (as .memos knobs)
             text = (bytes(h.data[:off]) + bytes(buf)) if off else bytes(buf)
             await self._run(self.jobs.write, h.parts, text, h.uid, h.gid)
             h.data = bytearray(text)
@@ -435,6 +443,9 @@ class FedTree:
                 await self._run(self.jobs.discard, h.parts)
 
     # ---- extended attributes: none ----
+
+    async def fsyncdir(self, fh, datasync):
+        """Nothing to make durable: every change is durable when it is accepted."""
 
     async def getxattr(self, inode, name, ctx):
         raise pyfuse3.FUSEError(pyfuse3.ENOATTR)

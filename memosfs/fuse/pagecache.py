@@ -1,6 +1,12 @@
 """The kernel page cache, seen from the daemon: pushing published versions
 into it (write-through), and refreshing the kernel's attributes of a slot
-without the daemon ever sending a request to its own mount."""
+without the daemon ever sending a request to its own mount.
+
+Owns: the pusher's worker threads and counters, the refresher child process.
+May call: the kernel notifications it is given (notify_store,
+invalidate_inode, an attribute refresh), and a slot's pusher interface
+(`Slot.claim_push`, `own_cache`, `push_done`, `shows`: memosfs/fuse/nodes.py);
+it changes no other field of a slot."""
 
 from __future__ import annotations
 
@@ -16,15 +22,11 @@ import trio
 from memosfs import _native
 
 if TYPE_CHECKING:
-    from memosfs.fuse.operations import Slot
+    from memosfs.fuse.nodes import Slot
 
-log = logging.getLogger("memosfs.fuse.operations")
+log = logging.getLogger("memosfs.fuse.pagecache")
 
-__all__ = ["PUSH_LOCK", "PageCachePusher", "BytesSource", "Refresher"]
-
-PUSH_LOCK = threading.Lock()           # guards Slot.pushing and cache_version
-                                       # against the pusher thread; never held
-                                       # across a call into the kernel
+__all__ = ["PageCachePusher", "BytesSource", "Refresher"]
 
 
 class PageCachePusher:
@@ -51,6 +53,7 @@ class PageCachePusher:
         self._invalidate = invalidate_fn
         self._refresh = refresh_fn
         self._stopping = False
+        self._count_lock = threading.Lock()     # pushed_bytes: several threads add
         self.limiter = trio.CapacityLimiter(2)
         self.pushed_bytes = 0           # bytes stored into the page cache
         self.pushes = 0                 # versions pushed (wholly or in part)
@@ -58,12 +61,7 @@ class PageCachePusher:
     @staticmethod
     def claim(node: "Slot", ref: "_native.Ref") -> tuple:
         """Mark a push of ref's version into node as in flight (trio thread)."""
-        with PUSH_LOCK:
-            stale = node.cache_version not in (-1, ref.version)
-            if not stale:
-                node.cache_version = ref.version
-            node.pushing += 1
-        return (node, ref, stale)
+        return (node, ref, node.claim_push(ref.version))
 
     async def run(self, job: tuple) -> None:
         """Push a claimed version; large ones in two halves on two threads
@@ -84,8 +82,7 @@ class PageCachePusher:
             log.debug("page-cache push into inode %d stopped: %s", node.ino, e)
         finally:
             ref.release()
-            with PUSH_LOCK:
-                node.pushing -= 1
+            node.push_done()
 
     async def _thread(self, fn, *args) -> None:
         await trio.to_thread.run_sync(fn, *args, limiter=self.limiter,
@@ -98,20 +95,18 @@ class PageCachePusher:
         if stale:
             # pages of an older version may be cached: drop them, then claim
             self._invalidate(node.ino)
-            with PUSH_LOCK:
-                node.cache_version = ref.version
+            node.own_cache(ref.version)
 
     def _push_range(self, node: "Slot", ref: "_native.Ref", off: int, end: int) -> None:
         version = ref.version
         while off < end:
-            if self._stopping or node.successor is not None or node.detached \
-                    or node.version != version:
+            if self._stopping or not node.shows(version):
                 return
             with ref.view(off, min(self.CHUNK, end - off)) as data:  # no copy
                 n = len(data)
                 self._store(node.ino, off, data)
             off += n
-            with PUSH_LOCK:
+            with self._count_lock:
                 self.pushed_bytes += n
 
     def close(self) -> None:

@@ -32,6 +32,10 @@ Knob values are a size (`16M`, bytes) or a share of the memory tier's
 capacity (`25%`), resolved against the capacity at each check, so they
 follow `capacity` changes.  Every refusal is logged with the uid or agent,
 what it holds and the bound.
+
+Owns: `Tenants` (the per-uid and per-agent accounts) and `OverLimit`.
+May call: the store (peek, keys_lru_first, demote, cache quotas) and the
+knobs mapping it is given; nothing of the handlers (they call it).
 """
 
 from __future__ import annotations

@@ -28,21 +28,36 @@ header crc32c, a JSON header (the original file's size and a list of
 segments covering it in order: raw bytes or a quantized tensor with its
 codes and scales), then the segments' bytes.  Decoding rebuilds the logical
 file segment by segment.  All arithmetic is vectorized numpy.
+
+The store's side (`QuantizedVersions`, one per Store): a draft becomes its
+container at publish (`quantize`), a stored version is decoded once and its
+logical bytes kept for its readers (`logical`, a cache of
+DECODED_CACHE_BYTES), and the quant_* counters.  The SSD and remote tiers
+store the container as it is.
+
+May call: memosfs._native (crc32c; drafts made by the store's allocator).
 """
 
 from __future__ import annotations
 
+import collections
+import errno
 import json
+import logging
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from memosfs import _native
 
 __all__ = ["SCHEMES", "parse_safetensors", "encode", "decode", "is_container",
-           "EncodeResult", "quantize_tensor", "dequantize_tensor"]
+           "EncodeResult", "quantize_tensor", "dequantize_tensor", "QuantizedVersions",
+           "quant_error_limit", "DECODED_CACHE_BYTES"]
+
+log = logging.getLogger("memosfs.store.kvfile")
+DECODED_CACHE_BYTES = 512 << 20   # logical bytes of quantized versions kept decoded
 
 SCHEMES = ("int8", "int8-layer", "int4")
 MAGIC = b"MEMOSQ01"
@@ -336,3 +351,85 @@ def describe(result: EncodeResult) -> dict[str, Any]:
     return {"tensors": result.tensors, "quantized": result.quantized,
             "fallbacks": result.fallbacks, "stored": len(result.container),
             "logical": len(result.logical)}
+
+
+def quant_error_limit(scheme: str, knob: str) -> float:
+    """quant_error_max: a number, or auto (0.03 for int8 schemes, 0.12 for int4)."""
+    if knob != "auto":
+        return float(knob)
+    return 0.12 if scheme == "int4" else 0.03
+
+
+# ---------------------------------------------------------------- the store's side
+
+
+class QuantizedVersions:
+    """Quantized storage of one store: encoding at publish, decoding for
+    readers (each version decoded once, kept while DECODED_CACHE_BYTES
+    allow), and its counters.  Trio thread only."""
+
+    def __init__(self, new_draft: Callable[[], "_native.Draft"],
+                 cache_bytes: int = DECODED_CACHE_BYTES) -> None:
+        self._new_draft = new_draft
+        self.cache_bytes = cache_bytes
+        self._decoded: "collections.OrderedDict[tuple, bytes]" = collections.OrderedDict()
+        self.counts: collections.Counter = collections.Counter()  # tensors, fallbacks,
+                                                                  # saved_bytes
+
+    def logical(self, ref: Optional["_native.Ref"]) -> Optional[bytes]:
+        """The logical bytes of a quantized version (decoded once, shared by
+        its readers); None for a version stored as it was written.  OSError
+        EIO (logged) when the container cannot be decoded."""
+        if ref is None or ref.size < 16 or not is_container(ref.read(0, 16)):
+            return None
+        key = (ref.key, ref.version)
+        data = self._decoded.get(key)
+        if data is None:
+            view = ref.read(0, ref.size)
+            try:
+                data = decode(memoryview(view))
+            except (ValueError, KeyError) as e:
+                log.error("slot %s v%d: quantized form unreadable: %s",
+                          ref.key.decode("utf-8", "replace"), ref.version, e)
+                raise OSError(errno.EIO, f"slot {ref.key!r} cannot be decoded") from None
+            self.remember(key, data)
+        return data
+
+    def remember(self, key: tuple, data: bytes) -> None:
+        """Keep the logical bytes of version key = (slot key, version)."""
+        self._decoded[key] = data
+        self._decoded.move_to_end(key)
+        total = sum(len(v) for v in self._decoded.values())
+        while total > self.cache_bytes and len(self._decoded) > 1:
+            _, old = self._decoded.popitem(last=False)
+            total -= len(old)
+
+    def quantize(self, d: "_native.Draft", scheme: str, error_max: str
+                 ) -> tuple["_native.Draft", Optional[bytes]]:
+        """A safetensors draft becomes its quantized container (scheme "off":
+        never); returns (draft to publish, logical bytes or None).  `d` is
+        freed when replaced; OSError of the allocator leaves it as it was."""
+        if scheme == "off" or d.size < 16:
+            return d, None
+        result = encode(memoryview(d.read(0, d.size)), scheme,
+                        quant_error_limit(scheme, error_max))
+        if result is None:
+            return d, None
+        self.counts["fallbacks"] += result.fallbacks
+        if result.container is None:
+            return d, None
+        self.counts["tensors"] += result.quantized
+        self.counts["saved_bytes"] += len(result.logical) - len(result.container)
+        q = self._new_draft()
+        try:
+            q.write(0, result.container)
+        except BaseException:
+            q.free()
+            raise
+        d.free()
+        return q, result.logical
+
+    def statistics(self) -> dict[str, int]:
+        return {"quant_tensors": self.counts["tensors"],
+                "quant_fallbacks": self.counts["fallbacks"],
+                "quant_saved_bytes": self.counts["saved_bytes"]}

@@ -45,6 +45,19 @@ still waiting to go up), and the name is dropped so that the next lookup
 finds the new version; when the announcement channel (re)connects, every
 local slot is checked against its manifest the same way.
 
+Quantized storage (`quant`, memosfs/store/kvfile.py): with the `quantize`
+knob on, a draft is published as its quantized container (`quantize`), and
+every tier stores that container; readers get the logical bytes
+(`logical`, decoded once per version).
+
+The namespace above (memosfs/fuse) attaches itself with `attach_namespace`
+(what the SSD tier keeps beside a slot, namespace.json, and the drop
+listener) and has the store build its prefetch engine with `start_prefetch`
+(memosfs/store/prefetch.py, fed by `get`, evictions, removes and drops).
+
+May call: memosfs._native, memosfs.store.ssd, .remote (given), .kvfile,
+.prefetch, memosfs.trace.  Nothing of memosfs.fuse.
+
 Threads: the trio thread calls in; the background writer and the warm-up
 thread run beside it.  `self.lock` guards the Python-side maps and is never
 held across file I/O; the C core has its own lock.
@@ -62,6 +75,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from memosfs import _native
 from memosfs.trace import Trace
+from memosfs.store import kvfile
+from memosfs.store.prefetch import PrefetchEngine
 from memosfs.store.ssd import CorruptSlot, SSDEntry, SSDFull, SSDReader, SSDTier
 
 if TYPE_CHECKING:
@@ -180,7 +195,8 @@ class Store:
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
         self._last_error_log = 0.0
-        self.prefetch = None                    # a PrefetchEngine, set by the filesystem
+        self.prefetch: Optional[PrefetchEngine] = None    # built by start_prefetch
+        self.quant = kvfile.QuantizedVersions(self.draft)
         self.remote = remote
         if remote is not None:
             remote.on_invalidate = self._remote_invalidated
@@ -191,6 +207,32 @@ class Store:
     def on_drop(self, fn: Callable[[bytes, str], None]) -> None:
         """Call fn(key, reason) whenever a slot leaves every tier by itself."""
         self._drop_listeners.append(fn)
+
+    def attach_namespace(self, meta_of: Callable[[bytes], dict[str, Any]],
+                         namespace_of: Callable[[], Any],
+                         on_drop: Callable[[bytes, str], None]) -> None:
+        """The namespace that shows this store's slots: meta_of(key) is what
+        the SSD and remote tiers keep beside a slot, namespace_of() the
+        directories (namespace.json), on_drop(key, reason) hears of every
+        slot that leaves every tier by itself (from any thread)."""
+        self.meta_of = meta_of
+        self.namespace_of = namespace_of
+        self.on_drop(on_drop)
+
+    def start_prefetch(self, knobs: Any) -> PrefetchEngine:
+        """Build this store's prefetch engine (its worker thread starts;
+        ModeUnavailable for a prefetch_mode it cannot run); it reads the
+        prefetch knobs from `knobs` (a live mapping) and is closed by close()."""
+        self.prefetch = PrefetchEngine(self.prefetch_fetch, self._in_memory,
+                                       self._session_slot_names, knobs)
+        self.on_drop(lambda key, reason: self.prefetch.on_remove(key))
+        return self.prefetch
+
+    def _session_slot_names(self, agent: str, session: str) -> list[str]:
+        """For the prefetcher (its thread): the slot names a session holds, in
+        memory or on SSD."""
+        return [k.rsplit(b"/", 1)[1].decode("utf-8", "surrogateescape")
+                for k in self.session_keys(agent, session)]
 
     def _forget(self, key: bytes) -> None:
         with self.lock:
@@ -398,6 +440,22 @@ class Store:
 
     def draft(self, base: Optional["_native.Ref"] = None) -> "_native.Draft":
         return self.cache.draft(base)
+
+    def quantize(self, d: "_native.Draft", scheme: str, error_max: str
+                 ) -> tuple["_native.Draft", Optional[bytes]]:
+        """(draft to publish, logical bytes or None): `d` itself, or its
+        quantized container (`d` freed) when `scheme` is not "off" and `d`
+        is a safetensors file worth it (kvfile.QuantizedVersions.quantize)."""
+        return self.quant.quantize(d, scheme, error_max)
+
+    def logical(self, ref: Optional["_native.Ref"]) -> Optional[bytes]:
+        """The logical bytes of a quantized version, None for one stored as
+        written; OSError EIO if it cannot be decoded."""
+        return self.quant.logical(ref)
+
+    def remember_logical(self, key: bytes, version: int, data: bytes) -> None:
+        """A version just published from `data` (its logical bytes)."""
+        self.quant.remember((key, version), data)
 
     def publish(self, draft: "_native.Draft", key: bytes) -> "_native.Ref":
         """Make `draft` the slot's new version (dirty); returns a pinned reference."""
@@ -961,6 +1019,11 @@ class Store:
                           self._warm_done,
                           **{f: remote.get(f, 0) for f in _REMOTE_STATS},
                           remote_drops=c["remote_drops"], slots_unsaved=c["slots_unsaved"])
+
+    def read_statistics(self) -> dict[str, int]:
+        """Counters StoreStats does not carry: reads served straight from an
+        SSD file (direct_reads), and quantized storage (quant_*)."""
+        return {"direct_reads": self._c["direct_reads"], **self.quant.statistics()}
 
     def close(self) -> None:
         """Stop the threads, persist everything, free memory.  Dirty slots

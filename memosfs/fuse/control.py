@@ -1,0 +1,332 @@
+"""The control plane `.memos/`: pseudo-files over the knobs, the statistics,
+the trace and a few commands.
+
+Pseudo-files (all owned by root, served with direct_io, st_size 0, read as a
+snapshot taken at open).  Their modes say what they do and the daemon itself
+enforces them, with or without `default_permissions`: a uid other than 0 gets
+the "other" bits, root the owner bits (so root too gets EACCES reading a
+write-only file or writing a read-only one).  chmod, chown and utimes of any
+control file or directory are EPERM, for root too.
+
+=====================  ====  =====================================================
+file                   mode  meaning
+=====================  ====  =====================================================
+cache/stats            0444  `name value` lines, one per counter (no names: only
+                             counts, sizes and the eviction policy)
+cache/stats.json       0444  the same counters as one JSON object
+cache/<knob>           0644  `value\\n`; root writing a valid value sets it at once,
+                             anything else is EINVAL and changes nothing
+cache/flush            0200  root writes 1: persist every dirty slot, then reclaim
+                             memory
+cache/revoke           0200  write `agent/session/slot`: revoke every reader of it
+                             (coherence protocol 2; their reads fail with ESTALE)
+cache/reset_context    0200  root writes `agent/session`: drop that session's slots
+debug/trace            0600  root only.  write 1 (on, clears the buffer) or 0 (off);
+                             read: one event a line, `<ns> <EVENT> field=value ...`
+metrics                0444  Prometheus text exposition of the stats
+=====================  ====  =====================================================
+
+Knobs (memosfs/knobs.py has the table of names, types, ranges and
+defaults).  A write is parsed and checked by the knob, then applied by the
+function `KNOB_APPLY` gives for its name (the store's, the cache's, the
+prefetcher's); a knob with none is only recorded (its readers look it up
+when they need it).  A KnobError leaves everything unchanged and is EINVAL
+(files.py `_write_pseudo` logs the reason).
+
+Owns: `ControlTree`, built like the federated tree (`FedTree`, fedtree.py):
+its nodes live in the filesystem's inode table under fixed inode numbers
+(2 up to FIRST_DYNAMIC_INO), added through `ops.add_fixed`; the knob
+writes; the flush, reset_context, revoke and trace writers; the assembly of
+the statistics every stats file prints.
+
+May call: the store (set_capacity, set_evict_batch, cache, ssd, flush,
+statistics), the prefetcher, coherence (revoke, stats), tenants (stats), the
+trace, and of the filesystem (`ops`) only: add_fixed, find_session,
+reset_session, slot_at, request_stats, knobs.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from memosfs.knobs import KNOB_BY_NAME, KNOBS, KnobError
+from memosfs.stats import format_metrics, format_stats, stats_json
+from memosfs.fuse.core import FIRST_DYNAMIC_INO, physical_memory
+from memosfs.fuse.nodes import CONTROL_DIR, CTL, Dir, Pseudo
+
+if TYPE_CHECKING:
+    from memosfs.fuse.operations import MemosOperations
+
+log = logging.getLogger("memosfs.fuse.operations")      # the daemon's lines as before
+
+__all__ = ["ControlTree", "KNOB_APPLY"]
+
+
+# ---------------------------------------------------------------- knob writes
+#
+# Each takes the control tree and the parsed value, applies it (KnobError:
+# nothing changed) and returns the value to record.
+
+
+def _apply_capacity(ctl: "ControlTree", value: int) -> int:
+    store = ctl.store
+    current = store.cache.capacity
+    memory = physical_memory()
+    if value > current and memory and value > memory:
+        raise KnobError(f"cannot grow beyond memory: {value} bytes asked, the "
+                        f"machine has {memory}")
+    try:
+        store.set_capacity(value)
+    except OSError as e:
+        if value > current:
+            raise KnobError(f"cannot grow beyond memory to {value} bytes: "
+                            f"{e.strerror}") from e
+        raise KnobError(f"cannot shrink to {value} bytes: {e.strerror} "
+                        f"(pinned or open slots do not fit)") from e
+    return store.cache.capacity
+
+
+def _apply_evict_batch(ctl: "ControlTree", value: int) -> int:
+    ctl.store.set_evict_batch(value)
+    return value
+
+
+def _apply_evict_policy(ctl: "ControlTree", value: str) -> str:
+    ctl.store.cache.set_policy(value)
+    return value
+
+
+def _apply_reclaim_free_ratio(ctl: "ControlTree", value: float) -> float:
+    ctl.store.cache.set_reclaim(float(value), int(ctl.knobs["reclaim_fail_limit"]))
+    return value
+
+
+def _apply_reclaim_fail_limit(ctl: "ControlTree", value: int) -> int:
+    ctl.store.cache.set_reclaim(float(ctl.knobs["reclaim_free_ratio"]), int(value))
+    return value
+
+
+def _apply_ring_slots(ctl: "ControlTree", value: int) -> int:
+    ctl.store.ring_slots = value
+    return value
+
+
+def _apply_writeback_delay_ms(ctl: "ControlTree", value: int) -> int:
+    ctl.store.writeback_delay_ms = value
+    return value
+
+
+def _apply_ssd_capacity(ctl: "ControlTree", value: int) -> int:
+    if ctl.store.ssd is None:
+        raise KnobError("no SSD tier is mounted")
+    ctl.store.ssd.capacity = value
+    return value
+
+
+def _apply_prefetch_mode(ctl: "ControlTree", value: str) -> str:
+    ctl.store.prefetch.set_mode(value)          # ModeUnavailable is a KnobError
+    return value
+
+
+def _apply_coherence_protocol(ctl: "ControlTree", value: str) -> str:
+    if ctl.store.remote is not None:
+        ctl.store.set_remote_strong(value == "2")
+    return value
+
+
+KNOB_APPLY: dict[str, Callable[["ControlTree", Any], Any]] = {
+    "capacity": _apply_capacity,
+    "evict_batch": _apply_evict_batch,
+    "evict_policy": _apply_evict_policy,
+    "reclaim_free_ratio": _apply_reclaim_free_ratio,
+    "reclaim_fail_limit": _apply_reclaim_fail_limit,
+    "ring_slots": _apply_ring_slots,
+    "writeback_delay_ms": _apply_writeback_delay_ms,
+    "ssd_capacity": _apply_ssd_capacity,
+    "prefetch_mode": _apply_prefetch_mode,
+    "coherence_protocol": _apply_coherence_protocol,
+}
+
+
+# ---------------------------------------------------------------- the tree
+
+
+class ControlTree:
+    """`.memos/` of a MemosOperations (`ops`): its pseudo-files, knob
+    writes, commands and statistics."""
+
+    def __init__(self, ops: "MemosOperations") -> None:
+        self.ops = ops
+        self.store = ops.store
+        self.knobs = ops.knobs
+        self.trace = ops.trace
+        self._started = time.monotonic()
+        ino = iter(range(2, FIRST_DYNAMIC_INO))
+        ctl = self._dir(next(ino), CONTROL_DIR, ops.root)
+        cache = self._dir(next(ino), "cache", ctl)
+        debug = self._dir(next(ino), "debug", ctl)
+        self._file(next(ino), "stats", cache, 0o444, lambda: format_stats(self.stats()), None)
+        self._file(next(ino), "stats.json", cache, 0o444,
+                   lambda: stats_json(self.stats()), None)
+        for knob in KNOBS:
+            self._file(next(ino), knob.name, cache, 0o644,
+                       (lambda k=knob: k.format(self.knobs[k.name])),
+                       (lambda text, k=knob: self.set_knob(k.name, text)))
+        self._file(next(ino), "flush", cache, 0o200, None, self.write_flush)
+        self._file(next(ino), "reset_context", cache, 0o200, None, self.write_reset)
+        self._file(next(ino), "revoke", cache, 0o200, None, self.write_revoke)
+        # the trace names every tenant's agents, sessions, slots and uids
+        self._file(next(ino), "trace", debug, 0o600, self.trace.text, self.write_trace)
+        self._file(next(ino), "metrics", ctl, 0o444,
+                   lambda: format_metrics(self.stats()), None)
+
+    def _dir(self, ino: int, name: str, parent: Dir) -> Dir:
+        return self.ops.add_fixed(Dir(ino, name, parent, 0o755, 0, 0, CTL))
+
+    def _file(self, ino: int, name: str, parent: Dir, mode: int,
+              read: Optional[Callable[[], str]],
+              write: Optional[Callable[[str], None]]) -> None:
+        self.ops.add_fixed(Pseudo(ino, name, parent, mode, read, write))
+
+    # ---- writes ----
+
+    def set_knob(self, name: str, text: str) -> None:
+        """Parse, check and apply a knob; KnobError leaves everything unchanged."""
+        knob = KNOB_BY_NAME[name]
+        value = knob.parse(text)
+        apply = KNOB_APPLY.get(name)
+        if apply is not None:
+            value = apply(self, value)
+        self.knobs[name] = value
+        self.trace.emit("KNOB", name=name, value=value)
+        log.info("knob %s = %s", name, value)
+
+    def write_flush(self, text: str) -> None:
+        if text.strip() != "1":
+            raise KnobError(f"write 1 to flush, not {text.strip()!r}")
+        self.store.flush()
+
+    def write_reset(self, text: str) -> None:
+        """agent/session: drop that session's slots and subtree."""
+        t = text.strip().strip("/")
+        parts = t.split("/")
+        if len(parts) != 2 or not all(parts):
+            raise KnobError(f"write agent/session, not {text.strip()!r}")
+        session = self.ops.find_session(parts[0], parts[1])
+        if session is None:
+            raise KnobError(f"no session {t!r}")
+        self.ops.reset_session(session)
+
+    def write_revoke(self, text: str) -> None:
+        """Root revokes every reader of the slot agent/session/slot (see
+        memosfs/fuse/coherence.py): their reads fail with ESTALE from now
+        on, and a writer waiting for them goes on."""
+        t = text.strip().strip("/")
+        if len(t.split("/")) < 3 or not all(t.split("/")):
+            raise KnobError(f"write agent/session/slot, not {text.strip()!r}")
+        node = self.ops.slot_at(t)
+        if node is None:
+            raise OSError(errno.ENOENT, f"no slot {t!r}")
+        node = node.latest()
+        self.ops.coherence.revoke(node.key, valid=True,
+                                  why="root wrote it to .memos/cache/revoke")
+
+    def write_trace(self, text: str) -> None:
+        t = text.strip()
+        if t not in ("0", "1"):
+            raise KnobError(f"write 1 or 0, not {t!r}")
+        self.trace.set(t == "1")
+
+    # ---- statistics ----
+
+    def stats(self) -> dict[str, object]:
+        """Every counter, by name: the C core's, then the store's and the
+        filesystem's (the order the stats files print)."""
+        ops = self.ops
+        c = self.store.cache.stats()
+        s = self.store.statistics()
+        r = ops.request_stats()
+        io = self.store.read_statistics()
+        hits = s.mem_hits + s.ssd_hits + s.remote_hits
+        misses = s.misses + r["lookup_misses"]
+        lookups = hits + misses
+        agents, sessions = ops.tree_counts()
+        out: dict[str, object] = {
+            "lookups": lookups,
+            "hits": hits,
+            "mem_hits": s.mem_hits,
+            "ssd_hits": s.ssd_hits,
+            "misses": misses,
+            "hit_rate": (hits / lookups) if lookups else 0.0,
+            "inserts": c["inserts"],
+            "replaces": c["replaces"],
+            "publishes": s.publishes,
+            "promotions": s.promotions,
+            "writebacks": s.writebacks,
+            "evict_writebacks": s.evict_writebacks,
+            "slots_lost": s.drops_lost,
+            "slots_unsaved": getattr(s, "slots_unsaved", 0),
+            "warmup_loaded_bytes": s.warmup_loaded_bytes,
+            "warmup_total_bytes": s.warmup_total_bytes,
+            "warmup_done": s.warmup_done,
+            "removes": c["removes"],
+            "evictions": c["evictions"],
+            "eviction_runs": c["eviction_runs"],
+            "evict_refused": c["evict_refused"],
+            "ring_recycles": s.ring_recycles,
+            "resets": s.resets,
+            "flushes": s.flushes,
+            "slots": c["slots"],
+            "bytes_used": c["bytes_used"],
+            "capacity": c["capacity"],
+            "pages_used": c["pages_used"],
+            "free_pages": c["free_pages"],
+            "superblocks": c["superblocks"],
+            "huge_pages": c["huge_pages"],
+            "index_load_factor": c["index_load_factor"],
+            "index_entries": c["index_entries"],
+            "index_buckets": c["index_buckets"],
+            "alloc_failures": c["alloc_failures"],
+            "alloc_waits": c["alloc_waits"],
+            "reclaim_runs": c.get("reclaim_runs", 0),
+            "fragmentation": c.get("fragmentation", 0.0),
+            "pages_pending": c.get("pages_pending", 0),
+            "sweep_ns_max": c.get("sweep_ns_max", 0),
+            "reclaim_free_ratio": c.get("reclaim_free_ratio", 0.0),
+            "reclaim_fail_limit": c.get("reclaim_fail_limit", 0),
+            "drafts": c["drafts"],
+            "bytes_draft": c["bytes_draft"],
+            "pinned": c["pinned"],
+            "dead_pinned": c["dead_pinned"],
+            "evict_batch": c["evict_batch"],
+            "evict_policy": self.store.cache.policy,
+            "ghost_hits_recency": c.get("ghost_hits_recency", 0),
+            "ghost_hits_frequency": c.get("ghost_hits_frequency", 0),
+            "policy_recency": c.get("policy_recency", 0.0),
+            "policy_probation": c.get("policy_probation", 0),
+            "policy_protected": c.get("policy_protected", 0),
+            "ring_slots": self.store.ring_slots,
+            "agents": agents,
+            "sessions": sessions,
+            "open_handles": r["open_handles"],
+            "read_requests": r["read_requests"],
+            "direct_reads": io["direct_reads"],
+            "quant_tensors": io["quant_tensors"],
+            "quant_fallbacks": io["quant_fallbacks"],
+            "quant_saved_bytes": io["quant_saved_bytes"],
+            "page_cache_pushed_bytes": r["page_cache_pushed_bytes"],
+            "page_cache_pushes": r["page_cache_pushes"],
+            "requests_refused": r["requests_refused"],
+            "private_writers": r["private_writers"],
+            "uptime_s": round(time.monotonic() - self._started, 3),
+        }
+        out.update(ops.coherence.stats())
+        out.update(ops.tenants.stats())
+        out.update(self.store.prefetch.stats())
+        if self.store.ssd is not None:
+            out.update(self.store.ssd.statistics())
+        out.update(self.store.remote_statistics())
+        return out

@@ -1,0 +1,279 @@
+"""What every handler module of MemosOperations shares: the inode table,
+handle numbers, attributes, errors.
+
+Owns: `OpsCore`, the base of the handler mixins (namespace.py, persist.py,
+opening.py, files.py, publish.py, xattrs.py, notify.py; composed in
+operations.py).  Its state (`inodes`, `handles`, `root`, the counters) is
+set up by `MemosOperations.__init__`; here are the helpers over it, `refuse`
+(a FUSEError whose reason is logged), and the narrow public interface that
+the two trees built beside the handlers use (`FedTree` in fedtree.py,
+`ControlTree` in control.py): `add_fixed`, `new_fh`, `parse_name`,
+`root_entry`, `root_attr`, `count_refused`, `is_mounted`.
+
+May call: memosfs.fuse.nodes, the store (through `_native_call` and
+`_off_loop`, which turn its OSErrors into the caller's errno), pyfuse3 types.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from typing import TYPE_CHECKING, Iterator, Optional
+
+import pyfuse3
+import trio
+
+from memosfs.fuse.nodes import (
+    FIXED_LOOKUPS, NAME_MAX, Dir, Handle, Node, Pseudo, Slot, now_ns)
+
+if TYPE_CHECKING:
+    from memosfs.fuse.coherence import Coherence
+    from memosfs.fuse.control import ControlTree
+    from memosfs.fuse.fedtree import FedTree
+    from memosfs.fuse.pagecache import PageCachePusher, Refresher
+    from memosfs.fuse.tenants import Tenants
+    from memosfs.store.prefetch import PrefetchEngine
+    from memosfs.store.store import Store
+    from memosfs.trace import Trace
+
+# every handler module logs here: the daemon's lines read as they always did
+log = logging.getLogger("memosfs.fuse.operations")
+
+SLOT_BLKSIZE = 1 << 20          # st_blksize: cp/cat size their buffers by it
+ENTRY_TIMEOUT = 1.0
+ATTR_TIMEOUT = 1.0
+FIRST_DYNAMIC_INO = 1000
+WRITER_RETRY_S = 5.0            # how long an ESTALE'd writer's retry is waited for
+PUSH_WAIT_S = 5.0               # how long a writer waits for a push into its inode,
+                                # or for another writer to replace the slot first
+PUSH_MIN_BYTES = 1 << 20        # smaller versions: reading them through the daemon costs less than a push (its attribute refresh is a round trip)
+
+
+def tgid_of(pid: int) -> int:
+    """The process (thread group) a FUSE request's thread belongs to: the
+    kernel sends the calling thread's id, and a writer's view and the right
+    to publish belong to the whole process.  The id itself if /proc cannot
+    tell (the thread is gone)."""
+    if pid <= 0:
+        return pid
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return pid
+
+
+def physical_memory() -> int:
+    """Bytes of memory of the machine (0 when unknown)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
+
+
+class Refused(pyfuse3.FUSEError):
+    """A FUSEError whose reason has been logged."""
+
+
+def refuse(code: int, fmt: str, *args: object, level: int = logging.INFO) -> Refused:
+    log.log(level, "refused (%s): " + fmt, errno.errorcode.get(code, code), *args)
+    return Refused(code)
+
+
+class OpsCore:
+    """The state and helpers the handler mixins share (see the module docstring)."""
+
+    # set by MemosOperations.__init__
+    store: "Store"
+    trace: "Trace"
+    knobs: dict[str, object]
+    inodes: dict[int, Node]
+    handles: dict[int, Handle]
+    root: Dir
+    mounted: bool               # pyfuse3.init succeeded: the kernel can be told of changes
+    coherence: "Coherence"
+    tenants: "Tenants"
+    prefetch: "PrefetchEngine"
+    pusher: Optional["PageCachePusher"]
+    fed: "FedTree"
+    control: "ControlTree"
+    trio_token: object          # set when serving: other threads post here
+    mountpoint: str             # set by start_kernel_notifications
+    _refresher: "Refresher"
+    _next_ino: int
+    _next_fh: int
+    _lookup_misses: int         # lookups of a name no tier has (counted as misses)
+    _refused: int               # requests refused for a store error or a bad write
+    _read_requests: int
+    _private_writers: int       # retried writers given a draft of their own
+
+    # ---- the interface of the trees built beside the handlers ----
+
+    def add_fixed(self, node: Node) -> Node:
+        """Put a node the kernel never forgets (a control-plane directory or
+        file) into its parent and the inode table."""
+        node.lookups = FIXED_LOOKUPS
+        assert node.parent is not None
+        node.parent.children[node.name] = node
+        self.inodes[node.ino] = node
+        return node
+
+    def new_fh(self) -> int:
+        """A file handle number (one allocator for every tree)."""
+        return self._fh()
+
+    def parse_name(self, raw: bytes) -> str:
+        """A name from the kernel; ENAMETOOLONG beyond NAME_MAX."""
+        return self._name(raw)
+
+    def root_entry(self) -> pyfuse3.EntryAttributes:
+        """The root's entry (a lookup of `..` from a top-level tree)."""
+        return self._entry(self.root)
+
+    def root_attr(self) -> pyfuse3.EntryAttributes:
+        return self._attr(self.root)
+
+    def count_refused(self) -> None:
+        self._refused += 1
+
+    def is_mounted(self) -> bool:
+        return self.mounted
+
+    # ---- inodes and names ----
+
+    def _node(self, ino: int) -> Node:
+        try:
+            return self.inodes[ino]
+        except KeyError:
+            raise refuse(errno.ENOENT, "inode %d is unknown", ino) from None
+
+    def _dir(self, ino: int) -> Dir:
+        node = self._node(ino)
+        if not isinstance(node, Dir):
+            raise refuse(errno.ENOTDIR, "inode %d is not a directory", ino)
+        return node
+
+    def _new_ino(self) -> int:
+        ino = self._next_ino
+        self._next_ino += 1
+        return ino
+
+    def _fh(self) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        return fh
+
+    @staticmethod
+    def _name(raw: bytes) -> str:
+        if len(raw) > NAME_MAX:
+            raise refuse(errno.ENAMETOOLONG, "name of %d bytes (NAME_MAX is %d)",
+                         len(raw), NAME_MAX)
+        return raw.decode("utf-8", "surrogateescape")
+
+    def _slot_by_key(self, key: bytes) -> Optional[Slot]:
+        node: Optional[Node] = self.root
+        for part in key.decode("utf-8", "surrogateescape").split("/"):
+            if not isinstance(node, Dir):
+                return None
+            node = node.children.get(part)
+        return node if isinstance(node, Slot) else None
+
+    def _walk_slots(self, d: Dir) -> Iterator[Slot]:
+        for child in d.children.values():
+            if isinstance(child, Slot):
+                yield child
+            elif isinstance(child, Dir):
+                yield from self._walk_slots(child)
+
+    # ---- attributes ----
+
+    def _attr(self, node: Node, ctx=None) -> pyfuse3.EntryAttributes:
+        """node's attributes as the caller sees them: while a slot is open for
+        writing, the processes that opened it for writing see the draft (size,
+        mtime) and everybody else the published version; neither is cached
+        by the kernel then (attr_timeout 0), so each asks again.  Without a
+        caller (readdirplus) the writers' view is given: a writer must never
+        have its size taken back under its pages; other processes' stat asks
+        again anyway."""
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.ino
+        a.generation = 0
+        a.st_mode = node.mode
+        a.st_nlink = node.nlink()
+        a.st_uid = node.uid
+        a.st_gid = node.gid
+        a.st_rdev = 0
+        a.st_size = node.size()
+        a.st_blocks = node.blocks()
+        a.st_atime_ns = node.atime_ns
+        a.st_mtime_ns = node.mtime_ns
+        a.st_ctime_ns = node.ctime_ns
+        if isinstance(node, Pseudo):
+            a.st_blksize = 4096
+            a.attr_timeout = 0
+            a.entry_timeout = 3600
+            return a
+        a.st_blksize = SLOT_BLKSIZE if isinstance(node, Slot) else 4096
+        a.attr_timeout = ATTR_TIMEOUT
+        a.entry_timeout = ENTRY_TIMEOUT
+        if isinstance(node, Slot) and (node.writers or node.draft is not None):
+            a.attr_timeout = 0
+            if ctx is None or tgid_of(ctx.pid) in node.writer_pids:
+                size = node.draft_size()
+                a.st_size = size
+                a.st_blocks = max(node.blocks(), (size + 511) // 512)
+                if node.changed:
+                    a.st_mtime_ns = a.st_ctime_ns = node.draft_mtime_ns
+        if isinstance(node, Slot) and not node.version:
+            a.entry_timeout = 0         # unpublished: others get ENOENT (lookup)
+        return a
+
+    def _entry(self, node: Node, ctx=None) -> pyfuse3.EntryAttributes:
+        node.lookups += 1
+        return self._attr(node, ctx)
+
+    # ---- leaving the tree ----
+
+    def _detach(self, node: Node, reason: str) -> None:
+        parent = node.parent
+        if parent is not None and parent.children.get(node.name) is node:
+            del parent.children[node.name]
+            parent.mtime_ns = parent.ctime_ns = now_ns()
+        node.detached = reason
+        node.ctime_ns = now_ns()
+        self._maybe_forget(node)
+
+    def _maybe_forget(self, node: Node) -> None:
+        if node.detached and node.lookups <= 0 and node.handles <= 0:
+            self.inodes.pop(node.ino, None)
+
+    # ---- calls into the store ----
+
+    def _native_call(self, fn, *args):
+        """Call into the store; its OSErrors become the caller's errno."""
+        try:
+            return fn(*args)
+        except OSError as e:
+            self._refused += 1
+            raise refuse(e.errno or errno.EIO, "%s", e, level=logging.WARNING) from None
+        except ValueError as e:
+            self._refused += 1
+            raise refuse(errno.EINVAL, "%s", e, level=logging.WARNING) from None
+
+    async def _off_loop(self, fn, *args):
+        """Run blocking store work (SSD I/O) in a worker thread while the loop
+        serves other requests; inline when not mounted (tests)."""
+        try:
+            if self.mounted:
+                return await trio.to_thread.run_sync(fn, *args)
+            return fn(*args)
+        except OSError as e:
+            self._refused += 1
+            raise refuse(e.errno or errno.EIO, "%s", e, level=logging.WARNING) from None
+
+
+__all__ = ["OpsCore", "Refused", "refuse", "tgid_of", "physical_memory", "log"]

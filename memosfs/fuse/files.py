@@ -1,0 +1,332 @@
+"""Open files: read, write, fallocate, truncate, flush, fsync and release
+(a mixin of MemosOperations; composed in operations.py).
+
+Writers share one draft per slot (`Slot.draft`), made lazily from the base
+version at the first change; a refused write or truncate changes nothing.
+A writer's close publishes (flush, when the closing process is the opener),
+so does fsync (which also waits until the version is durable), and the last
+release publishes what the opener left; publish.py does the publishing and
+returns a page-cache push that is run here.  A write to a control-plane
+file is applied at once (`_write_pseudo`: EINVAL for a bad value, with the
+reason logged).
+
+Owns: the handlers above, the writers' drafts (`_ensure_draft`,
+`_draft_from`, `_release_base`), the writers' fair share (`_fair_share`:
+EDQUOT), and the notes memosfs._fuseshim sends before a write or a flush
+(`_write_note`, `_flush_note`).
+
+May call: the store (draft, publish, load, persist, sync_namespace),
+coherence (upgrade, release), tenants, publish.py (`_publish`,
+`_published`, `_maybe_quantize`, `_logical`, `_settle_quota`), notify.py
+(`_invalidate_pages`, `_forget_attrs`, `_forget_entry`), the pusher, the
+OpsCore helpers (core.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from typing import Optional
+
+import pyfuse3
+import trio
+
+from memosfs import _native
+from memosfs.knobs import KnobError
+from memosfs.fuse.core import OpsCore, log, refuse, tgid_of
+from memosfs.fuse.nodes import PUSH_LOCK, Handle, Pseudo, Slot, now_ns
+from memosfs.fuse.tenants import OverLimit
+
+__all__ = ["FileOps"]
+
+
+class FileOps(OpsCore):
+    """Reading, writing and closing open files (see the module docstring)."""
+
+    async def read(self, fh, off, size):
+        """Bytes of the handle's version (a reader's snapshot, the writers' draft)."""
+        h = self.handles[fh]
+        if h.kind == "pseudo":
+            return h.data[off:off + size]
+        self._read_requests += 1
+        if h.hold is not None and h.hold.revoked:
+            raise refuse(errno.ESTALE, "read %s: the handle's hold was revoked (reopen it)",
+                         h.node.name)
+        if h.kind == "read":
+            if h.decoded is not None:
+                return h.decoded[off:off + size]
+            return h.ref.read(off, size) if h.ref is not None else b""
+        node = h.node
+        if node.draft is not None:
+            return node.draft.read(off, size)
+        if node.base_decoded is not None:
+            return node.base_decoded[off:off + size]
+        return node.base.read(off, size) if node.base is not None else b""
+
+    async def write(self, fh, off, buf):
+        """Into the writers' shared draft; visible to others once the opener
+        closes or fsyncs.  A refused write changes nothing."""
+        h = self.handles[fh]
+        if h.kind == "pseudo":
+            return self._write_pseudo(h, off, buf)
+        if h.kind != "write":
+            raise refuse(errno.EBADF, "write on a read handle")
+        writeback, self._writeback = self._writeback == (fh, off), None
+        if h.hold is not None:
+            await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))
+        node = h.node
+        d = self._ensure_draft(node)
+        if h.append and off != d.size and not writeback:
+            # the kernel placed this append by a size another process's stat
+            # gave it: the record goes to the end all the same, and the
+            # kernel's copy of these pages is dropped
+            off = d.size
+            self._invalidate_pages(node)
+        self._fair_share(h, node, d, off + len(buf))
+        self._draft_call(node, d.write, off, buf)
+        self._changed(node)
+        return len(buf)
+
+    def _fair_share(self, h: Handle, node: Slot, d: "_native.Draft", end: int) -> None:
+        """Before a draft grows to end bytes: the writer's uid stays within
+        hold_max_per_uid and the agent within its quota (making room from
+        its own slots first).  EDQUOT otherwise; nothing changes."""
+        if end <= d.size:
+            return
+        self.tenants.draft_started(h.uid, node)
+        try:
+            self.tenants.check_draft(h.uid, node, end)
+            agent = node.key.split(b"/", 1)[0].decode("utf-8", "surrogateescape")
+            self.tenants.make_room(agent, end, keep=None)
+        except OverLimit as e:
+            self._refused += 1
+            raise refuse(errno.EDQUOT, "write %s: %s", node.name, e,
+                         level=logging.WARNING) from None
+
+    def fallocate(self, fh: int, mode: int, offset: int, length: int) -> int:
+        """fallocate(2) (through memosfs._fuseshim, on the trio thread):
+        mode 0 extends the writers' draft to offset+length (zeros); other
+        modes are EOPNOTSUPP.  Returns an errno (0: done)."""
+        h = self.handles.get(fh)
+        if h is None or h.kind != "write":
+            return errno.EBADF
+        if mode != 0:
+            log.info("refused (EOPNOTSUPP): fallocate mode %#x on %s", mode, h.node.name)
+            return errno.EOPNOTSUPP
+        if offset < 0 or length <= 0:
+            return errno.EINVAL
+        node = h.node
+        try:
+            d = self._ensure_draft(node)
+            if offset + length > d.size:
+                self._fair_share(h, node, d, offset + length)
+                self._draft_call(node, d.truncate, offset + length)
+                self._changed(node)
+        except pyfuse3.FUSEError as e:
+            return e.errno
+        return 0
+
+    def _write_pseudo(self, h: Handle, off: int, buf: bytes) -> int:
+        node = h.node
+        assert isinstance(node, Pseudo) and node.write is not None
+        text = (h.data[:off] + buf) if off else buf
+        try:
+            node.write(text.decode("utf-8", "surrogateescape"))
+        except KnobError as e:
+            self._refused += 1
+            raise refuse(errno.EINVAL, "%s: %s", node.name, e, level=logging.WARNING)
+        except OSError as e:
+            self._refused += 1
+            raise refuse(e.errno or errno.EIO, "%s: %s", node.name, e,
+                         level=logging.WARNING)
+        h.data = text
+        return len(buf)
+
+    def _changed(self, node: Slot) -> None:
+        node.changed = True
+        node.draft_mtime_ns = now_ns()
+
+    def _draft_call(self, node: Slot, fn, *args):
+        """A change to the draft; refused, it changes nothing (the C core
+        leaves a draft as it was when a write or truncate fails)."""
+        try:
+            return self._native_call(fn, *args)
+        except pyfuse3.FUSEError:
+            node.write_failed = True
+            raise
+
+    def _ensure_draft(self, node: Slot) -> "_native.Draft":
+        """The writers' draft, made from the base at the first change."""
+        if node.draft is None:
+            node.draft = self._draft_from(node.base, node.base_decoded)
+            self._release_base(node)    # the draft holds its own copy now: let the
+                                        # published version be evicted if need be
+        return node.draft
+
+    def _release_base(self, node: Slot) -> None:
+        if node.base is not None:
+            node.base.release()
+            node.base = None
+        node.base_decoded = None
+
+    def _draft_from(self, base: Optional["_native.Ref"],
+                    decoded: Optional[bytes]) -> "_native.Draft":
+        """A draft holding a version's logical bytes."""
+        if decoded is None and base is not None and not isinstance(base, _native.Ref):
+            decoded = base.read(0, base.size)          # a version read from its file
+        if decoded is None:
+            return self._native_call(self.store.draft, base)
+        d = self._native_call(self.store.draft)
+        try:
+            self._native_call(d.write, 0, decoded)
+        except BaseException:
+            d.free()
+            raise
+        return d
+
+    async def _truncate(self, node: Slot, size: int, fh: Optional[int], ctx) -> None:
+        """ftruncate, or truncate(2) by a process writing the slot: the shared
+        draft.  truncate(2) by anybody else: a new version at once."""
+        h = self.handles.get(fh) if fh is not None else None
+        if h is not None and h.kind == "pseudo":
+            return
+        if (h is not None and h.kind == "write") or node.writers:
+            if h is not None and h.hold is not None:
+                await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))
+            d = self._ensure_draft(node)
+            self._draft_call(node, d.truncate, size)
+            self._changed(node)
+            return
+        base = self._native_call(self.store.load, node.key) if node.version else None
+        try:
+            d = self._draft_from(base, self._logical(base))
+        finally:
+            if base is not None:
+                base.release()
+        try:
+            self._native_call(d.truncate, size)
+        except BaseException:
+            d.free()
+            raise
+        d, logical = self._maybe_quantize(d)
+        ref = self._native_call(self.store.publish, d, node.key)
+        job = self._published(node, ref, now_ns(), logical)
+        ref.release()
+        if job is not None:
+            trio.lowlevel.spawn_system_task(self.pusher.run, job)
+
+    def _write_note(self, fh: int, off: int, writepage: int) -> None:
+        """From memosfs._fuseshim, just before write(fh, off): whether the
+        kernel writes back cached pages (their offset holds, O_APPEND or not)."""
+        self._writeback = (fh, off) if writepage else None
+
+    def _flush_note(self, fh: int, pid: int, lock_owner: int) -> None:
+        """From memosfs._fuseshim, just before flush(fh) runs: who closes."""
+        self._flusher = (fh, pid)
+
+    async def flush(self, fh):
+        """close(2) of one descriptor.  Publishes the draft only when the
+        closing process is the one that opened this handle for writing (its
+        threads included): a forked or exec'd child closing an inherited
+        copy publishes nothing.  Returns once the new version is in the
+        kernel page cache too."""
+        note, self._flusher = self._flusher, None
+        h = self.handles[fh]
+        if h.kind != "write" or not h.node.changed:
+            return
+        if note is not None and note[0] == fh and note[1] != h.opener \
+                and tgid_of(note[1]) != h.opener:
+            log.debug("%s: closed by pid %d, not by its opener %d: not published",
+                      h.node.name, note[1], h.opener)
+            return
+        job = self._publish(h)
+        if job is not None:
+            try:
+                await self.pusher.run(job)
+            except Exception:           # a push failure is the push's problem
+                log.warning("page-cache push of %s failed", h.node.name, exc_info=True)
+
+    async def fsync(self, fh, datasync):
+        """Publish, then return once this slot's version is durable on the SSD."""
+        h = self.handles[fh]
+        if h.kind == "pseudo":
+            return
+        node = h.node
+        if h.kind == "write" and node.changed:
+            job = self._publish(h)
+            if job is not None:
+                # not awaited: the kernel holds this inode's lock during fsync,
+                # and the push's attribute refresh may wait on a lock held by
+                # someone who waits for that one
+                trio.lowlevel.spawn_system_task(self.pusher.run, job)
+        while isinstance(node, Slot) and node.successor is not None:
+            node = node.successor
+        if isinstance(node, Slot) and node.version and not node.detached:
+            await self._off_loop(self.store.persist, node.key)
+
+    async def fsyncdir(self, fh, datasync):
+        """fsync of a directory: every rename, unlink and mkdir made so far
+        is durable when it returns."""
+        sync = getattr(self.store, "sync_namespace", None)
+        if sync is not None:
+            await self._off_loop(sync)
+
+    async def release(self, fh):
+        """The last copy of a descriptor is gone: the last writer of a slot
+        publishes what its opener left unpublished (a child's writes after
+        the opener closed, or an opener that died); unpin, free."""
+        h = self.handles.pop(fh)
+        node = h.node
+        try:
+            if h.kind == "write" and node.writers == 1 and node.changed:
+                try:
+                    job = self._publish(h)
+                except pyfuse3.FUSEError:
+                    job = None  # already logged; release cannot report it
+                if job is not None:
+                    trio.lowlevel.spawn_system_task(self.pusher.run, job)
+        finally:
+            if h.ref is not None:
+                if h.kind == "read":
+                    self.tenants.unhold(h.uid, node.ino, h.ref)
+                h.ref.release()
+            self.coherence.release(h.hold)
+            node.handles -= 1
+            if isinstance(node, Slot):
+                if h.kind == "read" and not h.dio:
+                    node.readers -= 1
+                elif h.kind == "write":
+                    self._writer_gone(node, h)
+            self._maybe_forget(node)
+
+    def _writer_gone(self, node: Slot, h: Handle) -> None:
+        node.writers -= 1
+        node.writer_pids[h.opener] -= 1
+        if node.writer_pids[h.opener] <= 0:
+            del node.writer_pids[h.opener]
+        if node.writers:
+            return
+        # the last writer: its draft goes; the pages it left in the kernel
+        # are the published version's when everything was published
+        clean = not node.changed and node.base_decoded is None   # (quantized: the
+                                        # published bytes are not the written ones)
+        if node.draft is not None:
+            node.draft.free()
+            node.draft = None
+        self._release_base(node)
+        node.changed = node.write_failed = False
+        with PUSH_LOCK:
+            # the writers' pages are not trusted to be the published version
+            # (the kernel may have kept pages of several drafts): only a push
+            # of it (flush) makes this inode's pages a version's
+            if not (clean and node.version and node.cache_version == node.version):
+                node.cache_version = -2
+        self._forget_attrs(node)
+        if not node.version and not node.detached and node.parent is not None:
+            # created and never published (its writes were refused): the
+            # failed create leaves nothing behind
+            parent = node.parent
+            log.info("%s: never published; the name goes", node.name)
+            self._detach(node, "unpublished")
+            self._forget_entry(parent, node.name)

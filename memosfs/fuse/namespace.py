@@ -1,0 +1,342 @@
+"""Names and directories: the namespace handlers of MemosOperations (a mixin;
+composed in operations.py).
+
+Owns: lookup, forget, getattr, setattr (chmod, chown, utimes; truncate goes
+to files.py), mkdir, rmdir, opendir, readdir, statfs, unlink, rename, and
+the refusals of link, symlink and mknod; `_metadata_changed` (what the SSD
+tier must learn of a change) and the tree surgery of the control plane's
+reset_context (`find_session`, `reset_session`).
+
+The tree.  The root holds agents and the control plane `.memos/` (and
+`.federated`); an agent holds sessions; a session holds slots and
+directories at any depth.  A slot anywhere else, or a directory inside the
+control plane, is EPERM.  Names follow NAME_MAX (255 bytes), paths below
+the mount the store's KEY_MAX.
+
+Lookup counts.  Every entry handed to the kernel (lookup, create, mkdir,
+readdirplus) adds one to `Node.lookups`; `forget` takes them away.  A node
+that left the tree is deleted from the inode table once it has no lookups
+and no open handles.
+
+May call: the store (remove, rename, reset_session, mark_dirty,
+namespace_changed, cache.stats), tenants (quotas follow agent directories),
+persist.py (`_remote_name`), files.py (`_truncate`), notify.py
+(`_forget_entry`), the OpsCore helpers (core.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import stat
+from typing import Optional
+
+import pyfuse3
+
+from memosfs import _native
+from memosfs.fuse.core import OpsCore, refuse, tgid_of
+from memosfs.fuse.nodes import (
+    AGENT, CTL, NAME_MAX, ROOT, SESSION, SLOT_DIRS, SUBDIR, Dir, Node, Pseudo, Slot, now_ns)
+from memosfs.fuse.tenants import QUOTA_XATTR
+
+__all__ = ["NamespaceOps"]
+
+
+class NamespaceOps(OpsCore):
+    """Names and directories (see the module docstring)."""
+
+    async def lookup(self, parent_inode, name, ctx):
+        """Find name in a directory; +1 lookup on success."""
+        parent = self._dir(parent_inode)
+        n = self._name(name)
+        if n == ".":
+            return self._entry(parent)
+        if n == "..":
+            return self._entry(parent.parent or parent)
+        node = parent.children.get(n)
+        if node is None and parent.level in SLOT_DIRS and self.store.remote is not None:
+            node = await self._remote_name(parent, n)
+        if isinstance(node, Slot) and not node.version \
+                and tgid_of(ctx.pid) not in node.writer_pids:
+            node = None                 # created, never published: not a hit
+        if node is None:
+            if parent.level in SLOT_DIRS:
+                self._lookup_misses += 1
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._entry(node, ctx)
+
+    async def forget(self, inode_list):
+        """The kernel dropped `nlookup` references to each inode."""
+        for ino, nlookup in inode_list:
+            node = self.inodes.get(ino)
+            if node is None:
+                continue
+            node.lookups -= nlookup
+            self._maybe_forget(node)
+
+    async def getattr(self, inode, ctx):
+        """Attributes; a slot shows its published version, and its draft to
+        the processes writing it (see `_attr`)."""
+        return self._attr(self._node(inode), ctx)
+
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        """chmod, chown, utimens, truncate (path truncate publishes at once)."""
+        node = self._node(inode)
+        if isinstance(node, Pseudo) or (isinstance(node, Dir) and node.level == CTL):
+            if fields.update_mode or fields.update_uid or fields.update_gid or (
+                    (fields.update_atime or fields.update_mtime) and not fields.update_size):
+                raise refuse(errno.EPERM, "chmod/chown/utimes of %s: the control plane "
+                             "is fixed", node.name)
+            return self._attr(node, ctx)    # O_TRUNC of a knob file: nothing to do
+        now = now_ns()
+        if fields.update_size:
+            if isinstance(node, Dir):
+                raise refuse(errno.EISDIR, "truncate of directory %s", node.name)
+            if isinstance(node, Slot):
+                await self._truncate(node, attr.st_size, fh, ctx)
+        if fields.update_mode:
+            node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(attr.st_mode)
+        if fields.update_uid:
+            node.uid = attr.st_uid
+        if fields.update_gid:
+            node.gid = attr.st_gid
+        if fields.update_atime:
+            node.atime_ns = attr.st_atime_ns
+        if fields.update_mtime:
+            node.mtime_ns = attr.st_mtime_ns
+            if isinstance(node, Slot):
+                node.draft_mtime_ns = attr.st_mtime_ns
+        node.ctime_ns = now
+        self._metadata_changed(node, fields.update_mode or fields.update_uid
+                               or fields.update_gid or fields.update_mtime)
+        return self._attr(node, ctx)
+
+    def _metadata_changed(self, node: Node, persisted: bool = True) -> None:
+        """Owner, mode, times or xattrs changed: the SSD tier must learn it."""
+        if not persisted:
+            return
+        if isinstance(node, Slot) and node.version and not node.detached \
+                and node.successor is None:
+            self.store.mark_dirty(node.key)
+        elif isinstance(node, Dir) and node.level in (AGENT, SESSION, SUBDIR):
+            self.store.namespace_changed()
+
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        """An agent (in the root), a session (in an agent), or a directory
+        at any depth below a session; +1 lookup."""
+        parent = self._dir(parent_inode)
+        n = self._name(name)
+        if parent.level == ROOT:
+            level = AGENT
+        elif parent.level == AGENT:
+            level = SESSION
+        elif parent.level in SLOT_DIRS:
+            level = SUBDIR
+        else:
+            raise refuse(errno.EPERM, "mkdir %s: the control plane is fixed", n)
+        if n in parent.children:
+            raise refuse(errno.EEXIST, "mkdir %s: exists", n, level=logging.DEBUG)
+        if len(parent.key_of(n)) + 2 > _native.KEY_MAX:
+            raise refuse(errno.ENAMETOOLONG, "mkdir %s: no slot would fit below it "
+                         "(paths below the mount are at most %d bytes)", n, _native.KEY_MAX)
+        gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
+        d = Dir(self._new_ino(), n, parent, stat.S_IMODE(mode), ctx.uid, gid, level)
+        if parent.mode & stat.S_ISGID:
+            d.mode |= stat.S_ISGID
+        parent.children[n] = d
+        parent.mtime_ns = parent.ctime_ns = now_ns()
+        self.inodes[d.ino] = d
+        self.trace.emit("MKDIR", level=level, name=n, uid=ctx.uid)
+        self.store.namespace_changed()
+        return self._entry(d, ctx)
+
+    async def rmdir(self, parent_inode, name, ctx):
+        """Remove an empty directory."""
+        parent = self._dir(parent_inode)
+        n = self._name(name)
+        node = parent.children.get(n)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if not isinstance(node, Dir):
+            raise refuse(errno.ENOTDIR, "rmdir %s: not a directory", n)
+        if node.level == CTL:
+            raise refuse(errno.EPERM, "rmdir %s: the control plane is fixed", n)
+        if node.children:
+            raise refuse(errno.ENOTEMPTY, "rmdir %s: not empty", n, level=logging.DEBUG)
+        if QUOTA_XATTR in node.xattrs:
+            self.tenants.set_quota(node.name, 0)
+        self._detach(node, "rmdir")
+        self.store.namespace_changed()
+
+    async def opendir(self, inode, ctx):
+        self._dir(inode)
+        return inode
+
+    async def readdir(self, fh, start_id, token):
+        """List a directory: `.`, `..`, then the children in creation order.
+        Each child handed over adds one lookup (the kernel takes none for
+        `.` and `..`)."""
+        d = self._dir(fh)
+        items: list[tuple[str, Node]] = [(".", d), ("..", d.parent or d)]
+        items += list(d.children.items())
+        for i in range(start_id, len(items)):
+            name, node = items[i]
+            attr = self._attr(node)
+            if not pyfuse3.readdir_reply(token, name.encode("utf-8", "surrogateescape"),
+                                         attr, i + 1):
+                break
+            if i >= 2:
+                node.lookups += 1
+
+    async def releasedir(self, fh):
+        pass
+
+    async def statfs(self, ctx):
+        """The memory tier, in 4 KiB blocks."""
+        c = self.store.cache.stats()
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = _native.PAGE_SIZE
+        s.f_frsize = _native.PAGE_SIZE
+        s.f_blocks = c["capacity"] // _native.PAGE_SIZE
+        s.f_bfree = c["free_pages"]
+        s.f_bavail = c["free_pages"]
+        s.f_files = 1 << 32
+        s.f_ffree = s.f_files - len(self.inodes)
+        s.f_favail = s.f_ffree
+        s.f_namemax = NAME_MAX
+        return s
+
+    async def unlink(self, parent_inode, name, ctx):
+        """Remove a slot; open readers keep their version until they close."""
+        parent = self._dir(parent_inode)
+        n = self._name(name)
+        node = parent.children.get(n)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if isinstance(node, Dir):
+            raise refuse(errno.EISDIR, "unlink %s: a directory", n)
+        if isinstance(node, Pseudo):
+            raise refuse(errno.EPERM, "unlink %s: the control plane is fixed", n)
+        self.store.remove(node.key)
+        self._detach(node, "unlink")
+
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new,
+                     flags, ctx):
+        """Move a slot between sessions, a session between agents, or rename an
+        agent; replacing a target as rename(2) does."""
+        src_dir = self._dir(parent_inode_old)
+        dst_dir = self._dir(parent_inode_new)
+        old, new = self._name(name_old), self._name(name_new)
+        node = src_dir.children.get(old)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise refuse(errno.EINVAL, "rename %s: RENAME_EXCHANGE is not supported", old)
+        if isinstance(node, Pseudo) or (isinstance(node, Dir) and node.level == CTL) \
+                or dst_dir.level == CTL:
+            raise refuse(errno.EPERM, "rename %s: the control plane is fixed", old)
+        level = getattr(node, "level", None)
+        want = {AGENT: (ROOT,), SESSION: (AGENT,)}.get(level, SLOT_DIRS)
+        if dst_dir.level not in want:
+            raise refuse(errno.EPERM, "rename %s: a %s belongs in a %s", old,
+                         level or "slot", " or ".join(want))
+        if isinstance(node, Dir) and node.contains(dst_dir):
+            raise refuse(errno.EINVAL, "rename %s: into itself", old)
+        target = dst_dir.children.get(new)
+        if target is node:
+            return
+        if target is not None:
+            if flags & pyfuse3.RENAME_NOREPLACE:
+                raise refuse(errno.EEXIST, "rename to %s: exists", new, level=logging.DEBUG)
+            if isinstance(node, Dir) and not isinstance(target, Dir):
+                raise refuse(errno.ENOTDIR, "rename %s over a file", old)
+            if not isinstance(node, Dir) and isinstance(target, Dir):
+                raise refuse(errno.EISDIR, "rename %s over a directory", old)
+            if isinstance(target, Dir) and target.children:
+                raise refuse(errno.ENOTEMPTY, "rename over %s: not empty", new)
+            if isinstance(target, Dir) and target.level != level:
+                raise refuse(errno.EPERM, "rename %s over %s: a %s is not a %s", old, new,
+                             level, target.level)
+        longest = len(dst_dir.key_of(new)) + self._depth_bytes(node)
+        if longest > _native.KEY_MAX:
+            raise refuse(errno.ENAMETOOLONG, "rename %s to %s: a path below the mount "
+                         "would be %d bytes (at most %d)", old, new, longest, _native.KEY_MAX)
+        if isinstance(node, Dir):
+            old_keys = [(s, s.key) for s in self._walk_slots(node)]
+        else:
+            old_keys = [(node, node.key)]
+        if target is not None:
+            if isinstance(target, Slot) and not (isinstance(node, Slot) and node.version):
+                # (a published slot replaces the target in every tier
+                # itself, atomically: its durable copy is never removed first)
+                self.store.remove(target.key)
+            self._detach(target, "replaced")
+        del src_dir.children[old]
+        node.name, node.parent = new, dst_dir
+        dst_dir.children[new] = node
+        for slot, key in old_keys:
+            if slot.version:
+                self.store.rename(key, slot.key)
+        if isinstance(node, Dir) and node.level == AGENT:
+            # a quota belongs to the agent directory: it follows the name
+            if isinstance(target, Dir) and QUOTA_XATTR in target.xattrs:
+                self.tenants.set_quota(new, 0)
+            if QUOTA_XATTR in node.xattrs:
+                self.tenants.set_quota(old, 0)
+                self.tenants.set_quota(new, int(node.xattrs[QUOTA_XATTR]))
+        now = now_ns()
+        node.ctime_ns = src_dir.mtime_ns = src_dir.ctime_ns = now
+        dst_dir.mtime_ns = dst_dir.ctime_ns = now
+        if isinstance(node, Dir):
+            self.store.namespace_changed()
+
+    def _depth_bytes(self, node: Node) -> int:
+        """The longest path below node, "/" included (0 for a slot; a
+        directory counts room for a one-byte slot)."""
+        if not isinstance(node, Dir):
+            return 0
+        best = 2
+        for name, child in node.children.items():
+            best = max(best, 1 + len(name.encode("utf-8", "surrogateescape"))
+                       + self._depth_bytes(child))
+        return best
+
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        raise refuse(errno.EPERM, "link: slots have one name")
+
+    async def symlink(self, parent_inode, name, target, ctx):
+        raise refuse(errno.EPERM, "symlink: only slots and directories live here")
+
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        raise refuse(errno.EPERM, "mknod: only slots and directories live here")
+
+    # ---- reset_context (the control plane's) ----
+
+    def find_session(self, agent: str, session: str) -> Optional[Dir]:
+        """The session directory agent/session, or None."""
+        a = self.root.children.get(agent)
+        s = a.children.get(session) if isinstance(a, Dir) else None
+        return s if isinstance(s, Dir) and s.level == SESSION else None
+
+    def reset_session(self, session: Dir) -> None:
+        """Drop every slot of a session from every tier, and its whole
+        subtree from the namespace: slots no tier holds now (those being
+        written keep their names), then the directories left empty of slots."""
+        self.store.reset_session(session.parent.name, session.name)
+        for slot in list(self._walk_slots(session)):
+            if not slot.writers:
+                parent = slot.parent
+                self._detach(slot, "reset")
+                self._forget_entry(parent, slot.name)
+        for child in [c for c in session.children.values() if isinstance(c, Dir)]:
+            if not any(True for _ in self._walk_slots(child)):
+                self._drop_tree(child)
+        self.store.namespace_changed()
+
+    def _drop_tree(self, d: Dir) -> None:
+        for child in [c for c in d.children.values() if isinstance(c, Dir)]:
+            self._drop_tree(child)
+        parent = d.parent
+        self._detach(d, "reset")
+        if parent is not None:
+            self._forget_entry(parent, d.name)

@@ -1,0 +1,303 @@
+"""The filesystem's nodes and open files: Node, Dir, Slot, Pseudo, Handle.
+
+Owns: the in-memory tree (a Dir holds its children by name), each slot's
+versions as the handlers see them (published version, the writers' shared
+draft and base, the page-cache bookkeeping), and the one translation between
+a slot or a directory and the metadata a tier keeps beside it
+(`Slot.meta`/`Slot.from_meta`, `Dir.record`/`Dir.apply_record`), used by
+the SSD tier (save, and restore at mount) and by the remote tier (a name
+another mount published).
+
+Levels.  The root holds agents and the control plane; an agent holds
+sessions; a session holds slots and directories (SUBDIR) at any depth; CTL
+is a control-plane directory (`.memos/`, `.federated`).
+
+Page-cache fields.  `Slot.pushing` and `Slot.cache_version` are shared with
+the page-cache pusher's threads (memosfs/fuse/pagecache.py) and guarded by
+PUSH_LOCK; the pusher changes them only through `claim_push`, `own_cache`
+and `push_done`, and reads the version through `shows`.
+
+May call: memosfs._native (types only), memosfs.fuse.coherence (Hold, a type).
+Nothing here talks to the store or the kernel.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import stat
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from memosfs import _native
+
+if TYPE_CHECKING:
+    from memosfs.fuse.coherence import Hold
+
+__all__ = ["Node", "Dir", "Slot", "Pseudo", "Handle", "PUSH_LOCK", "NAME_MAX",
+           "CONTROL_DIR", "ROOT", "AGENT", "SESSION", "SUBDIR", "CTL", "SLOT_DIRS",
+           "FIXED_LOOKUPS", "now_ns"]
+
+NAME_MAX = 255
+CONTROL_DIR = ".memos"
+
+ROOT, AGENT, SESSION, SUBDIR, CTL = "root", "agent", "session", "dir", "ctl"
+SLOT_DIRS = (SESSION, SUBDIR)   # directories that hold slots (and directories)
+FIXED_LOOKUPS = 1 << 62         # the lookup count of nodes the kernel never forgets
+
+PUSH_LOCK = threading.Lock()    # guards Slot.pushing and cache_version against
+                                # the pusher thread; never held across a call
+                                # into the kernel
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def _hex_map(d: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.hex(): v.hex() for k, v in d.items()}
+
+
+def _unhex_map(m: Any) -> dict[bytes, bytes]:
+    return {bytes.fromhex(k): bytes.fromhex(v) for k, v in m.items()}
+
+
+class Node:
+    """An inode: a directory, a slot, or a control-plane pseudo-file."""
+
+    def __init__(self, ino: int, name: str, parent: Optional["Dir"], mode: int,
+                 uid: int, gid: int) -> None:
+        now = now_ns()
+        self.ino = ino                  # inode number, never reused while mounted
+        self.name = name                # current name in parent
+        self.parent = parent            # None for the root and for detached nodes
+        self.mode = mode                # S_IFMT | permission bits
+        self.uid = uid
+        self.gid = gid
+        self.atime_ns = self.mtime_ns = self.ctime_ns = now
+        self.lookups = 0                # kernel lookup count (forget lowers it)
+        self.handles = 0                # open handles
+        self.detached: Optional[str] = None  # why it left the tree, if it did
+        self.xattrs: dict[bytes, bytes] = {}  # user.* attributes set by users
+
+    def size(self) -> int:
+        return 0
+
+    def blocks(self) -> int:
+        return 0
+
+    def nlink(self) -> int:
+        return 0 if self.detached else 1
+
+
+class Dir(Node):
+    def __init__(self, ino: int, name: str, parent: Optional["Dir"], mode: int,
+                 uid: int, gid: int, level: str) -> None:
+        super().__init__(ino, name, parent, stat.S_IFDIR | mode, uid, gid)
+        self.level = level              # ROOT | AGENT | SESSION | SUBDIR | CTL
+        self.children: dict[str, Node] = {}
+
+    def nlink(self) -> int:
+        if self.detached:
+            return 0
+        return 2 + sum(1 for c in self.children.values() if isinstance(c, Dir))
+
+    def size(self) -> int:
+        return 4096
+
+    def path(self) -> str:
+        """agent/session/d1/... below the root ("" for the root)."""
+        parts = []
+        d: Optional[Dir] = self
+        while d is not None and d.level != ROOT:
+            parts.append(d.name)
+            d = d.parent
+        return "/".join(reversed(parts))
+
+    def key_of(self, name: str) -> bytes:
+        """The store key of a slot called name in this directory."""
+        return f"{self.path()}/{name}".encode("utf-8", "surrogateescape")
+
+    def contains(self, other: "Node") -> bool:
+        """Whether other is this directory or lies below it."""
+        n: Optional[Node] = other
+        while n is not None:
+            if n is self:
+                return True
+            n = n.parent
+        return False
+
+    def record(self) -> dict:
+        """What namespace.json keeps of this directory."""
+        return {"path": self.path(), "mode": stat.S_IMODE(self.mode), "uid": self.uid,
+                "gid": self.gid, "mtime_ns": self.mtime_ns,
+                "xattrs": _hex_map(self.xattrs)}
+
+    def apply_record(self, rec: dict) -> None:
+        """Owner, mode, times and xattrs from a namespace.json record
+        (KeyError, ValueError, TypeError on a bad one, part applied)."""
+        self.mode = stat.S_IFDIR | (int(rec["mode"]) & 0o7777)
+        self.uid, self.gid = int(rec["uid"]), int(rec["gid"])
+        self.mtime_ns = self.ctime_ns = int(rec.get("mtime_ns", self.mtime_ns))
+        self.xattrs = _unhex_map(rec.get("xattrs", {}))
+
+
+class Slot(Node):
+    def __init__(self, ino: int, name: str, parent: Dir, mode: int, uid: int,
+                 gid: int) -> None:
+        super().__init__(ino, name, parent, stat.S_IFREG | mode, uid, gid)
+        self.version = 0                # published version (0: never published)
+        self.pub_size = 0               # bytes of the published version
+        self.stored = 0                 # bytes of pages it holds
+        self.readers = 0                # open read handles in page-cache mode
+        self.pending: dict[int, float] = {}  # pid of a writer sent here by ESTALE
+                                        # -> until when its retry is waited for
+        self.writers = 0                # open write handles (they share the draft)
+        self.writer_pids: collections.Counter[int] = collections.Counter()
+                                        # tgid of each write handle's opener
+        self.draft: Optional[_native.Draft] = None   # the writers' shared draft
+        self.base: Optional[_native.Ref] = None      # published version the draft
+                                        # will start from (copied at the first write)
+        self.base_decoded: Optional[bytes] = None    # its logical bytes, if quantized
+        self.changed = False            # the draft holds unpublished changes
+        self.draft_mtime_ns = 0         # mtime the writers see (and the next publish sets)
+        self.write_failed = False       # a write was refused since the last publish
+        self.cache_version = -1         # version the kernel may hold pages of (PUSH_LOCK)
+        self.successor: Optional[Slot] = None  # the inode that took our name
+        self.pushing = 0                # page-cache pushes in flight (PUSH_LOCK)
+
+    # ---- metadata kept by the tiers ----
+
+    @classmethod
+    def from_meta(cls, ino: int, name: str, parent: Dir, meta: dict, version: int,
+                  stored: int, size: int, uid: int = 0, gid: int = 0) -> "Slot":
+        """A published slot as a tier keeps it: `meta` is what `meta()` gave
+        (mode, owner, logical size, times, xattrs; each may be missing: uid
+        and gid then default to the arguments, the logical size to `size`);
+        unreadable xattrs are left out."""
+        node = cls(ino, name, parent, int(meta.get("mode", 0o644)),
+                   int(meta.get("uid", uid)), int(meta.get("gid", gid)))
+        node.version, node.stored = version, stored
+        node.pub_size = int(meta.get("logical_size", size))
+        node.mtime_ns = node.ctime_ns = int(meta.get("mtime_ns", node.mtime_ns))
+        node.atime_ns = int(meta.get("atime_ns", node.mtime_ns))
+        try:
+            node.xattrs = _unhex_map(meta.get("xattrs", {}))
+        except (ValueError, AttributeError):
+            node.xattrs = {}
+        return node
+
+    def meta(self) -> dict:
+        """What the SSD and remote tiers keep beside the slot's bytes."""
+        return {"mode": stat.S_IMODE(self.mode), "uid": self.uid, "gid": self.gid,
+                "logical_size": self.pub_size,
+                "mtime_ns": self.mtime_ns, "atime_ns": self.atime_ns,
+                "xattrs": _hex_map(self.xattrs)}
+
+    # ---- names and sizes ----
+
+    @property
+    def key(self) -> bytes:
+        parts = [self.name]
+        d = self.parent
+        while d is not None and d.level != ROOT:
+            parts.append(d.name)
+            d = d.parent
+        return "/".join(reversed(parts)).encode("utf-8", "surrogateescape")
+
+    def latest(self) -> "Slot":
+        """The inode that holds this slot's name now (itself, or the end of
+        its chain of successors)."""
+        node = self
+        while node.successor is not None:
+            node = node.successor
+        return node
+
+    @property
+    def writer_pending(self) -> bool:
+        """Writers sent here by ESTALE are on their way (readers meanwhile read
+        around the page cache, so each retry finds no page-cache readers)."""
+        if self.pending:
+            now = time.monotonic()
+            for pid in [p for p, until in self.pending.items() if until <= now]:
+                del self.pending[pid]               # never came back
+        return bool(self.pending)
+
+    def size(self) -> int:
+        """The published version's size: what every process but the
+        writers sees (see `OpsCore._attr` for the writers' view)."""
+        return self.pub_size
+
+    def draft_size(self) -> int:
+        """The size the writers see: their draft's, or the base they will start from."""
+        if self.draft is not None:
+            return self.draft.size
+        if self.base_decoded is not None:
+            return len(self.base_decoded)
+        if self.base is not None:
+            return self.base.size
+        return self.pub_size
+
+    def blocks(self) -> int:
+        return (self.stored + 511) // 512
+
+    # ---- the page-cache pusher's interface (any thread) ----
+
+    def claim_push(self, version: int) -> bool:
+        """A push of `version` into this inode starts; whether the kernel may
+        hold pages of another version (they must be dropped first)."""
+        with PUSH_LOCK:
+            stale = self.cache_version not in (-1, version)
+            if not stale:
+                self.cache_version = version
+            self.pushing += 1
+        return stale
+
+    def own_cache(self, version: int) -> None:
+        """The kernel's pages of this inode were dropped: they are `version`'s now."""
+        with PUSH_LOCK:
+            self.cache_version = version
+
+    def push_done(self) -> None:
+        with PUSH_LOCK:
+            self.pushing -= 1
+
+    def shows(self, version: int) -> bool:
+        """Whether this inode still holds the name at `version` (a push of
+        that version may go on)."""
+        return self.successor is None and not self.detached and self.version == version
+
+
+class Pseudo(Node):
+    """A control-plane file: content made by `read`, writes applied by `write`."""
+
+    def __init__(self, ino: int, name: str, parent: Dir, mode: int,
+                 read: Optional[Callable[[], str]],
+                 write: Optional[Callable[[str], None]]) -> None:
+        super().__init__(ino, name, parent, stat.S_IFREG | mode, 0, 0)
+        self.read = read
+        self.write = write
+
+
+class Handle:
+    """An open file.  A write handle has no bytes of its own: every write
+    handle on a slot shares the slot's draft (`Slot.draft`), as every
+    descriptor of a file shares its pages on any filesystem."""
+
+    __slots__ = ("fh", "node", "flags", "kind", "ref", "append", "data", "decoded",
+                 "dio", "hold", "opener", "uid")
+
+    def __init__(self, fh: int, node: Node, flags: int, kind: str) -> None:
+        self.fh = fh
+        self.node = node
+        self.flags = flags
+        self.kind = kind                # "read" | "write" | "pseudo"
+        self.ref: Optional[_native.Ref] = None    # reader's pinned snapshot
+        self.append = bool(flags & os.O_APPEND)
+        self.data = b""                 # pseudo-file snapshot / written text
+        self.decoded: Optional[bytes] = None  # logical bytes of a quantized version
+        self.dio = False                # a reader reading around the page cache
+        self.hold: Optional["Hold"] = None   # its place in the coherence directory
+        self.opener = 0                 # tgid of the process that opened it
+        self.uid = 0                    # uid of the opener (its share: tenants.py)

@@ -1,0 +1,422 @@
+"""Opening files: create and open of slots and control-plane files (a mixin
+of MemosOperations; composed in operations.py).
+
+Versions and the page cache.  A slot's bytes change only by publish (a
+writer's flush/close or fsync: files.py, publish.py).  Readers go through
+the page cache with keep_cache, so a re-read costs no request.  Writers go
+through it too (shared mmap works, the kernel keeps their size and O_APPEND
+offsets), and it is theirs alone while they are open: readers of that inode
+read around it (direct_io).  The invariant that makes this safe: *all
+reader handles open on one inode's page cache read the same version*.  A
+publish while readers hold the inode therefore gives the name a fresh inode
+(the old one is "superseded" and keeps serving its readers their snapshot);
+a publish with no reader open updates the inode in place, and the next
+reader's open drops the stale pages (keep_cache off once).  A writer that
+cannot share the inode it opened (readers keep it, or another writer
+replaces the whole slot) gets ESTALE, which makes the kernel redo the
+lookup and retry the open once (`_send_back`); a retry that still cannot
+share the inode gets a draft of its own (`_open_private`).
+
+Owns: create, open, the choice of the version a handle gets
+(`_open_version`), handles on slots (`_open_slot`: a reader's pinned
+snapshot, or a share of the writers' draft) and on pseudo-files
+(`_open_pseudo`, whose modes the daemon enforces itself), the coherence
+hold a handle takes at open (`_attach`).
+
+May call: the store (get, load, draft, publish, tier_of), coherence
+(acquire, release), tenants (hold), publish.py (`_published`,
+`_supersede`, `_ready_for_writer`, `_settle_quota`, `_logical`), files.py
+(`_changed`, `_draft_call`, `_release_base`), notify.py (`_forget_attrs`),
+the OpsCore helpers (core.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+from typing import Optional
+
+import pyfuse3
+import trio
+
+from memosfs import _native
+from memosfs.fuse.coherence import Hold
+from memosfs.fuse.core import (
+    PUSH_WAIT_S, WRITER_RETRY_S, OpsCore, Refused, log, refuse, tgid_of)
+from memosfs.fuse.nodes import (
+    PUSH_LOCK, SLOT_DIRS, Dir, Handle, Pseudo, Slot, now_ns)
+from memosfs.fuse.tenants import OverLimit
+
+__all__ = ["OpenOps"]
+
+
+class OpenOps(OpsCore):
+    """Opening slots and control files (see the module docstring)."""
+
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        """A new slot in a session (or a directory below one), open for
+        writing; it is published (as an empty or written version) by the
+        opener's close or fsync.  Until then only the writing process finds
+        it.  +1 lookup."""
+        parent = self._dir(parent_inode)
+        n = self._name(name)
+        if parent.level not in SLOT_DIRS:
+            raise refuse(errno.EPERM, "create %s: a slot belongs in agent/session/ or below",
+                         n)
+        existing = parent.children.get(n)
+        if existing is not None and flags & os.O_EXCL:
+            raise pyfuse3.FUSEError(errno.EEXIST)
+        key = parent.key_of(n)
+        if len(key) > _native.KEY_MAX:
+            raise refuse(errno.ENAMETOOLONG, "create %s: the path below the mount is %d "
+                         "bytes (at most %d)", n, len(key), _native.KEY_MAX)
+        hold = await self.coherence.acquire(key, self.coherence.agent_of(ctx), True,
+                                            bool(flags & os.O_NONBLOCK), pid=ctx.pid)
+        try:
+            fi, entry = await self._create(parent, n, mode, flags, ctx)
+        except BaseException:
+            self.coherence.release(hold)
+            raise
+        self._attach(fi, hold)
+        return fi, entry
+
+    async def _create(self, parent: Dir, n: str, mode: int, flags: int, ctx):
+        node = parent.children.get(n)
+        if node is None:
+            gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
+            node = Slot(self._new_ino(), n, parent, stat.S_IMODE(mode), ctx.uid, gid)
+            parent.children[n] = node
+            parent.mtime_ns = parent.ctime_ns = now_ns()
+            self.inodes[node.ino] = node
+        elif flags & os.O_EXCL:
+            raise pyfuse3.FUSEError(errno.EEXIST)
+        elif not isinstance(node, Slot):
+            raise refuse(errno.EISDIR, "create %s: a directory", n)
+        elif not flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
+            # O_CREAT of a name that exists (the kernel asks create when its
+            # dentry said no, e.g. a slot another process is creating): an
+            # open that keeps the content, joining the writers' draft
+            return await self._join(node, flags, ctx)
+        elif node.readers > 0 or node.pushing > 0 or node.writers > 0:
+            # an existing slot with page-cache readers or other writers: they
+            # keep this inode, and the name moves to a fresh one for this
+            # writer's whole new version (the last publish wins, untorn)
+            node = self._supersede(node)
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            # creat(2) for reading: nobody will write, so the empty slot is
+            # published at once and the caller reads it
+            if not node.version:
+                d = self._native_call(self.store.draft)
+                ref = self._native_call(self.store.publish, d, node.key)
+                self._published(node, ref, now_ns())
+                ref.release()
+            ref = self._native_call(self.store.get, node.key)
+            fi = self._open_slot(node, flags, ref, ctx=ctx)
+            return fi, self._entry(node, ctx)
+        fi = self._open_slot(node, flags | os.O_TRUNC, None, ctx=ctx)
+        return fi, self._entry(node, ctx)
+
+    async def _join(self, node: Slot, flags: int, ctx):
+        """A writer that keeps the content opens node: it shares the writers'
+        draft, or starts one from the published version."""
+        if node.readers > 0 or node.pushing > 0:
+            node = self._supersede(node)        # its page cache is its readers'
+        ref = None
+        if node.version and node.draft is None and node.base is None:
+            # readers that open while the base is read read around the cache
+            node.pending[ctx.pid] = time.monotonic() + WRITER_RETRY_S
+            try:
+                ref = await self._off_loop(self.store.load, node.key)
+            except BaseException:
+                node.pending.pop(ctx.pid, None)
+                raise
+            if ref is None:
+                node.pending.pop(ctx.pid, None)
+                raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
+            if node.draft is not None or node.base is not None \
+                    or ref.version != node.version:
+                ref.release()                   # another writer came first
+                ref = None
+        fi = self._open_slot(node, flags, ref, ctx=ctx)
+        return fi, self._entry(node, ctx)
+
+    async def open(self, inode, flags, ctx):
+        """Readers pin the version they open (a snapshot); writers share the
+        slot's draft.  First the agent becomes a holder in the coherence
+        directory (under protocol 2 this waits for acknowledgements or for a
+        writer)."""
+        node = self._node(inode)
+        if isinstance(node, Dir):
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        if isinstance(node, Pseudo):
+            return self._open_pseudo(node, flags, ctx)
+        live = node.latest()
+        hold = await self.coherence.acquire(
+            live.key, self.coherence.agent_of(ctx), (flags & os.O_ACCMODE) != os.O_RDONLY,
+            bool(flags & os.O_NONBLOCK), pid=ctx.pid)
+        try:
+            fi = await self._open_version(inode, flags, ctx, retry=self._is_retry(flags, ctx.pid))
+        except BaseException:
+            self.coherence.release(hold)
+            raise
+        self._attach(fi, hold)
+        return fi
+
+    def _attach(self, fi: pyfuse3.FileInfo, hold: Optional[Hold]) -> None:
+        if hold is not None:
+            h = self.handles[fi.fh]
+            h.hold = hold
+            hold.handle = h
+
+    def _is_retry(self, flags: int, pid: int) -> bool:
+        """Whether this open of a whole-slot writer is the kernel's retry of
+        one we answered ESTALE (it retries once; a second ESTALE would reach
+        the application)."""
+        sent = self._sent_back.pop(pid, None)
+        return bool(flags & os.O_TRUNC) and sent is not None \
+            and sent > time.monotonic() - WRITER_RETRY_S
+
+    def _send_back(self, node: Slot, pid: int, flags: int, why: str) -> Refused:
+        """ESTALE for a writer: the kernel looks the name up again and
+        retries the open once."""
+        self._ready_for_writer(node, pid, bool(flags & os.O_TRUNC))
+        now = time.monotonic()
+        if len(self._sent_back) > 4096:
+            self._sent_back = {p: t for p, t in self._sent_back.items()
+                               if t > now - WRITER_RETRY_S}
+        self._sent_back[pid] = now
+        return refuse(errno.ESTALE, "open %s for writing: %s", node.name, why,
+                      level=logging.DEBUG)
+
+    def _open_private(self, inode_node: Slot, flags: int, ctx) -> pyfuse3.FileInfo:
+        """A whole-slot writer's retried open that still cannot share
+        inode_node's draft (other writers are in; never page-cache readers,
+        whose pages and size its O_TRUNC would take): its draft is its own,
+        written around the page cache (direct_io; no shared mmap), and
+        published under the name like any other (the last publish wins)."""
+        shadow = Slot(self._new_ino(), inode_node.name, inode_node.parent,
+                      stat.S_IMODE(inode_node.mode), inode_node.uid, inode_node.gid)
+        shadow.version = inode_node.version or 1   # (never "unpublished": not in the tree)
+        shadow.successor = inode_node              # publishes follow the name
+        fi = self._open_slot(shadow, flags | os.O_TRUNC, None, ctx=ctx)
+        fi.direct_io = True
+        self._private_writers += 1
+        log.info("%s: a retried writer got a draft of its own (direct I/O)", inode_node.name)
+        return fi
+
+    async def _open_version(self, inode, flags, ctx, waited: bool = False, retry: bool = False):
+        pid = ctx.pid
+        node = self._node(inode)
+        acc = flags & os.O_ACCMODE
+        inode_node = node               # the inode the kernel opens
+        node = node.latest()            # the one that holds the name now
+        if node.detached:
+            # unlinked or renamed over while this open was on its way: as if
+            # the open came first — a writer's bytes go with the name (they
+            # are never published), a reader finds nothing
+            if acc == os.O_RDONLY or node.detached not in ("unlink", "replaced"):
+                raise refuse(errno.ENOENT, "open %s: the name is gone", node.name,
+                             level=logging.DEBUG)
+            if node.readers or node.pushing or inode_node.readers or inode_node.pushing:
+                # its page cache is its readers' snapshot: look again (the
+                # kernel retries; the name is gone, so O_CREAT makes a new one)
+                if retry and not inode_node.readers:
+                    return self._open_private(inode_node, flags, ctx)
+                raise self._send_back(node, pid, flags, "the name is gone, readers keep it")
+            return self._open_slot(node, flags | os.O_TRUNC, None, ctx=ctx)
+        if not node.version and tgid_of(pid) not in node.writer_pids \
+                and (acc == os.O_RDONLY or not node.writers):
+            raise refuse(errno.ENOENT, "open %s: not published yet", node.name,
+                         level=logging.DEBUG)
+        def busy() -> bool:
+            # A page-cache push of the last version is being copied into this
+            # inode: a writer's pages must not meet it (the kernel builds a
+            # write request from the pages after it unlocks them).  Or a
+            # writer sent here (ESTALE) to replace the slot finds another
+            # writer in: two O_TRUNC writers never share a draft.
+            return bool(node.pushing or inode_node.pushing or (
+                flags & os.O_TRUNC and pid in node.pending and node.writers) or (
+                # a writer whose lookup found an inode that another writer has
+                # since left behind (the name moved on): it makes its version
+                # there once that writer is done, instead of a second ESTALE
+                # (or its readers are done: the kernel's one retry of an open
+                # is spent by then, so a wait beats a second ESTALE)
+                flags & os.O_TRUNC and node is not inode_node
+                and (inode_node.writers or inode_node.readers)))
+        if acc != os.O_RDONLY and not waited and busy():
+            # pushes take milliseconds, whole-slot writes little more: wait
+            # (bounded), then look again
+            deadline = trio.current_time() + PUSH_WAIT_S
+            while busy() and trio.current_time() < deadline:
+                await trio.sleep(0.002)
+            return await self._open_version(inode, flags, ctx, waited=True, retry=retry)
+        if node is not inode_node:
+            # a stale dentry (or a retry that lost a race): readers get the
+            # current version on this old inode, around its page cache, which
+            # belongs to the older version's readers; writers look again
+            if acc != os.O_RDONLY:
+                if flags & os.O_TRUNC and not (inode_node.readers or inode_node.pushing
+                                               or inode_node.writers):
+                    # a whole new version needs no base: made on the inode
+                    # this writer found, published under the name (no retry)
+                    return self._open_slot(inode_node, flags, None, ctx=ctx)
+                if retry and not inode_node.readers:
+                    return self._open_private(inode_node, flags, ctx)
+                raise self._send_back(node, pid, flags, "a newer inode holds this name")
+            ref = None
+            if node.version:
+                ref = await self._off_loop(self.store.get, node.key)
+                if ref is None:
+                    raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
+            return self._open_slot(inode_node, flags, ref, around_cache=True, ctx=ctx)
+        if acc != os.O_RDONLY and (node.pushing > 0 or (flags & os.O_TRUNC and node.writers)
+                                   or pid not in node.pending and (
+                node.readers > 0 or (flags & os.O_TRUNC and node.writer_pending))):
+            # Writers share the inode's page cache with their draft: readers
+            # reading a snapshot through that page cache keep this inode, and
+            # the writer (the kernel retries the open on ESTALE) goes to a
+            # fresh one, which readers read around the page cache until the
+            # writer is in.  So does a writer that replaces the whole slot
+            # (O_TRUNC) while others write: each makes a whole version, the
+            # last publish wins, nobody publishes a mix of two.
+            if retry and not inode_node.readers:
+                return self._open_private(inode_node, flags, ctx)
+            raise self._send_back(node, pid, flags, "readers or writers keep this inode")
+        ref = None
+        need_base = acc != os.O_RDONLY and not flags & os.O_TRUNC and node.draft is None \
+            and node.base is None
+        if node.version and (acc == os.O_RDONLY or need_base):
+            # readers pin the current version (a lookup: hit or SSD hit); the
+            # first writer that keeps the content starts from it
+            fn = self.store.get if acc == os.O_RDONLY else self.store.load
+            tier = self.store.tier_of(node.key)
+            if tier == "ssd" or (tier != "mem" and self.store.remote is not None):
+                if acc != os.O_RDONLY:
+                    # a reader that opens while the base is read must read
+                    # around the page cache that this writer will use
+                    node.pending[pid] = time.monotonic() + WRITER_RETRY_S
+                try:
+                    ref = await self._off_loop(fn, node.key)  # read back from SSD or remote
+                except BaseException:
+                    if acc != os.O_RDONLY:
+                        node.pending.pop(pid, None)
+                    raise
+            else:
+                ref = self._native_call(fn, node.key)
+            if ref is None:
+                node.pending.pop(pid, None)
+                raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
+            if tier != "mem":
+                self._settle_quota(node.key)    # brought in: its agent stays in its quota
+            if self.store.remote is not None and tier not in ("mem", "ssd") \
+                    and node.successor is None and not node.detached and not node.writers:
+                # the remote tier may have had another mount's newer version
+                # than the manifest this name was made from: show that one
+                logical = self._logical(ref)
+                size = len(logical) if logical is not None else ref.size
+                if (ref.version, size) != (node.version, node.pub_size):
+                    node.version, node.stored, node.pub_size = ref.version, ref.stored, size
+                    self._forget_attrs(node)
+        # While the SSD read ran, a publish may have moved this inode on to a
+        # newer version: then this reader's version must stay out of its pages.
+        stale = ref is not None and (ref.version != node.version
+                                     or node.successor is not None or bool(node.detached))
+        if stale and acc != os.O_RDONLY:
+            ref.release()
+            raise self._send_back(node, pid, flags, "a newer version landed meanwhile")
+        return self._open_slot(node, flags, ref, around_cache=stale, ctx=ctx)
+
+    def _open_pseudo(self, node: Pseudo, flags: int, ctx=None) -> pyfuse3.FileInfo:
+        """The mode is enforced here too (a mount without default_permissions
+        must not open the trace or the knobs to every uid): root gets the
+        owner bits, every other uid the other bits."""
+        acc = flags & os.O_ACCMODE
+        uid = ctx.uid if ctx is not None else 0
+        bits = (node.mode >> 6) & 7 if uid == 0 else node.mode & 7
+        if acc != os.O_WRONLY and not bits & 4:
+            raise refuse(errno.EACCES, "open %s for reading by uid %d: mode %o",
+                         node.name, uid, stat.S_IMODE(node.mode))
+        if acc != os.O_RDONLY and not bits & 2:
+            raise refuse(errno.EACCES, "open %s for writing by uid %d: mode %o",
+                         node.name, uid, stat.S_IMODE(node.mode))
+        fh = self._fh()
+        h = Handle(fh, node, flags, "pseudo")
+        if acc != os.O_WRONLY and node.read is not None:
+            h.data = node.read().encode()
+        self.handles[fh] = h
+        node.handles += 1
+        fi = pyfuse3.FileInfo(fh=fh)
+        fi.direct_io = True
+        fi.keep_cache = False
+        return fi
+
+    def _open_slot(self, node: Slot, flags: int, ref: Optional["_native.Ref"],
+                   around_cache: bool = False, ctx=None) -> pyfuse3.FileInfo:
+        """A handle on node; `ref` (pinned, taken over) is the reader's
+        version or the writers' base."""
+        acc = flags & os.O_ACCMODE
+        fh = self._fh()
+        fi = pyfuse3.FileInfo(fh=fh)
+        pid = ctx.pid if ctx is not None else 0
+        uid = ctx.uid if ctx is not None else 0
+        if acc == os.O_RDONLY and ref is not None:
+            try:
+                self.tenants.hold(uid, node.ino, ref)
+            except OverLimit as e:
+                ref.release()
+                raise refuse(errno.EDQUOT, "open %s: %s", node.name, e,
+                             level=logging.WARNING) from None
+        if acc == os.O_RDONLY:
+            h = Handle(fh, node, flags, "read")
+            h.uid = uid
+            h.ref = ref
+            h.decoded = self._logical(ref)
+            version = ref.version if ref is not None else 0
+            if node.writers or node.writer_pending or around_cache:
+                # The writers' draft lives in this inode's page cache: read
+                # around it.
+                fi.direct_io = True
+                h.dio = True
+            else:
+                with PUSH_LOCK:
+                    fi.keep_cache = node.cache_version in (version, -1)
+                    node.cache_version = version
+            if not h.dio:
+                if node.writers:
+                    log.error("internal check failed: a page-cache reader on %s (inode %d) beside %d writers",
+                              node.name, node.ino, node.writers)
+                node.readers += 1
+            node.atime_ns = now_ns()
+        else:
+            if node.readers or node.pushing:
+                log.error("internal check failed: a writer on %s (inode %d) beside %d page-cache readers, %d pushes",
+                          node.name, node.ino, node.readers, node.pushing)
+            h = Handle(fh, node, flags, "write")
+            h.opener = tgid_of(pid)
+            h.uid = uid
+            if flags & os.O_TRUNC:
+                if ref is not None:
+                    ref.release()
+                self._release_base(node)
+                if node.draft is None:
+                    node.draft = self._native_call(self.store.draft)
+                else:
+                    self._draft_call(node, node.draft.truncate, 0)
+                self._changed(node)
+            elif ref is not None:
+                node.base = ref
+                node.base_decoded = self._logical(ref)
+            # Writers go through the page cache (shared mmap works, the kernel
+            # keeps their size and O_APPEND offsets), which is theirs alone:
+            # readers of this inode read around it while a writer is open.
+            fi.keep_cache = False
+            node.cache_version = -2
+            node.writers += 1
+            node.writer_pids[h.opener] += 1
+            node.pending.pop(pid, None)           # the writer sent here is in
+        self.handles[fh] = h
+        node.handles += 1
+        return fi

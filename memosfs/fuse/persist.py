@@ -1,0 +1,113 @@
+"""The namespace as the tiers keep it: saving and restoring the tree
+(a mixin of MemosOperations; composed in operations.py).
+
+Owns: what the store asks of the namespace (`_slot_meta`, the metadata the
+SSD and remote tiers keep beside a slot; `_namespace`, every directory for
+namespace.json), the restore at mount (`restore`: directories from
+namespace.json, then a slot for each key the SSD tier holds), and names made
+from the remote tier's manifest (`_remote_name`: a slot another mount
+published).  Both ways of making a slot from a tier's metadata go through
+`Slot.from_meta` (nodes.py), the inverse of `Slot.meta`.
+
+May call: the store (restore, ssd.read_json, remote_lookup), tenants
+(quotas kept as xattrs), the OpsCore helpers (core.py).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import trio
+
+from memosfs.fuse.core import OpsCore, log
+from memosfs.fuse.nodes import AGENT, CONTROL_DIR, SESSION, SUBDIR, Dir, Node, Slot
+from memosfs.fuse.tenants import QUOTA_XATTR
+
+__all__ = ["NamespacePersistence"]
+
+
+class NamespacePersistence(OpsCore):
+    """Saving and restoring the namespace (see the module docstring)."""
+
+    def _slot_meta(self, key: bytes) -> dict:
+        """What the SSD tier keeps beside a slot's bytes."""
+        node = self._slot_by_key(key)
+        return {} if node is None else node.meta()
+
+    def _namespace(self) -> list[dict]:
+        """Every directory below the root, parents first, with owners, modes
+        and times (namespace.json)."""
+        out = []
+        todo = [a for a in self.root.children.values()
+                if isinstance(a, Dir) and a.level == AGENT]
+        while todo:
+            d = todo.pop(0)
+            out.append(d.record())
+            todo.extend(c for c in list(d.children.values()) if isinstance(c, Dir))
+        return out
+
+    def restore(self) -> int:
+        """At mount: directories and slots as the SSD tier kept them."""
+        entries = self.store.restore()
+        records = self.store.ssd.read_json("namespace.json", []) if self.store.ssd else []
+        for rec in records:
+            try:
+                parts = rec["path"].split("/")
+                if not all(parts) or CONTROL_DIR in parts[:1]:
+                    raise ValueError(rec["path"])
+                d = self._ensure_dirs(parts, rec["uid"], rec["gid"], rec["mode"])
+                d.apply_record(rec)
+                if d.level == AGENT and QUOTA_XATTR in d.xattrs:
+                    self.tenants.set_quota(d.name, int(d.xattrs[QUOTA_XATTR]))
+            except (KeyError, ValueError, TypeError, OSError) as e:
+                log.error("namespace.json: bad record %r (%s); skipped", rec, e)
+        for e in entries:
+            parts = e.key.decode("utf-8", "surrogateescape").split("/")
+            if len(parts) < 3 or not all(parts):
+                log.error("SSD tier: slot key %r has no place in the tree; skipped", e.key)
+                continue
+            m = e.meta
+            sess = self._ensure_dirs(parts[:-1], m.get("uid", 0), m.get("gid", 0), 0o755)
+            name = parts[-1]
+            if name in sess.children:
+                log.error("SSD tier: %r is a directory and a slot; the slot is skipped", e.key)
+                continue
+            node = Slot.from_meta(self._new_ino(), name, sess, m, e.version,
+                                  stored=e.file_bytes, size=e.size)
+            sess.children[name] = node
+            self.inodes[node.ino] = node
+        return len(entries)
+
+    def _ensure_dirs(self, parts: list[str], uid: int, gid: int, mode: int) -> Dir:
+        d = self.root
+        for depth, name in enumerate(parts):
+            level = (AGENT, SESSION)[depth] if depth < 2 else SUBDIR
+            child = d.children.get(name)
+            if not isinstance(child, Dir):
+                child = Dir(self._new_ino(), name, d, int(mode) & 0o7777, int(uid),
+                            int(gid), level)
+                d.children[name] = child
+                self.inodes[child.ino] = child
+            d = child
+        return d
+
+    async def _remote_name(self, sess: Dir, n: str) -> Optional[Node]:
+        """A name no local tier has: made from the remote tier's manifest (a
+        slot another mount published), or None.  Network: off the loop."""
+        key = sess.key_of(n)
+        try:
+            if self.mounted:
+                e = await trio.to_thread.run_sync(self.store.remote_lookup, key)
+            else:
+                e = self.store.remote_lookup(key)
+        except Exception:
+            log.exception("remote lookup of %s", n)
+            return None
+        node = sess.children.get(n)
+        if node is not None or e is None or sess.detached:
+            return node                 # made meanwhile, absent, or the directory went
+        node = Slot.from_meta(self._new_ino(), n, sess, e.meta, e.version,
+                              stored=e.size, size=e.size, uid=sess.uid, gid=sess.gid)
+        sess.children[n] = node
+        self.inodes[node.ino] = node
+        return node

@@ -1,0 +1,181 @@
+"""Publishing: a writers' draft becomes the slot's new version (a mixin of
+MemosOperations; composed in operations.py).
+
+A publish points the name at the new version: in place, or, when readers
+or a page-cache push hold the inode, on a fresh inode (`_supersede`; the
+old one keeps serving its readers their snapshot and answers ESTALE to new
+writers).  The writers go on from what they published (a lazily copied
+base).  Large versions are then pushed into the kernel page cache
+(pagecache.py): `_published` returns the claimed push for the caller to run.
+With the `quantize` knob on, the store stores the draft's quantized
+container (memosfs/store/kvfile.py) and the slot shows its logical size.
+
+Owns: `_publish`, `_published`, `_supersede`, `_ready_for_writer` (the
+inode a writer sent back with ESTALE will find), `_settle_quota`, and the
+handlers' view of quantized storage (`_logical`, `_maybe_quantize`: the
+store's, with its errors as errnos).
+
+May call: the store (publish, peek, quantize, logical, remember_logical),
+coherence (published), tenants (make_room), the pusher (claim), files.py
+(`_ensure_draft`, `_draft_from`, `_release_base`), notify.py
+(`_forget_attrs`, `_forget_entry`), the OpsCore helpers (core.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import stat
+import time
+from typing import Optional
+
+from memosfs import _native
+from memosfs.fuse.core import PUSH_MIN_BYTES, WRITER_RETRY_S, OpsCore, log, refuse
+from memosfs.fuse.nodes import Handle, Slot, now_ns
+from memosfs.fuse.pagecache import BytesSource
+from memosfs.fuse.tenants import OverLimit
+
+__all__ = ["PublishOps"]
+
+
+class PublishOps(OpsCore):
+    """Publishing drafts and moving names to fresh inodes (see the module docstring)."""
+
+    def _publish(self, h: Handle) -> Optional[tuple]:
+        """Publish the writers' draft; returns a page-cache push to run, if any."""
+        node = h.node
+        assert isinstance(node, Slot)
+        node = node.latest()
+        src = h.node
+        if node.detached in ("unlink", "replaced", "unpublished") or node.parent is None \
+                or node.parent.detached:
+            # Written to a name that is gone: the bytes go with it (POSIX).
+            src.changed = False
+            return None
+        if not node.version and src.write_failed and src.draft_size() == 0:
+            # a create whose writes were all refused: nothing to publish (the
+            # name goes with the last writer)
+            src.changed = False
+            return None
+        d = self._ensure_draft(src)
+        # The writers go on from what is published now: their draft moves to
+        # the store, they keep a (lazily copied) base.
+        src.draft = None
+        try:
+            d, logical = self._maybe_quantize(d)
+        except BaseException:
+            src.draft = d
+            raise
+        key = node.key
+        try:
+            ref = self._native_call(self.store.publish, d, key)
+        except BaseException:
+            # nothing changes: the writers keep their draft
+            if logical is None:
+                src.draft = d
+            else:
+                d.free()
+                src.draft = self._draft_from(None, logical)
+            raise
+        self._settle_quota(key)
+        self._release_base(src)
+        src.base = ref                  # the writers go on from this version
+        src.base_decoded = logical
+        if logical is not None:
+            self.store.remember_logical(key, ref.version, logical)
+        src.changed = False
+        src.write_failed = False
+        self.coherence.published(h.hold)
+        parent = node.parent
+        current = parent.children.get(node.name)
+        if node.detached:                      # dropped by the cache meanwhile
+            if current is None:
+                node.detached = None
+                parent.children[node.name] = node
+                current = node
+        target = current if isinstance(current, Slot) else node
+        return self._published(target, ref, src.draft_mtime_ns or now_ns(), logical)
+
+    def _settle_quota(self, key: bytes) -> None:
+        """After a publish: an agent beyond its quota moves its own least
+        recently used slots (not this one) to the SSD tier."""
+        agent = key.split(b"/", 1)[0].decode("utf-8", "surrogateescape")
+        if agent not in self.tenants.quotas:
+            return
+        try:
+            self.tenants.make_room(agent, 0, keep=key)
+        except OverLimit as e:
+            log.warning("%s: %s (it stays beyond its quota until its slots can go)",
+                        key.decode("utf-8", "replace"), e)
+
+    def _published(self, node: Slot, ref: "_native.Ref", mtime_ns: int,
+                   logical: Optional[bytes] = None) -> Optional[tuple]:
+        """Point the name at the new version: in place, or on a fresh inode
+        when readers hold this one (they keep their snapshot)."""
+        if node.readers > 0 or node.pushing > 0:
+            node = self._supersede(node)
+        node.cache_version = -2 if node.writers else node.cache_version
+        node.version = ref.version
+        node.pub_size = len(logical) if logical is not None else ref.size
+        node.stored = ref.stored
+        node.mtime_ns = mtime_ns
+        node.ctime_ns = now_ns()
+        self._forget_attrs(node)
+        if self.pusher is not None and self.knobs["page_cache_push"] == "1" \
+                and node.pub_size >= PUSH_MIN_BYTES \
+                and not node.writers and not node.writer_pending:
+            # (with writers open, the page cache holds their draft: no push)
+            pin = self.store.peek(node.key)
+            if pin is not None:
+                source = pin if logical is None else BytesSource(logical, pin)
+                return self.pusher.claim(node, source)
+        return None
+
+    def _ready_for_writer(self, node: Slot, pid: int = 0, trunc: bool = True) -> None:
+        """Before an O_TRUNC writer is sent back (ESTALE) to look the name up
+        again: make sure what it will find has no page-cache readers, and
+        stays so until it arrives (readers meanwhile read around the cache),
+        so the kernel's one retry succeeds."""
+        if node.readers > 0 or node.pushing > 0 or (trunc and (node.writers > 0
+                                                               or node.writer_pending)):
+            node = self._supersede(node)
+        # By pid (the kernel retries from the same thread): several writers may
+        # have been sent here, and each must find no page-cache readers on its
+        # one retry, however many other writers come and go meanwhile.
+        node.pending[pid] = time.monotonic() + WRITER_RETRY_S
+
+    def _supersede(self, node: Slot) -> Slot:
+        """Give node's name a fresh inode holding the same version; node keeps
+        serving the handles open on it (their snapshot) and answers ESTALE to
+        new opens, which makes the kernel look the name up again."""
+        new = Slot(self._new_ino(), node.name, node.parent, stat.S_IMODE(node.mode),
+                   node.uid, node.gid)
+        new.xattrs = dict(node.xattrs)
+        new.atime_ns, new.mtime_ns, new.ctime_ns = node.atime_ns, node.mtime_ns, node.ctime_ns
+        new.version, new.pub_size, new.stored = node.version, node.pub_size, node.stored
+        # writers sent (ESTALE) to look this name up will find the new inode
+        new.pending, node.pending = node.pending, {}
+        node.parent.children[node.name] = new
+        node.successor = new
+        self.inodes[new.ino] = new
+        self._forget_entry(node.parent, node.name)
+        return new
+
+    # ---- quantized storage (the store's: memosfs/store/kvfile.py) ----
+
+    def _logical(self, ref: Optional["_native.Ref"]) -> Optional[bytes]:
+        """The logical bytes of a quantized version (decoded once, shared by
+        its readers); None for a version stored as it was written."""
+        try:
+            return self.store.logical(ref)
+        except OSError:
+            raise refuse(errno.EIO, "slot %s cannot be decoded", ref.key) from None
+
+    def _maybe_quantize(self, d: "_native.Draft") -> tuple["_native.Draft", Optional[bytes]]:
+        """With `quantize` on, a safetensors draft becomes its quantized
+        container; returns (draft to publish, logical bytes or None)."""
+        try:
+            return self.store.quantize(d, self.knobs["quantize"], self.knobs["quant_error_max"])
+        except OSError as e:
+            self._refused += 1
+            raise refuse(e.errno or errno.EIO, "%s", e, level=logging.WARNING) from None

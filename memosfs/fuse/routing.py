@@ -1,0 +1,102 @@
+"""Wrappers put around the pyfuse3 handlers of MemosOperations once, when
+the class is made: the `.federated` routing and the guard.
+
+Routing.  Requests on `.federated` (memosfs/fuse/fedtree.py: inodes from
+FED_INO up, and the handles FedTree opened) go to the handler of the same
+name on `ops.fed`.  FED_ROUTES says, handler by handler, how a request is
+recognised as one of them; it is the one place where the handlers meet the
+federated tree.  Handlers not listed (forget, statfs, releasedir, poll,
+link, symlink, mknod) never see `.federated` or treat it as any node.
+
+Guard.  The daemon never dies on a request: a handler that fails with
+anything but a FUSEError answers EIO and logs why (pyfuse3 would otherwise
+stop the main loop).  The guard is outermost, so a failure in the
+federated tree is caught the same way.
+
+May call: `ops.fed` (FedTree) and the handlers it wraps; nothing else.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+from typing import Callable
+
+import pyfuse3
+
+from memosfs.fuse.fedtree import FED_INO
+
+log = logging.getLogger("memosfs.fuse.operations")
+
+__all__ = ["FED_ROUTES", "route_federated", "guard_handlers"]
+
+
+def _by_inode(ops, ino, *rest) -> bool:
+    """The first argument is an inode (or a directory handle, which is its inode)."""
+    return ino >= FED_INO
+
+
+def _by_handle(ops, fh, *rest) -> bool:
+    """The first argument is a file handle FedTree opened."""
+    return fh in ops.fed.handles
+
+
+def _by_either_parent(ops, parent_old, name_old, parent_new, *rest) -> bool:
+    """rename: either directory is under `.federated` (FedTree refuses the
+    crossing with EXDEV)."""
+    return max(parent_old, parent_new) >= FED_INO
+
+
+FED_ROUTES: dict[str, Callable[..., bool]] = {
+    "lookup": _by_inode, "getattr": _by_inode, "setattr": _by_inode,
+    "mkdir": _by_inode, "rmdir": _by_inode, "unlink": _by_inode,
+    "rename": _by_either_parent,
+    "opendir": _by_inode, "readdir": _by_inode, "fsyncdir": _by_inode,
+    "create": _by_inode, "open": _by_inode,
+    "read": _by_handle, "write": _by_handle, "flush": _by_handle,
+    "fsync": _by_handle, "release": _by_handle,
+    "getxattr": _by_inode, "listxattr": _by_inode, "setxattr": _by_inode,
+    "removexattr": _by_inode,
+}
+
+
+def _routed(name: str, test: Callable[..., bool], fn):
+    @functools.wraps(fn)
+    async def handler(self, *args):
+        if test(self, *args):
+            return await getattr(self.fed, name)(*args)
+        return await fn(self, *args)
+    return handler
+
+
+def route_federated(cls: type) -> None:
+    """Wrap each handler FED_ROUTES names so that `.federated` requests go to
+    `self.fed`."""
+    for name, test in FED_ROUTES.items():
+        setattr(cls, name, _routed(name, test, getattr(cls, name)))
+
+
+def _guard(fn):
+    @functools.wraps(fn)
+    async def handler(self, *args):
+        try:
+            return await fn(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception:
+            self._refused += 1
+            log.exception("%s failed; answering EIO", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return handler
+
+
+def guard_handlers(cls: type) -> None:
+    """Put the guard around every pyfuse3 handler cls (or its mixins) defines."""
+    for name, default in vars(pyfuse3.Operations).items():
+        if name.startswith("_") or not callable(default):
+            continue
+        fn = getattr(cls, name)
+        if fn is not default:
+            setattr(cls, name, _guard(fn))
