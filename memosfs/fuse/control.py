@@ -164,6 +164,7 @@ class ControlTree:
         self.knobs = ops.knobs
         self.trace = ops.trace
         self._started = time.monotonic()
+        self.drops_due: list = []       # revoked readers' nodes whose pages must go
         ino = iter(range(2, FIRST_DYNAMIC_INO))
         ctl = self._dir(next(ino), CONTROL_DIR, ops.root)
         cache = self._dir(next(ino), "cache", ctl)
@@ -231,8 +232,10 @@ class ControlTree:
         if node is None:
             raise OSError(errno.ENOENT, f"no slot {t!r}")
         node = node.latest()
-        self.ops.coherence.revoke(node.key, valid=True,
-                                  why="root wrote it to .memos/cache/revoke")
+        # the write returns once the revoked readers' cached pages are gone
+        # (FileOps.write awaits them): no read after it sees the old bytes
+        self.drops_due += self.ops.coherence.revoke(
+            node.key, valid=True, why="root wrote it to .memos/cache/revoke", drop=False)
 
     def write_trace(self, text: str) -> None:
         t = text.strip()

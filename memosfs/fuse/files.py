@@ -69,7 +69,12 @@ class FileOps(OpsCore):
         closes or fsyncs.  A refused write changes nothing."""
         h = self.handles[fh]
         if h.kind == "pseudo":
-            return self._write_pseudo(h, off, buf)
+            n = self._write_pseudo(h, off, buf)
+            drops, self.control.drops_due = self.control.drops_due, []
+            with trio.move_on_after(1.0):       # (bounded: the kernel answers fast)
+                for node in drops:
+                    await self._drop_pages_now(node)
+            return n
         if h.kind != "write":
             raise refuse(errno.EBADF, "write on a read handle")
         writeback, self._writeback = self._writeback == (fh, off), None
