@@ -71,9 +71,10 @@ class FileOps(OpsCore):
         if h.kind == "pseudo":
             n = self._write_pseudo(h, off, buf)
             drops, self.control.drops_due = self.control.drops_due, []
-            with trio.move_on_after(1.0):       # (bounded: the kernel answers fast)
-                for node in drops:
-                    await self._drop_pages_now(node)
+            if drops and self.is_mounted():
+                with trio.move_on_after(1.0):   # (bounded: the kernel answers fast)
+                    for node in drops:
+                        await self._drop_pages_now(node)
             return n
         if h.kind != "write":
             raise refuse(errno.EBADF, "write on a read handle")
