@@ -88,8 +88,9 @@ May call: memosfs._native, memosfs.store.ssd, .remote (given), .kvfile,
 
 Threads: the trio thread calls in; the background writer and the warm-up
 thread run beside it.  `self.lock` guards the Python-side maps and is never
-held across file I/O; the C core has its own lock.  Lock order:
-ssd.write_lock, then _meta_lock, then self.lock.
+held across file I/O; the C core has its own lock.  self.lock is taken
+inside ssd.write_lock (rename, write-back) and inside _meta_lock
+(save_metadata), never the other way round.
 """
 
 from __future__ import annotations
