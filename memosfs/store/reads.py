@@ -1,0 +1,181 @@
+"""The store's read path: lookups and promotion from the SSD tier.
+
+Read: memory first (`cache.get`); a miss promotes the SSD's version into
+memory (clean), or, when memory cannot take it now, serves it from its file
+(an SSDReader, counted in direct_reads); past the SSD, the remote tier
+(remoteglue.py).  A promotion that finds the SSD file replaced meanwhile
+tries again (PROMOTE_TRIES); one that finds it corrupt drops the slot, or
+marks memory's copy dirty when memory holds one.
+
+Owns (as ReadMixin, one of Store's bases): get, load, peek, tier_of,
+ssd_entry, `key in store`, prefetch_fetch, and the SSD promotion (_promote,
+_promote_entry, _corrupt).  Uses the state Store.__init__ creates (cache,
+ssd, remote, lock, _c, _dirty_since, trace, prefetch).  Calls, through self,
+_promote_remote (remoteglue.py), _touch and _dropped (namespace.py); imports
+memosfs._native, memosfs.store.ssd and common.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from typing import Optional
+
+from memosfs import _native
+from memosfs.store.common import _k
+from memosfs.store.ssd import CorruptSlot, SSDEntry, SSDReader
+
+log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
+
+PROMOTE_TRIES = 3           # promotions retried when a newer version lands meanwhile
+_RACED = object()
+
+
+class ReadMixin:
+    """Lookups and promotion (a base of Store; see the module docstring)."""
+
+    # ---- reads ----
+
+    def get(self, key: bytes) -> Optional["_native.Ref"]:
+        """Open a slot for reading: a pinned reference to its current version,
+        promoted from the SSD if memory lacks it, or None (a miss)."""
+        self._c["lookups"] += 1
+        ref = self.cache.get(key)
+        if ref is not None:
+            self._c["mem_hits"] += 1
+            self._touch(key)
+            if self.prefetch is not None:
+                self.prefetch.on_access(key, True)
+            return ref
+        ref = self._promote(key)
+        if ref is None:
+            ref = self._promote_remote(key)      # remote_hits: the tier counts them
+        else:
+            self._c["ssd_hits"] += 1
+        if ref is not None:
+            self._touch(key)
+            if self.prefetch is not None:
+                self.prefetch.on_access(key, False)
+            return ref
+        self._c["misses"] += 1
+        return None
+
+    def load(self, key: bytes) -> Optional["_native.Ref"]:
+        """A pinned reference to the current version, promoted from the SSD
+        if need be, without counting a lookup (a writer's base)."""
+        ref = self.cache.peek(key)
+        if ref is None:
+            ref = self._promote(key)
+        return ref if ref is not None else self._promote_remote(key)
+
+    def peek(self, key: bytes) -> Optional["_native.Ref"]:
+        """A pinned reference to the in-memory version, without counting."""
+        return self.cache.peek(key)
+
+    def tier_of(self, key: bytes) -> str:
+        if self._in_memory(key):
+            return "mem"
+        if self.ssd is not None and key in self.ssd:
+            return "ssd"
+        if self.remote is not None and self.remote.known_present(key):
+            return "remote"
+        return "none"
+
+    def ssd_entry(self, key: bytes) -> Optional[SSDEntry]:
+        return self.ssd.get(key) if self.ssd is not None else None
+
+    def __contains__(self, key: bytes) -> bool:
+        return self._in_memory(key) or (self.ssd is not None and key in self.ssd)
+
+    def _in_memory(self, key: bytes) -> bool:
+        ref = self.cache.peek(key)
+        if ref is None:
+            return False
+        ref.release()
+        return True
+
+    def prefetch_fetch(self, key: bytes) -> bool:
+        """For the prefetcher (its own thread): bring key from the SSD into
+        memory without counting a lookup; True if this call put it there."""
+        if self.ssd is None or self._in_memory(key):
+            return False
+        ref = self._promote(key)
+        if ref is None:
+            return False
+        ok = isinstance(ref, _native.Ref)        # an SSDReader: memory had no room
+        ref.release()
+        if ok:
+            self._c["prefetched"] += 1
+        return ok
+
+    # ---- promotion from the SSD tier ----
+
+    def _promote(self, key: bytes) -> Optional["_native.Ref"]:
+        """Read the SSD's version of key into memory (clean); None if absent
+        or corrupt (then the slot is gone and the reason logged)."""
+        for _ in range(PROMOTE_TRIES):
+            entry = self.ssd.get(key) if self.ssd is not None else None
+            if entry is None:
+                return None
+            result = self._promote_entry(key, entry)
+            if result is not _RACED:
+                return result
+        return self.cache.peek(key)
+
+    def _promote_entry(self, key: bytes, entry: SSDEntry):
+        """One try at promoting `entry`; _RACED if a newer version replaced
+        its file meanwhile (a failed check is then no corruption: try again)."""
+        draft = self.cache.draft()
+        try:
+            self.ssd.load_into(entry, draft)
+        except CorruptSlot as e:
+            draft.free()
+            if self.ssd.get(key) is not entry:
+                return _RACED
+            self._corrupt(entry, str(e))
+            return None
+        except OSError as e:
+            draft.free()
+            if e.errno not in (errno.ENOSPC, errno.EFBIG):
+                raise
+            # memory cannot take it now: serve it from its file
+            try:
+                reader = SSDReader(entry)
+            except (CorruptSlot, FileNotFoundError) as c:
+                if self.ssd.get(key) is not entry:
+                    return _RACED
+                self._corrupt(entry, str(c))
+                return None
+            self._c["direct_reads"] += 1
+            log.info("%s served from the SSD tier directly: %s", _k(key), e.strerror)
+            return reader
+        except BaseException:
+            draft.free()
+            raise
+        with self.lock:
+            ref = self.cache.peek(key)
+            if ref is not None:                     # someone published meanwhile
+                draft.free()
+                return ref
+            if self.ssd.get(key) is not entry:      # replaced or removed meanwhile
+                draft.free()
+                return _RACED
+            ref = self.cache.publish(draft, key, dirty=False, version=entry.version)
+        self._c["promotions"] += 1
+        self.trace.emit("PROMOTE", key=_k(key), bytes=entry.size, version=entry.version)
+        return ref
+
+    def _corrupt(self, entry: SSDEntry, why: str) -> None:
+        self.ssd.report_corrupt(entry, why)
+        ref = self.cache.peek(entry.key)
+        if ref is None:
+            self._dropped(entry.key, "corrupt")
+            return
+        try:                                    # memory's copy is the only one now
+            if not ref.dirty:
+                ref.dirty = True
+                with self.lock:
+                    self._dirty_since.setdefault(entry.key, time.monotonic())
+        finally:
+            ref.release()

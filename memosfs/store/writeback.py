@@ -1,0 +1,310 @@
+"""The store's write-back: dirty versions to the SSD tier.
+
+A dirty version reaches the SSD (1) through the C core's eviction callback
+(_on_evict), before its pages are freed, (2) from the background writer
+thread (_writer_loop), `writeback_delay_ms` after it was published,
+(3) on persist (fsync of a slot) and flush, and (4) at close (store.py).
+A tier over ssd_capacity makes room by evicting its least recent versions
+(_make_ssd_room).  demote moves a version out of memory for the quotas.
+SSD errors repeat for every slot: _log_io_error logs them at ERROR once
+every WRITEBACK_RETRY_S, the rest at DEBUG.
+
+Owns (as WriteBackMixin, one of Store's bases): _on_evict, _write_back,
+_make_ssd_room, persist, flush, demote, keys_lru_first, the background
+writer's loop (started by Store.start_background) and their helpers.  Uses
+the state Store.__init__ creates (cache, ssd, remote, lock, _recency,
+_dirty_since, _renamed_unsaved, _c, trace, prefetch, meta_of,
+writeback_delay_ms, _stop, _wake, _last_error_log).  Calls, through self,
+remote_wait (remoteglue.py), save_metadata and _dropped (namespace.py);
+imports memosfs.store.ssd and common.  Lock order: ssd.write_lock (inside
+ssd.put), then self.lock; self.lock is never held across file I/O.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from typing import TYPE_CHECKING, Optional
+
+from memosfs.store.common import UnsavedSlots, _k
+from memosfs.store.ssd import SSDFull
+
+if TYPE_CHECKING:
+    from memosfs import _native
+
+log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
+
+WRITEBACK_RETRY_S = 5.0     # a failed background write-back waits this long
+
+
+class WriteBackMixin:
+    """Dirty versions to the SSD (a base of Store; see the module docstring)."""
+
+    # ---- the eviction callback ----
+
+    def _on_evict(self, ref: "_native.Ref") -> bool:
+        """From the C core, victim pinned: write it back if dirty, then let it
+        go.  A victim that is no longer its key's current version (replaced,
+        renamed or removed while its write-back ran) touches no name: the C
+        core frees only a victim that is still live.  The name is dropped,
+        and the data counted lost, only when no tier holds the key."""
+        if ref.dirty and ref.live and self.ssd is not None:
+            try:
+                self._write_back(ref, durable=False)
+                self._c["evict_writebacks"] += 1
+            except OSError as e:
+                self._log_io_error("eviction kept %s in memory: write-back failed: %s",
+                                   _k(ref.key), e)
+                return False
+        with self.lock:                         # publish and rename take it too
+            if not ref.live:
+                return True                     # an old version: nothing to drop
+            key = ref.key                       # its key now (a rename moves it)
+            entry = self.ssd.get(key) if self.ssd is not None else None
+            if self.ssd is not None and ref.dirty:
+                return False                    # its write-back lost a race: later
+            gone = entry is None
+            lost = ref.dirty                    # no SSD tier: memory had the only copy
+        self.trace.emit("EVICT", key=_k(key), bytes=ref.size, version=ref.version,
+                        to="ssd" if self.ssd is not None else "none")
+        if lost:
+            log.warning("evicting %s (%d bytes): no SSD tier holds it", _k(key), ref.size)
+            self._c["drops_lost"] += 1
+        if gone:
+            self._dropped(key, "evicted")
+        if self.prefetch is not None:
+            self.prefetch.on_evict(key)
+        return True
+
+    # ---- write-back ----
+
+    def _write_back(self, ref: "_native.Ref", durable: bool, room_from_older: bool = False
+                    ) -> None:
+        """Write the version ref pins to the SSD and mark it clean if it is
+        still the current one.  When the tier is over ssd_capacity, room is
+        made by evicting SSD versions (least recent first; with
+        room_from_older, only versions less recent than this one)."""
+        key = ref.key
+        meta = self.meta_of(key)
+        try:
+            entry = self.ssd.put(ref, meta, durable)
+        except SSDFull as full:
+            self._make_ssd_room(full.excess, keep=key, older_only=room_from_older)
+            entry = self.ssd.put(ref, meta, durable)
+        with self.lock:
+            stored = self.ssd.get(key)
+            if ref.live and ref.key == key and stored is not None \
+                    and stored.version == ref.version:
+                ref.dirty = False
+                self._dirty_since.pop(key, None)
+                self._renamed_unsaved.discard(key)
+        if entry is None:
+            return                              # a newer version, a rename or a removal won
+        self._c["writebacks"] += 1
+        self.trace.emit("WRITEBACK", key=_k(key), bytes=ref.size, version=ref.version)
+
+    def _make_ssd_room(self, excess: int, keep: bytes, older_only: bool = False) -> None:
+        """Evict SSD versions, least recent first (with older_only, only those
+        less recent than `keep`): those memory does not hold are lost (the
+        slot is dropped); those it holds become dirty.  A version replaced
+        or removed meanwhile is not touched."""
+        with self.lock:
+            order = list(reversed(self._recency))     # most recent first
+        rank = {k: i for i, k in enumerate(order)}
+        floor = rank.get(keep, -1)
+        freed = 0
+        for entry in self.ssd.lru_candidates(order):
+            if freed >= excess:
+                break
+            if entry.key == keep or (older_only and rank.get(entry.key, -1) <= floor):
+                continue
+            if not self.ssd.remove(entry.key, entry):
+                continue                        # replaced or removed meanwhile
+            freed += entry.file_bytes
+            with self.lock:
+                ref = self.cache.peek(entry.key)
+                if ref is not None:
+                    ref.dirty = True
+                    ref.release()
+                    self._dirty_since.setdefault(entry.key, time.monotonic())
+            if ref is None:
+                self._c["drops_lost"] += 1
+                self.trace.emit("SSD_EVICT", key=_k(entry.key), bytes=entry.size)
+                self._dropped(entry.key, "ssd-evicted")
+
+    def _log_io_error(self, fmt: str, *args: object) -> None:
+        """SSD trouble (a full disk) repeats for every slot: log it at ERROR
+        once every WRITEBACK_RETRY_S, the rest at DEBUG."""
+        now = time.monotonic()
+        if now - self._last_error_log >= WRITEBACK_RETRY_S:
+            self._last_error_log = now
+            log.error(fmt, *args)
+        else:
+            log.debug(fmt, *args)
+
+    def persist(self, key: bytes) -> None:
+        """Make the slot's current version durable on the SSD (fsync of a slot)
+        and, with a durable (or strong) remote tier, uploaded."""
+        self._persist_local(key)
+        self.remote_wait(key)
+
+    def _persist_local(self, key: bytes) -> None:
+        if self.ssd is None:
+            return
+        ref = self.cache.peek(key)
+        if ref is None:
+            self.ssd.sync()                         # only on the SSD: make its rename durable
+            return
+        try:
+            if ref.dirty:
+                self._write_back(ref, durable=True)
+            self.ssd.sync()
+        finally:
+            ref.release()
+
+    def flush(self) -> int:
+        """Persist every dirty slot (durably), save the order and namespace,
+        then reclaim memory.  Returns the number of slots written; raises
+        UnsavedSlots (an OSError, ENOSPC when the SSD tier is full) naming
+        the slots it could not write, which stay in memory, dirty.  The most
+        recent slots go first, and room on a full tier is made only from
+        less recent ones, so what cannot be saved is the least recent."""
+        self._c["flushes"] += 1
+        written = 0
+        if self.ssd is not None:
+            tried: dict[bytes, int] = {}            # key -> the version flushed
+            failed: Optional[OSError] = None
+            for key in self._keys_most_recent_first():
+                ref = self.cache.peek(key)
+                if ref is None:
+                    continue
+                try:
+                    if ref.dirty:
+                        tried[key] = ref.version
+                        self._write_back(ref, durable=False, room_from_older=True)
+                        written += 1
+                except OSError as e:
+                    log.error("flush could not write %s: %s", _k(key), e)
+                    failed = failed or e
+                finally:
+                    ref.release()
+            self.ssd.sync()
+            self.save_metadata(durable=True)
+            # what failed, and what lost its fresh SSD copy to make room
+            unsaved = [k for k, v in tried.items() if self._dirty_version(k) == v]
+            if unsaved or failed is not None:
+                raise UnsavedSlots(unsaved, failed)
+        swept = self.cache.sweep()              # then reclaim memory
+        if self.remote is not None and self.remote.durable and not self.remote.wait_all():
+            raise OSError(errno.EIO, "remote tier: queued uploads not done")
+        self.trace.emit("FLUSH", written=written, swept_pages=swept)
+        return written
+
+    def demote(self, key: bytes) -> bool:
+        """Move key's current version out of memory, keeping it on the SSD
+        tier (written back first if dirty): an agent over its quota makes
+        room this way.  False, and nothing changes, when it cannot: no SSD
+        tier, not in memory, pinned, or its write-back failed."""
+        if self.ssd is None:
+            return False
+        ref = self.cache.peek(key)
+        if ref is None:
+            return False
+        try:
+            if ref.sticky:
+                return False
+            if ref.dirty:
+                try:
+                    self._write_back(ref, durable=False)
+                except OSError as e:
+                    self._log_io_error("quota: %s stays in memory: write-back failed: %s",
+                                       _k(key), e)
+                    return False
+            with self.lock:                     # publish and rename take it too
+                cur = self.cache.peek(key)
+                if cur is None:
+                    return False
+                try:
+                    same = cur.version == ref.version and not cur.dirty and not cur.sticky
+                finally:
+                    cur.release()
+                entry = self.ssd.get(key)
+                if not same or entry is None or entry.version != ref.version:
+                    return False
+                self.cache.remove(key)
+            self._c["demotions"] += 1
+            self.trace.emit("EVICT", key=_k(key), bytes=ref.size, version=ref.version,
+                            to="ssd", cause="quota")
+            if self.prefetch is not None:
+                self.prefetch.on_evict(key)
+            return True
+        finally:
+            ref.release()
+
+    def keys_lru_first(self, prefix: bytes) -> list[bytes]:
+        """The keys under prefix that memory holds, least recently used first."""
+        with self.lock:
+            order = [k for k in self._recency if k.startswith(prefix)]
+        return order
+
+    def _keys_most_recent_first(self) -> list[bytes]:
+        with self.lock:
+            keys = dict.fromkeys(reversed(self._recency))
+        keys.update(dict.fromkeys(self.cache.keys()))
+        return list(keys)
+
+    def _dirty_version(self, key: bytes) -> Optional[int]:
+        """The version of key memory holds if it is dirty, else None."""
+        ref = self.cache.peek(key)
+        if ref is None:
+            return None
+        try:
+            return ref.version if ref.dirty else None
+        finally:
+            ref.release()
+
+    # ---- the background writer ----
+
+    def _writer_loop(self) -> None:
+        while not self._stop.is_set():
+            delay = self.writeback_delay_ms / 1000.0
+            self._wake.wait(timeout=max(0.05, min(delay / 2, 0.5)))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._write_back_due(time.monotonic() - delay)
+                if self._recency_dirty or self._namespace_dirty:
+                    self.save_metadata(durable=False)
+            except OSError as e:
+                self._log_io_error("background writer: %s", e)
+            except Exception:
+                log.exception("background writer")
+
+    def _write_back_due(self, before: float) -> None:
+        with self.lock:
+            due = [k for k, t in self._dirty_since.items() if t <= before]
+        for key in due:
+            if self._stop.is_set():
+                return
+            ref = self.cache.peek(key)
+            if ref is None:
+                with self.lock:
+                    self._dirty_since.pop(key, None)
+                continue
+            try:
+                if ref.dirty:
+                    self._write_back(ref, durable=False)
+                else:
+                    with self.lock:
+                        self._dirty_since.pop(key, None)
+            except OSError as e:
+                # try again later; say so once a while, not every round
+                with self.lock:
+                    if key in self._dirty_since:
+                        self._dirty_since[key] = time.monotonic() + WRITEBACK_RETRY_S
+                self._log_io_error("background write-back of %s failed (retrying in %.0f s): %s",
+                                   _k(key), WRITEBACK_RETRY_S, e)
+            finally:
+                ref.release()

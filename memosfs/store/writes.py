@@ -1,0 +1,224 @@
+"""The store's namespace writes: publish, remove, rename, ring recycling.
+
+Publish makes a draft the slot's new version (dirty, its version one past
+the newest any tier holds), records it in its session's ring, recycles the
+ring's oldest slot past `ring_slots`, and queues the upload to the remote
+tier.  remove, ring recycling and reset_session remove the slot from every
+tier (a remote tombstone).  rename moves the slot in every tier under the
+SSD writer lock, so that no write-back of the old key lands in between.
+
+Owns (as WriteMixin, one of Store's bases): draft, publish, mark_dirty,
+remove, rename, session_keys, reset_session and their helpers (_recycle,
+_remove_everywhere, _rename_tiers).  Uses the state Store.__init__ creates
+(cache, ssd, remote, lock, _order, _recency, _dirty_since,
+_renamed_unsaved, _c, trace, prefetch, ring_slots, meta_of).  Calls,
+through self, _promote (reads.py), _promote_remote and _remote_source
+(remoteglue.py), _touch, _forget and _dropped (namespace.py); imports
+common.  Lock order: ssd.write_lock, then self.lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import TYPE_CHECKING, Optional
+
+from memosfs.store.common import _k, _session_of, make_key
+
+if TYPE_CHECKING:
+    from memosfs import _native
+
+log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
+
+
+class WriteMixin:
+    """Publish, remove, rename, the ring (a base of Store; see the module docstring)."""
+
+    # ---- publish ----
+
+    def draft(self, base: Optional["_native.Ref"] = None) -> "_native.Draft":
+        return self.cache.draft(base)
+
+    def publish(self, draft: "_native.Draft", key: bytes) -> "_native.Ref":
+        """Make `draft` the slot's new version (dirty); returns a pinned reference."""
+        with self.lock:
+            # versions only grow, whichever tier holds the newest
+            on_ssd = self.ssd.get(key) if self.ssd is not None else None
+            cur = self.cache.peek(key)
+            newest = max(on_ssd.version if on_ssd else 0, cur.version if cur else 0,
+                         self.remote.known_version(key) if self.remote is not None else 0)
+            if cur is not None:
+                cur.release()
+            ref = self.cache.publish(draft, key, dirty=True, version=newest + 1)
+            self._dirty_since[key] = time.monotonic()
+            self._c["publishes"] += 1
+            sess = _session_of(key)
+            order = self._order.setdefault(sess, collections.OrderedDict())
+            new_key = key not in order
+            order[key] = order.get(key)
+        self._touch(key)
+        if new_key:
+            self._recycle(sess, keep=key)
+        self.trace.emit("PUBLISH", key=_k(key), bytes=ref.size, version=ref.version)
+        if self.remote is not None:
+            self.remote.put_async(key, lambda: self._remote_source(key))
+        return ref
+
+    def mark_dirty(self, key: bytes) -> None:
+        """The slot's metadata changed: write it back again."""
+        ref = self.cache.peek(key)
+        if ref is None:
+            ref = self._promote(key)
+        if ref is not None:
+            ref.dirty = True
+            ref.release()
+            with self.lock:
+                self._dirty_since[key] = time.monotonic()
+
+    # ---- the ring and removals ----
+
+    def _recycle(self, sess: bytes, keep: bytes) -> None:
+        limit = self.ring_slots
+        while limit:
+            with self.lock:
+                order = self._order.get(sess)
+                if order is None or len(order) <= limit:
+                    return
+                oldest = next(iter(order))
+            if oldest == keep:
+                return
+            self._c["ring_recycles"] += 1
+            self._remove_everywhere(oldest)
+            self.trace.emit("RING_RECYCLE", key=_k(oldest))
+            self._dropped(oldest, "ring")
+
+    def _remove_everywhere(self, key: bytes) -> bool:
+        removed = self.cache.remove(key)
+        if self.ssd is not None:
+            removed = self.ssd.remove(key) or removed
+        if self.remote is not None:
+            self.remote.delete_async(key)       # a tombstone: nobody brings it back
+        return removed
+
+    def remove(self, key: bytes) -> bool:
+        if self.prefetch is not None:
+            self.prefetch.on_remove(key)
+        self._forget(key)
+        removed = self._remove_everywhere(key)
+        if removed:
+            self.trace.emit("REMOVE", key=_k(key))
+        return removed
+
+    def session_keys(self, agent: str, session: str) -> list[bytes]:
+        with self.lock:
+            order = self._order.get(make_key(agent, session, "")[:-1])
+            return list(order) if order else []
+
+    def reset_session(self, agent: str, session: str) -> int:
+        """Drop every slot of a session, at any depth below it (all tiers);
+        returns how many."""
+        prefix = make_key(agent, session, "")           # b"agent/session/"
+        with self.lock:
+            keys = dict.fromkeys(k for group, order in self._order.items()
+                                 if group == prefix[:-1] or group.startswith(prefix)
+                                 for k in order)
+        keys.update(dict.fromkeys(k for k in self.cache.keys() if k.startswith(prefix)))
+        if self.ssd is not None:
+            keys.update(dict.fromkeys(k for k in self.ssd.keys() if k.startswith(prefix)))
+        for key in keys:
+            self._remove_everywhere(key)
+            self._dropped(key, "reset")
+        if self.remote is not None:             # and those only the remote tier has
+            self.remote.delete_session_async(prefix[:-1])
+        self._c["resets"] += 1
+        self.trace.emit("RESET", session=f"{agent}/{session}", slots=len(keys))
+        return len(keys)
+
+    # ---- rename ----
+
+    def rename(self, old: bytes, new: bytes) -> bool:
+        """Move a slot to a new key in every tier, replacing what was there.
+
+        An acknowledged version never lacks a copy on the SSD: old's SSD copy
+        moves to new (renamed over new's file, which is never removed first),
+        even when memory holds a newer, dirty version (that one moves too and
+        stays dirty).  A version only memory holds replaces new's file if new
+        has one.  Durable after sync_namespace."""
+        if self.prefetch is not None:
+            self.prefetch.on_remove(old)
+            self.prefetch.on_remove(new)
+        if self.remote is not None and old not in self:
+            ref = self._promote_remote(old)     # only on the remote tier: fetch it first
+            if ref is not None:
+                ref.release()
+        if self.ssd is None:
+            with self.lock:
+                in_mem = self.cache.rename(old, new)
+            on_ssd = False
+        else:
+            in_mem, on_ssd = self._rename_tiers(old, new)
+        with self.lock:
+            src = self._order.get(_session_of(old))
+            if src is not None:
+                src.pop(old, None)
+            dst = self._order.get(_session_of(new))
+            if dst is not None:
+                dst.pop(new, None)
+            since = self._dirty_since.pop(old, None)
+            self._dirty_since.pop(new, None)
+            self._recency.pop(old, None)
+            self._renamed_unsaved.discard(old)
+            if in_mem or on_ssd:
+                self._order.setdefault(_session_of(new), collections.OrderedDict())[new] = None
+            if in_mem:
+                ref = self.cache.peek(new)
+                if ref is not None:
+                    if ref.dirty:
+                        self._dirty_since[new] = since or time.monotonic()
+                        if not on_ssd and self.ssd is not None:
+                            self._renamed_unsaved.add(new)
+                    ref.release()
+        if in_mem or on_ssd:
+            self._touch(new)
+            self.trace.emit("RENAME", src=_k(old), dst=_k(new))
+            if self.remote is not None:
+                self.remote.delete_async(old)
+                self.remote.put_async(new, lambda: self._remote_source(new))
+        return in_mem or on_ssd
+
+    def _rename_tiers(self, old: bytes, new: bytes) -> tuple[bool, bool]:
+        """Rename in the SSD tier, then in memory, under the SSD writer lock
+        so that no write-back of `old` lands in between (it would bring the
+        old name back).  Returns (moved in memory, new has an SSD copy of
+        the moved slot)."""
+        meta = self.meta_of(new)
+        with self.ssd.write_lock:
+            ref = self.cache.peek(old)
+            try:
+                moved = self.ssd.rename(old, new, meta, ref)
+            except OSError as e:
+                if ref is None:
+                    raise                       # nothing changed; only the SSD holds it
+                # memory holds it (dirty from here on); the SSD's copies go,
+                # so that nothing stale is left under either name
+                log.error("rename %s -> %s: the SSD copy could not be moved (%s); the "
+                          "memory copy will be written back", _k(old), _k(new), e)
+                moved = None
+                self.ssd.remove(old)
+                self.ssd.remove(new)
+            finally:
+                if ref is not None:
+                    ref.release()
+            with self.lock:
+                in_mem = self.cache.rename(old, new)
+                if not in_mem and moved is not None:
+                    self.cache.remove(new)      # the replaced slot's memory copy
+                if in_mem:
+                    cur = self.cache.peek(new)
+                    if cur is not None:
+                        entry = self.ssd.get(new)
+                        if entry is None or entry.version != cur.version:
+                            cur.dirty = True    # memory's copy is newer than the SSD's
+                        cur.release()
+        return in_mem, moved is not None
