@@ -146,3 +146,33 @@ def test_stats_json_and_metrics_of_a_mount_agree(mnt):
             m = f'memosfs_{name}_info{{value="{before[name]}"}}'
             assert types[f"memosfs_{name}_info"] == "gauge" and samples[m] == "1", name
         assert f"# HELP {m.split('{')[0]} " in metrics
+
+
+def test_a_mount_with_a_remote_tier_shows_its_record_last(make_mount):
+    from memosfs.testing.localcluster import LocalCluster, redis_server_missing
+    reason = redis_server_missing()
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        reason = reason or "redis-py is not installed"
+    if reason:
+        pytest.skip(reason)
+    import time
+
+    from memosfs.store.remote.tier import RemoteStats
+    with LocalCluster(masters=3, replicas=0) as cluster:
+        m = make_mount(capacity="64M", remote=cluster.url)
+        metrics_file = m.path / ".memos" / "metrics"
+        deadline = time.monotonic() + 20
+        while "\nmemosfs_remote_connected 1\n" not in metrics_file.read_text():
+            assert time.monotonic() < deadline, "the remote tier did not connect"
+            time.sleep(0.1)
+        stats = json.loads((m.path / ".memos" / "cache" / "stats.json").read_text())
+        remote = [n for n, _, _ in fields_of(RemoteStats)]
+        assert list(stats)[-len(remote):] == remote
+        types = _metric_types(metrics_file.read_text())
+        assert types["memosfs_remote_connected"] == "gauge"
+        assert types["memosfs_remote_subscribed"] == "gauge"
+        assert types["memosfs_remote_hits_total"] == "counter"
+        assert "memosfs_remote_connected_total" not in types
+        m.stop()
