@@ -36,11 +36,13 @@ when they need it).  A KnobError leaves everything unchanged and is EINVAL
 Owns: `ControlTree`, built like the federated tree (`FedTree`, fedtree.py):
 its nodes live in the filesystem's inode table under fixed inode numbers
 (2 up to FIRST_DYNAMIC_INO), added through `ops.add_fixed`; the knob
-writes; the flush, reset_context, revoke and trace writers; the assembly of
-the statistics every stats file prints.
+writes; the flush, reset_context, revoke and trace writers; the list of
+statistics records every stats file prints (`statistics()`, STATS_RECORDS)
+and the filesystem's own record, FilesystemStats.
 
 May call: the store (set_capacity, set_evict_batch, cache, ssd, flush,
-statistics), the prefetcher, coherence (revoke, stats), tenants (stats), the
+statistics), the prefetcher, coherence (revoke, statistics), tenants
+(statistics), the
 trace, and of the filesystem (`ops`) only: add_fixed, find_session,
 reset_session, slot_at, request_stats, knobs.
 """
