@@ -42,9 +42,8 @@ and the filesystem's own record, FilesystemStats.
 
 May call: the store (set_capacity, set_evict_batch, cache, ssd, flush,
 statistics), the prefetcher, coherence (revoke, statistics), tenants
-(statistics), the
-trace, and of the filesystem (`ops`) only: add_fixed, find_session,
-reset_session, slot_at, request_stats, knobs.
+(statistics), the trace, and of the filesystem (`ops`) only: add_fixed,
+find_session, reset_session, slot_at, request_stats, tree_counts, knobs.
 """
 
 from __future__ import annotations
