@@ -29,7 +29,7 @@ import dataclasses
 import json
 from typing import Any, Iterable, Iterator
 
-__all__ = ["counter", "gauge", "label", "fields_of", "as_dict", "format_stats",
+__all__ = ["Record", "counter", "gauge", "label", "fields_of", "as_dict", "format_stats",
            "format_metrics", "stats_json", "stats_table_markdown"]
 
 COUNTER, GAUGE, LABEL = "counter", "gauge", "label"
@@ -50,6 +50,29 @@ def label(meaning: str, default: str = "") -> Any:
     return dataclasses.field(default=default, metadata={"kind": LABEL, "meaning": meaning})
 
 
+class Record:
+    """Base of the records: a figure also reads by name (`record["name"]`,
+    `record.get("name", default)`), as the name -> value maps the records
+    replaced did."""
+
+    __slots__ = ()
+
+    def __getitem__(self, name: str) -> Any:
+        if not isinstance(name, str) or name not in self.names():
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name) if name in self.names() else default
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {n: getattr(self, n) for n in self.names()}
+
+
 def fields_of(cls_or_record: Any) -> Iterator[tuple[str, str, str]]:
     """(name, kind, meaning) of every field of a record class, in order."""
     for f in dataclasses.fields(cls_or_record):
@@ -62,8 +85,6 @@ def fields_of(cls_or_record: Any) -> Iterator[tuple[str, str, str]]:
 
 def as_dict(records: Iterable[Any]) -> dict[str, Any]:
     """Every field of every record, by name, in order (names are unique)."""
-    if isinstance(records, dict):
-        return records                  # not yet a record: a plain name -> value map
     out: dict[str, Any] = {}
     for r in records:
         for name, _, _ in fields_of(r):
@@ -92,8 +113,6 @@ def format_metrics(records: Iterable[Any]) -> str:
     """Prometheus text exposition format (version 0.0.4), typed by the
     records: counters as `memosfs_<name>_total`, gauges as `memosfs_<name>`,
     labels as `memosfs_<name>_info{value="..."} 1`."""
-    if isinstance(records, dict):
-        return _legacy_metrics(records)
     out = []
     for r in records:
         for name, kind, meaning in fields_of(r):
@@ -121,28 +140,3 @@ def stats_table_markdown(classes: Iterable[type]) -> str:
         for name, kind, meaning in fields_of(cls):
             rows.append(f"| `{name}` | {kind} | {meaning} |")
     return "\n".join(rows) + "\n"
-
-
-_GAUGES = {"slots", "bytes_used", "capacity", "index_load_factor", "free_pages",
-           "superblocks", "hit_rate", "drafts", "pinned", "pages_used", "bytes_draft",
-           "evict_batch", "ring_slots", "agents", "sessions", "open_handles",
-           "dead_pinned", "index_buckets", "index_entries", "huge_pages", "uptime_s",
-           "fragmentation", "pages_pending", "sweep_ns_max", "policy_recency",
-           "policy_probation", "policy_protected", "ssd_slots", "ssd_bytes",
-           "ssd_capacity", "warmup_loaded_bytes", "warmup_total_bytes", "warmup_done",
-           "reclaim_free_ratio", "reclaim_fail_limit",
-           "coherence_slots", "coherence_holders", "coherence_protocol"}
-_GAUGE_PREFIXES = ("prefetch_queue", "prefetch_outstanding", "prefetch_hybrid_random",
-                   "prefetch_learned_loss", "remote_queue")
-
-
-def _legacy_metrics(stats: dict[str, Any]) -> str:
-    """/metrics from a plain map (until every component hands out a record)."""
-    out = []
-    for k, v in stats.items():
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            continue
-        gauge_ = k in _GAUGES or k.startswith(_GAUGE_PREFIXES) or "accuracy" in k
-        name = "memosfs_" + k + ("" if gauge_ else "_total")
-        out.append(f"# TYPE {name} {'gauge' if gauge_ else 'counter'}\n{name} {_fmt(v)}\n")
-    return "".join(out)

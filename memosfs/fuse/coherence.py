@@ -47,10 +47,11 @@ revoked.
 Every transition goes to the trace as a CACHE_COHERENCE line:
 `CACHE_COHERENCE key=a/s/x agent=uid:1000 from=S to=I cause=invalidate`.
 
-Owns: `Coherence` (the directory's holders, waits, batches, revokes) and
-`Hold` (a handle's place in it).  May call: memosfs._native (the
-directory), the trace, and the two page-drop callbacks the filesystem
-gives it (notify.py); nothing else of the filesystem.
+Owns: `Coherence` (the directory's holders, waits, batches, revokes),
+`Hold` (a handle's place in it) and `CoherenceStats` (its figures).  May
+call: memosfs._native (the directory), the trace, and the two page-drop
+callbacks the filesystem gives it (notify.py); nothing else of the
+filesystem.
 """
 
 from __future__ import annotations
@@ -58,14 +59,43 @@ from __future__ import annotations
 import errno
 import logging
 import select
+from dataclasses import dataclass
 from typing import Awaitable, Callable, Optional
 
 import pyfuse3
 import trio
 
 from memosfs import _native
+from memosfs.stats import Record, counter, gauge
 
 log = logging.getLogger("memosfs.fuse.coherence")
+
+
+@dataclass(frozen=True)
+class CoherenceStats(Record):
+    """Coherence (knob coherence_protocol).
+
+    The directory's figures (native/directory.c) and the delivery's."""
+    coherence_slots: int = gauge("slots with at least one holder now")
+    coherence_holders: int = gauge("(slot, agent) holders now")
+    coherence_reads: int = counter("read grants")
+    coherence_writes: int = counter("write grants")
+    coherence_invalidations: int = counter("holders invalidated by a writer")
+    coherence_acks: int = counter("invalidations acknowledged (explicitly or by release)")
+    coherence_pending_waits: int = counter("writers that waited in P for acknowledgements")
+    coherence_read_waits: int = counter("protocol 2 reads told to wait for a writer")
+    coherence_timeouts: int = counter("pending writers cancelled")
+    coherence_downgrades: int = counter("M holders moved to S by a reader")
+    coherence_publishes: int = counter("publishes the directory saw")
+    coherence_msgs_queued: int = counter("invalidation messages queued for delivery")
+    coherence_events_dropped: int = counter("directory events lost to a full event ring")
+    coherence_revoked: int = counter("holders whose copy was revoked (lease break, root)")
+    coherence_protocol: int = gauge("setting: 0 last publish wins, 1 invalidate, 2 wait for acks")
+    coherence_delivered: int = counter("invalidation messages delivered to agents")
+    coherence_batches: int = counter("delivery batches run")
+    coherence_wait_ms: int = counter("milliseconds requests waited on coherence, in all")
+    coherence_interrupts: int = counter("coherence waits ended by a signal")
+
 
 GRANTED = _native.DIR_GRANTED
 WAIT = _native.DIR_WAIT
@@ -484,11 +514,9 @@ class Coherence:
                         agent=agent_name(agent), refused=errno.errorcode.get(code, code))
         return pyfuse3.FUSEError(code)
 
-    def stats(self) -> dict[str, int]:
-        st = self.dir.stats()
-        st["coherence_protocol"] = self.protocol
-        st["coherence_delivered"] = self._delivered
-        st["coherence_batches"] = self._batches
-        st["coherence_wait_ms"] = self._wait_ns // 1_000_000
-        st["coherence_interrupts"] = self._interrupts
-        return st
+    def statistics(self) -> CoherenceStats:
+        return CoherenceStats(
+            coherence_protocol=self.protocol, **self.dir.stats(),
+            coherence_delivered=self._delivered, coherence_batches=self._batches,
+            coherence_wait_ms=self._wait_ns // 1_000_000,
+            coherence_interrupts=self._interrupts)

@@ -36,13 +36,14 @@ when they need it).  A KnobError leaves everything unchanged and is EINVAL
 Owns: `ControlTree`, built like the federated tree (`FedTree`, fedtree.py):
 its nodes live in the filesystem's inode table under fixed inode numbers
 (2 up to FIRST_DYNAMIC_INO), added through `ops.add_fixed`; the knob
-writes; the flush, reset_context, revoke and trace writers; the assembly of
-the statistics every stats file prints.
+writes; the flush, reset_context, revoke and trace writers; the list of
+statistics records every stats file prints (`statistics()`, STATS_RECORDS)
+and the filesystem's own record, FilesystemStats.
 
 May call: the store (set_capacity, set_evict_batch, cache, ssd, flush,
-statistics), the prefetcher, coherence (revoke, stats), tenants (stats), the
-trace, and of the filesystem (`ops`) only: add_fixed, find_session,
-reset_session, slot_at, request_stats, knobs.
+statistics), the prefetcher, coherence (revoke, statistics), tenants
+(statistics), the trace, and of the filesystem (`ops`) only: add_fixed,
+find_session, reset_session, slot_at, request_stats, tree_counts, knobs.
 """
 
 from __future__ import annotations
@@ -50,12 +51,20 @@ from __future__ import annotations
 import errno
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from memosfs.knobs import KNOB_BY_NAME, KNOBS, KnobError
-from memosfs.stats import format_metrics, format_stats, stats_json
+from memosfs.stats import (Record, as_dict, counter, format_metrics, format_stats, gauge,
+                           stats_json)
+from memosfs.store.prefetch import PrefetchStats
+from memosfs.store.remote.tier import RemoteStats
+from memosfs.store.ssd import SSDStats
+from memosfs.store.statistics import CacheStats, StoreStats
 from memosfs.fuse.core import FIRST_DYNAMIC_INO, physical_memory
+from memosfs.fuse.coherence import CoherenceStats
 from memosfs.fuse.nodes import CONTROL_DIR, CTL, Dir, Pseudo
+from memosfs.fuse.tenants import TenantStats
 
 if TYPE_CHECKING:
     from memosfs.fuse.operations import MemosOperations
@@ -151,6 +160,31 @@ KNOB_APPLY: dict[str, Callable[["ControlTree", Any], Any]] = {
 }
 
 
+
+# ---------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class FilesystemStats(Record):
+    """The filesystem (the tree, handles, requests, the page cache).
+
+    Counted by the handlers (memosfs/fuse/)."""
+    agents: int = gauge("agent directories now")
+    sessions: int = gauge("session directories now")
+    open_handles: int = gauge("open file handles now")
+    read_requests: int = counter("reads that reached the daemon (not served by the page cache)")
+    page_cache_pushed_bytes: int = counter("bytes pushed into the kernel's page cache")
+    page_cache_pushes: int = counter("pushes of a slot into the kernel's page cache")
+    requests_refused: int = counter("requests answered with an error the log explains")
+    private_writers: int = counter("retried whole-slot writers given a draft of their own")
+    uptime_s: float = gauge("seconds since the mount", 0.0)
+
+
+# every record class, in the order the stats files print them (the README's table)
+STATS_RECORDS = (StoreStats, CacheStats, FilesystemStats, CoherenceStats, TenantStats,
+                 PrefetchStats, SSDStats, RemoteStats)
+
+
 # ---------------------------------------------------------------- the tree
 
 
@@ -169,9 +203,10 @@ class ControlTree:
         ctl = self._dir(next(ino), CONTROL_DIR, ops.root)
         cache = self._dir(next(ino), "cache", ctl)
         debug = self._dir(next(ino), "debug", ctl)
-        self._file(next(ino), "stats", cache, 0o444, lambda: format_stats(self.stats()), None)
+        self._file(next(ino), "stats", cache, 0o444,
+                   lambda: format_stats(self.statistics()), None)
         self._file(next(ino), "stats.json", cache, 0o444,
-                   lambda: stats_json(self.stats()), None)
+                   lambda: stats_json(self.statistics()), None)
         for knob in KNOBS:
             self._file(next(ino), knob.name, cache, 0o644,
                        (lambda k=knob: k.format(self.knobs[k.name])),
@@ -182,7 +217,7 @@ class ControlTree:
         # the trace names every tenant's agents, sessions, slots and uids
         self._file(next(ino), "trace", debug, 0o600, self.trace.text, self.write_trace)
         self._file(next(ino), "metrics", ctl, 0o444,
-                   lambda: format_metrics(self.stats()), None)
+                   lambda: format_metrics(self.statistics()), None)
 
     def _dir(self, ino: int, name: str, parent: Dir) -> Dir:
         return self.ops.add_fixed(Dir(ino, name, parent, 0o755, 0, 0, CTL))
@@ -245,91 +280,36 @@ class ControlTree:
 
     # ---- statistics ----
 
-    def stats(self) -> dict[str, object]:
-        """Every counter, by name: the C core's, then the store's and the
-        filesystem's (the order the stats files print)."""
+    def statistics(self) -> list[Any]:
+        """One record per component, in the order the stats files print:
+        the store's, the memory tier's (C core), the filesystem's,
+        coherence, tenants, the prefetcher, then the SSD and remote tiers
+        where the mount has them (STATS_RECORDS lists every class)."""
         ops = self.ops
-        c = self.store.cache.stats()
-        s = self.store.statistics()
+        store = self.store
         r = ops.request_stats()
-        io = self.store.read_statistics()
-        hits = s.mem_hits + s.ssd_hits + s.remote_hits
-        misses = s.misses + r["lookup_misses"]
-        lookups = hits + misses
-        agents, sessions = ops.tree_counts()
-        out: dict[str, object] = {
-            "lookups": lookups,
-            "hits": hits,
-            "mem_hits": s.mem_hits,
-            "ssd_hits": s.ssd_hits,
-            "misses": misses,
-            "hit_rate": (hits / lookups) if lookups else 0.0,
-            "inserts": c["inserts"],
-            "replaces": c["replaces"],
-            "publishes": s.publishes,
-            "promotions": s.promotions,
-            "writebacks": s.writebacks,
-            "evict_writebacks": s.evict_writebacks,
-            "slots_lost": s.drops_lost,
-            "slots_unsaved": getattr(s, "slots_unsaved", 0),
-            "warmup_loaded_bytes": s.warmup_loaded_bytes,
-            "warmup_total_bytes": s.warmup_total_bytes,
-            "warmup_done": s.warmup_done,
-            "removes": c["removes"],
-            "evictions": c["evictions"],
-            "eviction_runs": c["eviction_runs"],
-            "evict_refused": c["evict_refused"],
-            "ring_recycles": s.ring_recycles,
-            "resets": s.resets,
-            "flushes": s.flushes,
-            "slots": c["slots"],
-            "bytes_used": c["bytes_used"],
-            "capacity": c["capacity"],
-            "pages_used": c["pages_used"],
-            "free_pages": c["free_pages"],
-            "superblocks": c["superblocks"],
-            "huge_pages": c["huge_pages"],
-            "index_load_factor": c["index_load_factor"],
-            "index_entries": c["index_entries"],
-            "index_buckets": c["index_buckets"],
-            "alloc_failures": c["alloc_failures"],
-            "alloc_waits": c["alloc_waits"],
-            "reclaim_runs": c.get("reclaim_runs", 0),
-            "fragmentation": c.get("fragmentation", 0.0),
-            "pages_pending": c.get("pages_pending", 0),
-            "sweep_ns_max": c.get("sweep_ns_max", 0),
-            "reclaim_free_ratio": c.get("reclaim_free_ratio", 0.0),
-            "reclaim_fail_limit": c.get("reclaim_fail_limit", 0),
-            "drafts": c["drafts"],
-            "bytes_draft": c["bytes_draft"],
-            "pinned": c["pinned"],
-            "dead_pinned": c["dead_pinned"],
-            "evict_batch": c["evict_batch"],
-            "evict_policy": self.store.cache.policy,
-            "ghost_hits_recency": c.get("ghost_hits_recency", 0),
-            "ghost_hits_frequency": c.get("ghost_hits_frequency", 0),
-            "policy_recency": c.get("policy_recency", 0.0),
-            "policy_probation": c.get("policy_probation", 0),
-            "policy_protected": c.get("policy_protected", 0),
-            "ring_slots": self.store.ring_slots,
-            "agents": agents,
-            "sessions": sessions,
-            "open_handles": r["open_handles"],
-            "read_requests": r["read_requests"],
-            "direct_reads": io["direct_reads"],
-            "quant_tensors": io["quant_tensors"],
-            "quant_fallbacks": io["quant_fallbacks"],
-            "quant_saved_bytes": io["quant_saved_bytes"],
-            "page_cache_pushed_bytes": r["page_cache_pushed_bytes"],
-            "page_cache_pushes": r["page_cache_pushes"],
-            "requests_refused": r["requests_refused"],
-            "private_writers": r["private_writers"],
-            "uptime_s": round(time.monotonic() - self._started, 3),
-        }
-        out.update(ops.coherence.stats())
-        out.update(ops.tenants.stats())
-        out.update(self.store.prefetch.stats())
-        if self.store.ssd is not None:
-            out.update(self.store.ssd.statistics())
-        out.update(self.store.remote_statistics())
-        return out
+        records: list[Any] = [
+            store.statistics(lookup_misses=r["lookup_misses"]),
+            CacheStats.from_native(store.cache.stats(), store.cache.policy),
+            self._fs_statistics(r), ops.coherence.statistics(), ops.tenants.statistics(),
+            store.prefetch.statistics()]
+        if store.ssd is not None:
+            records.append(store.ssd.statistics())
+        remote = store.remote_statistics()
+        if remote is not None:
+            records.append(remote)
+        return records
+
+    def stats(self) -> dict[str, object]:
+        """Every figure by name, in order (a view of `statistics()`)."""
+        return as_dict(self.statistics())
+
+    def _fs_statistics(self, r: dict[str, int]) -> FilesystemStats:
+        agents, sessions = self.ops.tree_counts()
+        return FilesystemStats(
+            agents=agents, sessions=sessions, open_handles=r["open_handles"],
+            read_requests=r["read_requests"],
+            page_cache_pushed_bytes=r["page_cache_pushed_bytes"],
+            page_cache_pushes=r["page_cache_pushes"], requests_refused=r["requests_refused"],
+            private_writers=r["private_writers"],
+            uptime_s=round(time.monotonic() - self._started, 3))

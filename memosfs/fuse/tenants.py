@@ -33,7 +33,8 @@ capacity (`25%`), resolved against the capacity at each check, so they
 follow `capacity` changes.  Every refusal is logged with the uid or agent,
 what it holds and the bound.
 
-Owns: `Tenants` (the per-uid and per-agent accounts) and `OverLimit`.
+Owns: `Tenants` (the per-uid and per-agent accounts), `OverLimit` and
+`TenantStats` (its figures).
 May call: the store (peek, keys_lru_first, demote, cache quotas) and the
 knobs mapping it is given; nothing of the handlers (they call it).
 """
@@ -43,14 +44,29 @@ from __future__ import annotations
 import collections
 import logging
 import weakref
+from dataclasses import dataclass
 from typing import Optional
 
 from memosfs import _native
+from memosfs.stats import Record, counter, gauge
 
 log = logging.getLogger("memosfs.fuse.tenants")
 
 QUOTA_XATTR = b"user.memos.quota"
 USAGE_XATTR = b"user.memos.usage"
+
+
+@dataclass(frozen=True)
+class TenantStats(Record):
+    """Tenants (pins, open handles, agent quotas).
+
+    See "Several users on one mount": each refusal is an EDQUOT answer."""
+    pin_refused: int = counter("pins refused: the uid's pinned bytes would pass pin_max_per_uid")
+    hold_refused: int = counter("opens and writes refused: the uid's open handles would pass "
+                                "hold_max_per_uid")
+    quota_refused: int = counter("writes refused: the agent would pass its quota")
+    quota_evictions: int = counter("slots an agent over its quota moved to the SSD tier")
+    quota_agents: int = gauge("agents with a quota now")
 
 
 class OverLimit(Exception):
@@ -243,11 +259,9 @@ class Tenants:
                         f"would pass its quota ({quota} bytes) and none of its slots can "
                         f"move to the SSD tier (open, pinned, or no SSD tier)")
 
-    def stats(self) -> dict[str, int]:
-        return {
-            "pin_refused": self.c["pin_refused"],
-            "hold_refused": self.c["hold_refused"],
-            "quota_refused": self.c["quota_refused"],
-            "quota_evictions": self.c["quota_evictions"],
-            "quota_agents": len(self.quotas),
-        }
+    def statistics(self) -> TenantStats:
+        return TenantStats(pin_refused=self.c["pin_refused"],
+                           hold_refused=self.c["hold_refused"],
+                           quota_refused=self.c["quota_refused"],
+                           quota_evictions=self.c["quota_evictions"],
+                           quota_agents=len(self.quotas))

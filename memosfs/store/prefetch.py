@@ -51,7 +51,7 @@ Integration (what the store and the filesystem call):
     engine.on_access(key, hit)   # every demand open of an existing slot
     engine.on_evict(key)         # the memory tier let the slot go
     engine.on_remove(key)        # the slot is gone (unlink, rename away, reset, ring)
-    engine.stats()               # counters for stats / stats.json
+    engine.statistics()          # its record, PrefetchStats (stats / stats.json)
     engine.set_mode(name)        # the knob; ModeUnavailable for learned without torch
     engine.close()
 
@@ -76,6 +76,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from memosfs.knobs import KnobError
+from memosfs.stats import Record, counter, gauge
 
 log = logging.getLogger("memosfs.store.prefetch")
 
@@ -87,6 +88,53 @@ ACTIVE_MODES = ("sequential", "random", "hybrid", "learned")
 SUB_MODES = ("sequential", "random")          # what hybrid chooses between
 
 DEFAULT_KNOBS = {"prefetch_mode": "off", "prefetch_stride": 2, "prefetch_retrain_below": 0.70}
+
+
+@dataclass(frozen=True)
+class PrefetchStats(Record):
+    """The prefetcher (knob prefetch_mode).
+
+    Accuracy = prefetched slots read by demand before they left memory /
+    prefetched slots; per mode as well (`_sequential`, `_random`, `_hybrid`,
+    `_learned`: the mode that issued the prefetch)."""
+    prefetch_issued: int = counter("slots prefetched into memory")
+    prefetch_used: int = counter("prefetched slots read by demand before they left memory")
+    prefetch_accuracy: float = gauge("prefetch_used / prefetch_issued", 0.0)
+    prefetch_retrains: int = counter("re-choices (hybrid) and retrainings (learned): low accuracy")
+    prefetch_dropped: int = counter("queued prefetches dropped (late or queue full)")
+    prefetch_dropped_late: int = counter("queued prefetches dropped: the demand read came first")
+    prefetch_dropped_full: int = counter("queued prefetches dropped: the queue was full")
+    prefetch_wasted: int = counter("prefetched slots that left memory unread")
+    prefetch_failed: int = counter("prefetches that could not fetch (not on the SSD, no room)")
+    prefetch_skipped: int = counter("prefetches skipped: the slot was in memory already")
+    prefetch_events_dropped: int = counter("access events dropped: the worker fell behind")
+    prefetch_window_accuracy: float = gauge("accuracy of the current mode over its last prefetches",
+                                            0.0)
+    prefetch_queue: int = gauge("prefetches queued now")
+    prefetch_outstanding: int = gauge("prefetched slots in memory, not yet judged")
+    prefetch_issued_sequential: int = counter("prefetch_issued by sequential")
+    prefetch_used_sequential: int = counter("prefetch_used by sequential")
+    prefetch_accuracy_sequential: float = gauge("prefetch_accuracy of sequential", 0.0)
+    prefetch_issued_random: int = counter("prefetch_issued by random")
+    prefetch_used_random: int = counter("prefetch_used by random")
+    prefetch_accuracy_random: float = gauge("prefetch_accuracy of random", 0.0)
+    prefetch_issued_hybrid: int = counter("prefetch_issued by hybrid")
+    prefetch_used_hybrid: int = counter("prefetch_used by hybrid")
+    prefetch_accuracy_hybrid: float = gauge("prefetch_accuracy of hybrid", 0.0)
+    prefetch_issued_learned: int = counter("prefetch_issued by learned")
+    prefetch_used_learned: int = counter("prefetch_used by learned")
+    prefetch_accuracy_learned: float = gauge("prefetch_accuracy of learned", 0.0)
+    prefetch_retrains_hybrid: int = counter("hybrid's re-choices on low accuracy")
+    prefetch_retrains_learned: int = counter("learned's retrainings on low accuracy")
+    prefetch_hybrid_random: int = gauge("1 while hybrid follows random, 0 while sequential")
+    prefetch_hybrid_switches: int = counter("times hybrid changed the sub-mode it follows")
+    prefetch_shadow_accuracy_sequential: float = gauge(
+        "hybrid: sequential's accuracy in the shadow (recent window)", 0.0)
+    prefetch_shadow_accuracy_random: float = gauge(
+        "hybrid: random's accuracy in the shadow (recent window)", 0.0)
+    prefetch_learned_steps: int = counter("training steps of the learned model")
+    prefetch_learned_loss: float = gauge("the learned model's last training loss", 0.0)
+
 
 QUEUE_MAX = 64          # queued prefetches; beyond, the oldest is dropped
 EVENTS_MAX = 4096       # demand reads waiting for the worker; beyond, the oldest are dropped
@@ -563,18 +611,20 @@ class PrefetchEngine:
 
     # ---- stats ----
 
-    def stats(self) -> dict[str, Any]:
+    def statistics(self) -> PrefetchStats:
         with self._lock:
             c = dict(self._cnt.c)
             qlen = len(self._queue)
             wins = {m: (sum(w) / len(w) if w else 0.0) for m, w in self._win.items()}
             mode = self.mode
             outstanding = len(self._outstanding)
+            shadow = {m: tuple(self._shadow_win[m]) for m in SUB_MODES}
         out: dict[str, Any] = {}
-        for name in ("prefetch_issued", "prefetch_used", "prefetch_accuracy", "prefetch_retrains",
+        for name in ("prefetch_issued", "prefetch_used", "prefetch_retrains",
                      "prefetch_dropped", "prefetch_dropped_late", "prefetch_dropped_full",
                      "prefetch_wasted", "prefetch_failed", "prefetch_skipped",
-                     "prefetch_events_dropped"):
+                     "prefetch_events_dropped", "prefetch_retrains_hybrid",
+                     "prefetch_retrains_learned", "prefetch_hybrid_switches"):
             out[name] = c.get(name, 0)
         out["prefetch_accuracy"] = (out["prefetch_used"] / out["prefetch_issued"]
                                     if out["prefetch_issued"] else 0.0)
@@ -586,17 +636,15 @@ class PrefetchEngine:
             out[f"prefetch_issued_{m}"] = issued
             out[f"prefetch_used_{m}"] = used
             out[f"prefetch_accuracy_{m}"] = used / issued if issued else 0.0
-        out["prefetch_retrains_hybrid"] = c.get("prefetch_retrains_hybrid", 0)
-        out["prefetch_retrains_learned"] = c.get("prefetch_retrains_learned", 0)
         out["prefetch_hybrid_random"] = int(self.hybrid_choice == "random")
-        out["prefetch_hybrid_switches"] = c.get("prefetch_hybrid_switches", 0)
-        for m in SUB_MODES:
-            w = tuple(self._shadow_win[m])
+        for m, w in shadow.items():
             out[f"prefetch_shadow_accuracy_{m}"] = sum(w) / len(w) if w else 0.0
         lrn = self._learned
         out["prefetch_learned_steps"] = lrn.steps if lrn else 0
         out["prefetch_learned_loss"] = round(lrn.loss, 4) if lrn else 0.0
-        return out
+        return PrefetchStats(**out)
+
+    stats = statistics          # the older name (tests, the simulator)
 
     # ---- the worker ----
 

@@ -22,6 +22,7 @@ types only for annotations).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import logging
 import time
@@ -31,6 +32,7 @@ from memosfs.store.common import _k, _session_of
 from memosfs.store.ssd import CorruptSlot, SSDReader
 
 if TYPE_CHECKING:
+    from memosfs.store.remote.tier import RemoteStats
     from memosfs import _native
     from memosfs.store.remote import RemoteEntry, RemoteVersion
 
@@ -119,16 +121,14 @@ class RemoteGlueMixin:
         if self.remote is not None:
             self.remote.strong = on
 
-    def remote_statistics(self) -> dict[str, int]:
-        """Every remote counter (for .memos/cache/stats); {} without the tier."""
+    def remote_statistics(self) -> Optional[RemoteStats]:
+        """The remote tier's record, with the two figures the store counts
+        for it (remote_drops, remote_promotions); None without the tier."""
         if self.remote is None:
-            return {}
-        out = self.remote.statistics()
-        out["remote_drops"] = self._c["remote_drops"]
-        out["remote_promotions"] = self._c["remote_promotions"]
-        return out
-
-    # ---- announcements from other mounts ----
+            return None
+        return dataclasses.replace(self.remote.statistics(),
+                                   remote_drops=self._c["remote_drops"],
+                                   remote_promotions=self._c["remote_promotions"])
 
     def _local_ident(self, key: bytes, want_crc_for: Optional[tuple] = None):
         """(version, size, crc32c) of the current local copy, or None.  The

@@ -53,10 +53,11 @@ from typing import Any, Iterator, Optional
 
 from memosfs import _native
 from memosfs.private import open_private, private_dir, private_makedirs, tighten_tree
+from memosfs.stats import Record, counter, gauge
 
 log = logging.getLogger("memosfs.store.ssd")
 
-__all__ = ["SSDTier", "SSDEntry", "CorruptSlot", "MAGIC"]
+__all__ = ["SSDTier", "SSDEntry", "SSDStats", "CorruptSlot", "MAGIC"]
 
 MAGIC = b"MEMOSLT1"
 _FOOTER = struct.Struct("<II8s")          # trailer length, trailer crc, magic
@@ -114,6 +115,20 @@ def read_trailer(fd: int, path: str) -> SSDEntry:
     except ValueError as e:
         raise CorruptSlot(f"{path}: bad metadata: {e}") from None
     return SSDEntry(key, version, size, crc, path, total, meta)
+
+
+@dataclass(frozen=True)
+class SSDStats(Record):
+    """The SSD tier (with -o ssd=)."""
+    ssd_slots: int = gauge("slots on the SSD tier")
+    ssd_bytes: int = gauge("bytes of the slots on the SSD tier")
+    ssd_capacity: int = gauge("setting: bytes the SSD tier may hold")
+    ssd_corrupt: int = counter("slot files that failed their checks (set aside in corrupt/)")
+    ssd_writes: int = counter("slot files written")
+    ssd_write_bytes: int = counter("bytes written to slot files")
+    ssd_write_errors: int = counter("slot file writes that failed")
+    ssd_reads: int = counter("slot files read back into memory")
+    ssd_read_bytes: int = counter("bytes read back from slot files")
 
 
 class SSDTier:
@@ -474,19 +489,13 @@ class SSDTier:
     def disk_free(self) -> int:
         return shutil.disk_usage(self.root).free
 
-    def statistics(self) -> dict[str, int]:
+    def statistics(self) -> SSDStats:
         with self.lock:
-            return {
-                "ssd_slots": len(self.index),
-                "ssd_bytes": self.used_bytes,
-                "ssd_capacity": self.capacity,
-                "ssd_corrupt": self.corrupt,
-                "ssd_writes": self.writes,
-                "ssd_write_bytes": self.write_bytes,
-                "ssd_write_errors": self.write_errors,
-                "ssd_reads": self.reads,
-                "ssd_read_bytes": self.read_bytes,
-            }
+            return SSDStats(
+                ssd_slots=len(self.index), ssd_bytes=self.used_bytes,
+                ssd_capacity=self.capacity, ssd_corrupt=self.corrupt, ssd_writes=self.writes,
+                ssd_write_bytes=self.write_bytes, ssd_write_errors=self.write_errors,
+                ssd_reads=self.reads, ssd_read_bytes=self.read_bytes)
 
     def lru_candidates(self, order: list[bytes]) -> Iterator[SSDEntry]:
         """Entries, least recently used first, given keys most recent first."""

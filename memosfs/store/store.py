@@ -98,7 +98,6 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from memosfs import _native
@@ -110,6 +109,7 @@ from memosfs.store.prefetch import PrefetchEngine
 from memosfs.store.reads import ReadMixin
 from memosfs.store.remoteglue import RemoteGlueMixin
 from memosfs.store.ssd import SSDTier
+from memosfs.store.statistics import StoreStats
 from memosfs.store.warmup import WarmupMixin
 from memosfs.store.writeback import WriteBackMixin
 from memosfs.store.writes import WriteMixin
@@ -120,38 +120,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("memosfs.store.store")
 
 __all__ = ["Store", "StoreStats", "UnsavedSlots", "make_key", "split_key"]
-
-
-@dataclass(frozen=True)
-class StoreStats:
-    """Counters kept above the C core."""
-    lookups: int
-    mem_hits: int
-    ssd_hits: int
-    misses: int
-    promotions: int
-    publishes: int
-    ring_recycles: int
-    resets: int
-    flushes: int
-    writebacks: int
-    evict_writebacks: int
-    drops_lost: int
-    warmup_loaded_bytes: int
-    warmup_total_bytes: int
-    warmup_done: int
-    # the remote tier (all 0 without one)
-    remote_hits: int = 0
-    remote_misses: int = 0
-    remote_bytes_in: int = 0
-    remote_bytes_out: int = 0
-    remote_errors: int = 0
-    remote_corrupt: int = 0
-    remote_queue_dropped: int = 0
-    remote_invalidations: int = 0
-    remote_drops: int = 0
-    # dirty slots a close could not write to the SSD tier (they were lost)
-    slots_unsaved: int = 0
 
 
 class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
@@ -271,20 +239,29 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
     def set_evict_batch(self, n: int) -> None:
         self.cache.set_evict_batch(n)
 
-    def statistics(self) -> StoreStats:
+    def statistics(self, lookup_misses: int = 0) -> StoreStats:
+        """The store's own figures (memosfs/store/statistics.py).
+        lookup_misses: the filesystem's lookups of a name no tier has,
+        counted as misses."""
         c = self._c
-        remote = self.remote.statistics() if self.remote is not None else {}
-        return StoreStats(c["lookups"], c["mem_hits"], c["ssd_hits"], c["misses"],
-                          c["promotions"], c["publishes"], c["ring_recycles"], c["resets"],
-                          c["flushes"], c["writebacks"], c["evict_writebacks"],
-                          c["drops_lost"], c["warmup_loaded_bytes"], self._warm_total,
-                          self._warm_done,
-                          **{f: remote.get(f, 0) for f in _REMOTE_STATS},
-                          remote_drops=c["remote_drops"], slots_unsaved=c["slots_unsaved"])
+        remote = self.remote.statistics().remote_hits if self.remote is not None else 0
+        hits = c["mem_hits"] + c["ssd_hits"] + remote
+        misses = c["misses"] + lookup_misses
+        lookups = hits + misses
+        return StoreStats(
+            lookups=lookups, hits=hits, mem_hits=c["mem_hits"], ssd_hits=c["ssd_hits"],
+            misses=misses, hit_rate=(hits / lookups) if lookups else 0.0,
+            publishes=c["publishes"], promotions=c["promotions"], writebacks=c["writebacks"],
+            evict_writebacks=c["evict_writebacks"], slots_lost=c["drops_lost"],
+            slots_unsaved=c["slots_unsaved"], warmup_loaded_bytes=c["warmup_loaded_bytes"],
+            warmup_total_bytes=self._warm_total, warmup_done=self._warm_done,
+            ring_recycles=c["ring_recycles"], resets=c["resets"], flushes=c["flushes"],
+            ring_slots=self.ring_slots, direct_reads=c["direct_reads"],
+            **self.quant.statistics())
 
     def read_statistics(self) -> dict[str, int]:
-        """Counters StoreStats does not carry: reads served straight from an
-        SSD file (direct_reads), and quantized storage (quant_*)."""
+        """The read figures of StoreStats alone: reads served straight from
+        an SSD file (direct_reads), and quantized storage (quant_*)."""
         return {"direct_reads": self._c["direct_reads"], **self.quant.statistics()}
 
     def close(self) -> None:
@@ -327,8 +304,3 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
             raise UnsavedSlots(unsaved, failed, lost=True)
         if failed is not None:
             raise failed
-
-
-_REMOTE_STATS = ("remote_hits", "remote_misses", "remote_bytes_in", "remote_bytes_out",
-                 "remote_errors", "remote_corrupt", "remote_queue_dropped",
-                 "remote_invalidations")

@@ -12,26 +12,30 @@ one replica when the master has one.  A write then announces itself
 (pubsub.py's _announce) and records the slot in its session's index.
 
 Owns: RemoteTier, its state (created in __init__ here, used by its bases),
-its threads' lifecycle, statistics(), and the synchronous writes (put_sync,
-delete_sync).  Its bases are the other seams: ReadMixin (reads.py: stat,
-get, names), ClusterMixin (cluster.py: connections, node health, the mount
-check), PubSubMixin (pubsub.py: versions told, announcements,
-acknowledgements), WriteBehindMixin (writebehind.py: the upload queue).
+its threads' lifecycle, statistics() and its record RemoteStats, and the
+synchronous writes (put_sync, delete_sync).  Its bases are the other
+seams: ReadMixin (reads.py: stat, get, names), ClusterMixin (cluster.py:
+connections, node health, the mount check), PubSubMixin (pubsub.py:
+versions told, announcements, acknowledgements), WriteBehindMixin
+(writebehind.py: the upload queue).
 Calls url (parse_url), wire (keys, manifests) and memosfs._native (crc32c).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import queue
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from memosfs import _native
+from memosfs.stats import Record, counter, gauge
 from memosfs.store.remote.cluster import ClusterMixin, _Failed, _Unavailable
 from memosfs.store.remote.pubsub import PubSubMixin
 from memosfs.store.remote.reads import ReadMixin
@@ -43,6 +47,38 @@ from memosfs.store.remote.wire import (ACK_CHANNEL, CHANNEL, CHUNK_TTL_S, FIXED,
 from memosfs.store.remote.writebehind import Source, WriteBehindMixin
 
 log = logging.getLogger("memosfs.store.remote")
+
+
+
+@dataclass(frozen=True)
+class RemoteStats(Record):
+    """The remote tier (with -o remote=).
+
+    Counted by the tier (its counters are the `_count` calls of this package),
+    except remote_drops and remote_promotions, which the Store counts and
+    fills in (Store.remote_statistics)."""
+    remote_hits: int = counter("slots read from the remote tier")
+    remote_misses: int = counter("remote reads that found no slot")
+    remote_bytes_in: int = counter("bytes read from the remote tier")
+    remote_bytes_out: int = counter("bytes uploaded to the remote tier")
+    remote_errors: int = counter("remote requests that failed (logged)")
+    remote_corrupt: int = counter("remote slots that failed their checks (not served)")
+    remote_partial: int = counter("remote reads that found a chunk missing (not served)")
+    remote_stale: int = counter("remote versions older than one announced (not served)")
+    remote_skipped: int = counter("remote requests skipped: not connected or node backing off")
+    remote_queue_dropped: int = counter("uploads dropped because the upload queue was full")
+    remote_invalidations: int = counter("announcements of a newer version received")
+    remote_puts: int = counter("versions uploaded")
+    remote_deletes: int = counter("deletions sent")
+    remote_put_failures: int = counter("uploads that failed")
+    remote_reconnects: int = counter("reconnections of the announcement subscription")
+    remote_acks: int = counter("acknowledgements of an announcement received (strong mode)")
+    remote_ack_timeouts: int = counter("announcements not acknowledged in time (strong mode)")
+    remote_queue: int = gauge("uploads and deletions queued now")
+    remote_connected: int = gauge("1 while connected to the cluster")
+    remote_subscribed: int = gauge("1 while subscribed to the announcements")
+    remote_drops: int = counter("local copies dropped for a newer remote version")
+    remote_promotions: int = counter("slots brought from the remote tier into memory")
 
 
 class RemoteTier(ReadMixin, ClusterMixin, PubSubMixin, WriteBehindMixin):
@@ -150,21 +186,16 @@ class RemoteTier(ReadMixin, ClusterMixin, PubSubMixin, WriteBehindMixin):
                 pass
         return drained
 
-    def statistics(self) -> dict[str, int]:
+    def statistics(self) -> RemoteStats:
         with self._lock:
             c = dict(self._c)
         with self._q:
             queued = len(self._puts) + len(self._dels) + len(self._sess_dels)
-        out = {name: int(c.get(name, 0)) for name in (
-            "remote_hits", "remote_misses", "remote_bytes_in", "remote_bytes_out",
-            "remote_errors", "remote_corrupt", "remote_partial", "remote_stale",
-            "remote_skipped", "remote_queue_dropped", "remote_invalidations",
-            "remote_puts", "remote_deletes", "remote_put_failures", "remote_reconnects",
-            "remote_acks", "remote_ack_timeouts")}
-        out["remote_queue"] = queued
-        out["remote_connected"] = int(self.connected.is_set())
-        out["remote_subscribed"] = int(self.subscribed.is_set())
-        return out
+        counted = {f.name: int(c.get(f.name, 0)) for f in dataclasses.fields(RemoteStats)
+                   if f.metadata["kind"] == "counter"}
+        return RemoteStats(**counted, remote_queue=queued,
+                           remote_connected=int(self.connected.is_set()),
+                           remote_subscribed=int(self.subscribed.is_set()))
 
     # ---- writes ----
 
