@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from memosfs import _native
-from memosfs.store import prefetch
+from memosfs.store import prefetch_learned as learned
 from memosfs.testing.prefetch_sim import SimTier, simulate, strided_requests
 from memosfs.knobs import KNOB_BY_NAME, KnobError
 from memosfs.store.prefetch import ModeUnavailable, PrefetchEngine, natural_key
@@ -290,15 +290,15 @@ def test_modes_are_checked():
     eng = _engine(tier, "off")
     with pytest.raises(KnobError):
         eng.set_mode("psychic")
-    old = prefetch._learned_ok, prefetch._learned_why
-    prefetch._learned_ok, prefetch._learned_why = False, "ImportError: No module named 'torch'"
+    old = learned._learned_ok, learned._learned_why
+    learned._learned_ok, learned._learned_why = False, "ImportError: No module named 'torch'"
     try:
         with pytest.raises(ModeUnavailable, match="torch"):
             eng.set_mode("learned")
         assert eng.mode == "off"
         assert issubclass(ModeUnavailable, KnobError)
     finally:
-        prefetch._learned_ok, prefetch._learned_why = old
+        learned._learned_ok, learned._learned_why = old
     # off: nothing is recorded or fetched
     tier.write(b"a/s/turn-0")
     tier.write(b"a/s/turn-1")
