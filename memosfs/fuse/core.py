@@ -48,6 +48,8 @@ WRITER_RETRY_S = 5.0            # how long an ESTALE'd writer's retry is waited 
 PUSH_WAIT_S = 5.0               # how long a writer waits for a push into its inode,
                                 # or for another writer to replace the slot first
 PUSH_MIN_BYTES = 1 << 20        # smaller versions: reading them through the daemon costs less than a push (its attribute refresh is a round trip)
+PUSH_AFTER_WRITERS_BYTES = 4 << 20   # a version published by writers is pushed after the last
+                                     # one closes from this size on (it pins the version meanwhile)
 
 
 def tgid_of(pid: int) -> int:

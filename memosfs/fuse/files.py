@@ -304,6 +304,13 @@ class FileOps(OpsCore):
                     node.readers -= 1
                 elif h.kind == "write":
                     self._writer_gone(node, h)
+                    if not node.writers:
+                        try:
+                            job = self._push_after_writers(node)
+                        except pyfuse3.FUSEError:
+                            job = None      # (logged) the readers fetch from the daemon
+                        if job is not None:
+                            trio.lowlevel.spawn_system_task(self.pusher.run, job)
             self._maybe_forget(node)
 
     def _writer_gone(self, node: Slot, h: Handle) -> None:

@@ -57,10 +57,11 @@ class PageCachePusher:
         self.limiter = trio.CapacityLimiter(2)
         self.pushed_bytes = 0           # bytes stored into the page cache
         self.pushes = 0                 # versions pushed (wholly or in part)
+        self.outstanding = 0            # claimed and not done (trio thread)
 
-    @staticmethod
-    def claim(node: "Slot", ref: "_native.Ref") -> tuple:
+    def claim(self, node: "Slot", ref: "_native.Ref") -> tuple:
         """Mark a push of ref's version into node as in flight (trio thread)."""
+        self.outstanding += 1
         return (node, ref, node.claim_push(ref.version))
 
     async def run(self, job: tuple) -> None:
@@ -83,6 +84,7 @@ class PageCachePusher:
         finally:
             ref.release()
             node.push_done()
+            self.outstanding -= 1
 
     async def _thread(self, fn, *args) -> None:
         await trio.to_thread.run_sync(fn, *args, limiter=self.limiter,

@@ -30,7 +30,8 @@ import time
 from typing import Optional
 
 from memosfs import _native
-from memosfs.fuse.core import PUSH_MIN_BYTES, WRITER_RETRY_S, OpsCore, log, refuse
+from memosfs.fuse.core import (PUSH_AFTER_WRITERS_BYTES, PUSH_MIN_BYTES, WRITER_RETRY_S,
+                               OpsCore, log, refuse)
 from memosfs.fuse.nodes import Handle, Slot, now_ns
 from memosfs.fuse.pagecache import BytesSource
 from memosfs.fuse.tenants import OverLimit
@@ -130,6 +131,36 @@ class PublishOps(OpsCore):
                 source = pin if logical is None else BytesSource(logical, pin)
                 return self.pusher.claim(node, source)
         return None
+
+    def _push_after_writers(self, node: Slot) -> Optional[tuple]:
+        """The last writer of node is gone: a push of the published version
+        into its page cache (while writers were open the pages were theirs,
+        so the version their close published was not pushed), so that the
+        readers that follow read at page-cache speed, as after a write on a
+        local filesystem.  None when there is nothing to push, or when two
+        pushes are already under way (each pins its version in memory until
+        it is done: a burst of closes must not pin the memory tier full)."""
+        node = node.latest()
+        if self.pusher is None or self.knobs["page_cache_push"] != "1" \
+                or self.pusher.outstanding >= 2 \
+                or node.detached or not node.version or node.writers \
+                or node.writer_pending or node.readers or node.pushing \
+                or node.pub_size < PUSH_AFTER_WRITERS_BYTES \
+                or node.cache_version == node.version:
+            return None
+        pin = self.store.peek(node.key)
+        if pin is None:
+            return None
+        if pin.version != node.version:
+            pin.release()
+            return None
+        try:
+            logical = self._logical(pin)
+        except BaseException:
+            pin.release()
+            raise
+        source = pin if logical is None else BytesSource(logical, pin)
+        return self.pusher.claim(node, source)
 
     def _ready_for_writer(self, node: Slot, pid: int = 0, trunc: bool = True) -> None:
         """Before an O_TRUNC writer is sent back (ESTALE) to look the name up
