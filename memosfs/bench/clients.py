@@ -25,9 +25,11 @@ cache when the clock stops, as they are for the client).  The patterns
   slot          a 256 MiB slot read cold by 1 reader, then by 4 threads each
                 reading a quarter (pread, 1 MiB at a time)
   persist       (with --with-persist-coherence) `bench persist`'s write-back
-                during eviction vs raw write+fsync, no kill -9 cycles
+                during eviction vs raw write+fsync (and its restart figures),
+                256M in 8M slots (96M at least, more than its 64M mount), no
+                kill -9 cycles
   coherence     (with --with-persist-coherence) `bench coherence --agents 8`
-                at 10% and at 1% writes
+                at 10% and at 1% writes, 5 s per mode (1 s at least)
 
 "Cold" drops the files' pages with posix_fadvise(DONTNEED) first (on disk
 after an fsync, so the pages are clean and do go); on memosfs the read then
@@ -427,7 +429,8 @@ def persist_coherence(repeat: int, scale: float, which: tuple[str, ...],
     if "persist" in which:
         from memosfs.bench.persist import bench_persist
         slot = 8 * MiB
-        size = max(4 * slot, int(256 * MiB * scale) // slot * slot)
+        # more than the 64M mount holds, so eviction does write back
+        size = max(12 * slot, int(256 * MiB * scale) // slot * slot)
         t0 = time.perf_counter()
         r = bench_persist(size, slot, 0, repeat, progress=progress)
         keys = ("size_bytes", "slot_bytes", "slots", "repeat", "writeback_MBps",
