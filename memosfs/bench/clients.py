@@ -76,7 +76,8 @@ def add_parsers(bsub) -> None:
                    help="comma-separated patterns: " + ",".join(PATTERNS + EXTRA))
     p.add_argument("--with-persist-coherence", action="store_true",
                    help="also run bench persist (write-back) and bench coherence "
-                   "(8 agents, 10%% and 1%% writes); off by default (about a minute more)")
+                   "(8 agents, 10%% and 1%% writes); off by default (about 80 s more at "
+                   "--scale 1)")
     p.add_argument("--disk-dir", default="/var/tmp",
                    help="where the disk target's folder is made (default /var/tmp)")
     p.add_argument("--json", action="store_true", help="print JSON only")
