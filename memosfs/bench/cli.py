@@ -16,6 +16,7 @@ import importlib
 # (module, optional): an optional module that does not import is left out
 BENCHES = (
     ("io", False),
+    ("clients", False),         # torch, safetensors optional (patterns skipped)
     ("persist", False),
     ("policy", False),
     ("native", False),

@@ -1,0 +1,89 @@
+"""`memosfs bench clients` end to end, small: one JSON object in which every
+pattern is there, measured on the three targets or skipped with a reason,
+and every ratio is the memosfs time over the baseline's; no timing asserts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FUSE_REASON
+
+pytestmark = pytest.mark.skipif(FUSE_REASON is not None, reason=FUSE_REASON or "")
+
+PATTERNS = {
+    "write_4k": ("write",),
+    "write_64k": ("write",),
+    "safetensors": ("save", "load_warm", "load_cold"),
+    "torch": ("save", "load_warm", "load_cold"),
+    "pickle": ("dump", "load_warm", "load_cold"),
+    "small": ("create", "read"),
+    "slot": ("read_cold_1", "read_cold_4"),
+}
+TARGETS = ("memosfs", "tmpfs", "disk")
+
+
+def _mounts_under(d) -> list[str]:
+    d = os.path.realpath(d)
+    with open("/proc/self/mounts") as f:
+        return [ln.split()[1] for ln in f if ln.split()[1].startswith(d + "/")]
+
+
+@pytest.mark.mount          # the bench mounts through its own daemon
+@pytest.mark.slow
+def test_bench_clients_small(tmp_path):
+    tmp = tmp_path / "tmpdir"
+    disk = tmp_path / "disk"
+    tmp.mkdir()
+    disk.mkdir()
+    r = subprocess.run([sys.executable, "-m", "memosfs", "bench", "clients", "--json",
+                        "--scale", "0.02", "--repeat", "1", "--disk-dir", str(disk)],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, TMPDIR=str(tmp)))
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-4000:]}"
+    out = json.loads(r.stdout)
+    assert out["bench"] == "clients" and out["repeat"] == 1 and out["scale"] == 0.02
+    assert set(out["targets"]) == set(TARGETS)
+    assert out["targets"]["memosfs"]["fstype"].startswith("fuse")
+    assert out["targets"]["tmpfs"]["fstype"] == "tmpfs"
+    assert set(out["patterns"]) == set(PATTERNS)
+    measured = 0
+    for name, figs in PATTERNS.items():
+        pat = out["patterns"][name]
+        if "skipped" in pat:
+            # only the torch patterns may be skipped, and only without torch
+            assert name in ("torch", "safetensors"), (name, pat)
+            assert "not importable" in pat["skipped"]
+            continue
+        measured += 1
+        assert set(pat["figures"]) == set(figs), (name, pat)
+        for fig, f in pat["figures"].items():
+            s = f["seconds"]
+            assert set(s) == set(TARGETS) and all(s[t] > 0 for t in TARGETS), (name, fig, f)
+            unit = "ops_per_s" if name == "small" else "MBps"
+            assert set(f[unit]) == set(TARGETS), (name, fig, f)
+            for base in ("tmpfs", "disk"):
+                want = s["memosfs"] / s[base]
+                got = f[f"memosfs_vs_{base}"]
+                assert abs(got - want) <= 1e-4 + 1e-3 * want, (name, fig, base, got, want)
+            # the rates say the same as the times: faster means a higher rate
+            for a in TARGETS:
+                for b in TARGETS:
+                    if s[a] < s[b] * 0.99:
+                        assert f[unit][a] >= f[unit][b], (name, fig, f)
+    assert measured >= 5
+    for name in ("persist", "coherence"):
+        assert "skipped" in out[name], out[name]
+    # everything it made is gone: no mount, no folder left behind
+    assert _mounts_under(tmp_path) == []
+    assert list(tmp.iterdir()) == [] and list(disk.iterdir()) == []
+
+
+def test_bench_clients_refuses_unknown_pattern():
+    r = subprocess.run([sys.executable, "-m", "memosfs", "bench", "clients", "--only",
+                        "write_4k,nosuch"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "nosuch" in r.stderr
