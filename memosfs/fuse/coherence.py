@@ -167,6 +167,7 @@ class Coherence:
         self._batches = 0
         self._wait_ns = 0
         self._batch_due = False
+        self._batch_wake: Optional[trio.Event] = None   # set when a batch is due
         self._waiting: dict[int, set[trio.CancelScope]] = {}   # caller's thread -> its waits
         self._interrupted: set[int] = set()     # threads whose wait the kernel interrupted
         self._interrupts = 0
@@ -403,6 +404,8 @@ class Coherence:
             self.deliver()
         else:
             self._batch_due = True
+            if self._batch_wake is not None:
+                self._batch_wake.set()
 
     def deliver(self) -> int:
         """Hand every queued invalidation to its agent's handles."""
@@ -435,8 +438,14 @@ class Coherence:
         return len(msgs)
 
     async def batch_loop(self) -> None:
-        """Protocol 1's batches: deliver what queued up, every coherence_batch_ms."""
+        """Protocol 1's batches: deliver what queued up, at most every
+        coherence_batch_ms.  Asleep while nothing is queued (the request
+        thread is not woken 500 times a second for nothing)."""
         while True:
+            if not self._batch_due:
+                self._batch_wake = trio.Event()
+                await self._batch_wake.wait()
+                self._batch_wake = None
             await trio.sleep(max(int(self.knobs["coherence_batch_ms"]), 1) / 1000)
             if self._batch_due:
                 self._batch_due = False
