@@ -102,6 +102,13 @@ def test_second_daemon_on_the_same_ssd_dir_is_refused_and_touches_nothing(make_m
     assert (a.ssd / "namespace.json").exists() and (a.ssd / "order.json").exists()
     assert oct(os.stat(a.ssd / ".lock").st_mode & 0o777) == oct(0o600)
     assert holder_of(a.ssd) == f"{a.proc.pid} {a.path}\n"
+    # held on one close-on-exec descriptor: no child the daemon spawns keeps it
+    fds = [fd for fd in os.listdir(f"/proc/{a.proc.pid}/fd")
+           if os.readlink(f"/proc/{a.proc.pid}/fd/{fd}") == str(a.ssd / ".lock")]
+    assert len(fds) == 1
+    with open(f"/proc/{a.proc.pid}/fdinfo/{fds[0]}") as f:
+        flags = int(next(ln for ln in f if ln.startswith("flags:")).split()[1], 8)
+    assert flags & os.O_CLOEXEC
     before = quiet_snapshot(a.ssd)
 
     b = tmp_path / "b"
