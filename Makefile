@@ -1,6 +1,9 @@
 # memosfs — the two commands are `make run` and `make test`.
 #
-#   make run    install what is missing, build, mount at $(MOUNT) (foreground; Ctrl-C unmounts)
+#   make run    install what is missing, build, mount at $(MOUNT) (foreground; Ctrl-C unmounts);
+#               refused (the daemon says why, make stops) if $(MOUNT) already has a
+#               memosfs mounted or $(SSD) is in use by another daemon; OPTS=nonempty
+#               mounts over a live mount all the same
 #   make test   install what is missing, build, run the C unit tests and the pytest suite
 #
 # Variables: MOUNT=/mnt/memos SSD=/var/lib/memosfs/memos OPTS=capacity=1G,evict_batch=16

@@ -13,8 +13,15 @@
 Mount options (-o, comma-separated): every knob of `.memos/cache/` by name
 (capacity=4G, evict_batch=24, ...), ssd=DIR, log=FILE, debug,
 remote=redis://HOST:PORT[,HOST:PORT...] (a Redis cluster shared with other
-mounts; docs/remote.md), remote_durable=0|1; the rest go to
-libfuse (allow_other, fsname=, ...).  default_permissions is always on.
+mounts; docs/remote.md), remote_durable=0|1, nonempty (the same as --force);
+the rest go to libfuse (allow_other, fsname=, ...).  default_permissions is
+always on.
+
+One daemon per SSD directory: a daemon holds an exclusive lock on DIR/.lock
+for as long as it runs, and a second one on the same directory is refused
+(exit 1) before it touches anything there.  A mountpoint that already has a
+FUSE filesystem mounted on it (another memosfs, say) is refused too, unless
+--force or -o nonempty asks to mount over it.
 """
 
 from __future__ import annotations
@@ -62,7 +69,8 @@ def parse_mount_options(opts: Sequence[str]) -> tuple[dict, dict, set]:
                     knobs[name] = KNOB_BY_NAME[name].parse(value)
                 except KnobError as e:
                     raise SystemExit(f"memosfs: bad option {opt!r}: {e}")
-            elif name in ("ssd", "log", "debug", "foreground", "remote", "remote_durable"):
+            elif name in ("ssd", "log", "debug", "foreground", "remote", "remote_durable",
+                          "nonempty"):
                 own[name] = value
             else:
                 fuse.add(opt)
@@ -127,6 +135,47 @@ def _mount_device(mountpoint: str) -> Optional[str]:
     return dev
 
 
+def _unescape_mountinfo(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as \\ooo."""
+    import re
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _mounts_at(mountpoint: str) -> list[str]:
+    """The filesystem types mounted at mountpoint (bottom first), from
+    /proc/self/mountinfo: no request to the mount itself, which may be hung.
+    The mountpoint is taken as given and with its parent's links resolved
+    (a realpath of the mountpoint itself would stat the mount)."""
+    mountpoint = os.path.abspath(mountpoint)
+    names = {mountpoint, os.path.join(os.path.realpath(os.path.dirname(mountpoint)),
+                                      os.path.basename(mountpoint))}
+    found = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 4 and _unescape_mountinfo(fields[4]) in names \
+                        and "-" in fields[5:]:
+                    rest = fields[fields.index("-", 5) + 1:]
+                    found.append(rest[0] if rest else "")
+    except OSError:
+        pass
+    return found
+
+
+def _live_fuse_mount(mountpoint: str) -> Optional[str]:
+    """The refusal message if a FUSE filesystem is mounted at mountpoint."""
+    fuse = [t for t in _mounts_at(mountpoint) if t == "fuse" or t.startswith("fuse.")]
+    if not fuse:
+        return None
+    daemon = _read_run_file(_run_file(mountpoint, "pid")) or {}
+    pid = daemon.get("pid")
+    who = f" (pid {pid})" if isinstance(pid, int) and _alive(pid) else ""
+    return (f"memosfs: {mountpoint} already has a {fuse[-1]} mount{who}; unmount it "
+            f"first (memosfs umount {mountpoint}) or pass -o nonempty / --force to "
+            f"mount over it")
+
+
 def _raise_readahead(mountpoint: str, kib: int = 8192) -> None:
     """FUSE starts with 128 KiB readahead; slots are large, so read ahead more."""
     dev = _mount_device(mountpoint)
@@ -140,26 +189,24 @@ def _raise_readahead(mountpoint: str, kib: int = 8192) -> None:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    import pyfuse3
-    import trio
-
-    from memosfs import _native
-    from memosfs.fuse.operations import MemosOperations
-    from memosfs.store.ssd import SSDTier
-    from memosfs.store.store import Store, UnsavedSlots
-
     knobs, own, fuse_opts = parse_mount_options(args.o or [])
     foreground = args.foreground or "foreground" in own
     debug = "debug" in own or args.debug
     logfile = own.get("log") or (None if foreground else DEFAULT_LOG)
     _setup_logging(logfile, debug)
     mountpoint = os.path.abspath(args.mountpoint)
+    if not (args.force or "nonempty" in own):   # before any stat of it: it may hang
+        refused = _live_fuse_mount(mountpoint)
+        if refused:
+            if logfile:                 # else the log is stderr: say it once
+                log.error("%s", refused.removeprefix("memosfs: "))
+            print(refused, file=sys.stderr)
+            return 1
     if not os.path.isdir(mountpoint):
         print(f"memosfs: mountpoint {mountpoint} is not a directory", file=sys.stderr)
         return 1
     ssd = own.get("ssd") or DEFAULT_SSD
 
-    _native.tune_malloc()
     def knob(name):
         return knobs.get(name, KNOB_BY_NAME[name].default)
 
@@ -169,6 +216,44 @@ def cmd_mount(args: argparse.Namespace) -> int:
         print(f"memosfs: capacity {knob('capacity')} cannot grow beyond memory "
               f"({memory} bytes)", file=sys.stderr)
         return 1
+
+    # One daemon per SSD directory: the lock first, before anything reads or
+    # changes the directory (the tightening walk, the scan, the writes).
+    lock = None
+    if ssd != "none":
+        from memosfs.private import private_makedirs
+        from memosfs.store.ssd import DirectoryInUse, DirLock
+        try:
+            private_makedirs(ssd)
+            lock = DirLock.acquire(ssd, mountpoint, still_serving=_mounts_at)
+        except DirectoryInUse as e:
+            if logfile:
+                log.error("cannot mount %s: %s", mountpoint, e)
+            print(f"memosfs: cannot mount {mountpoint}: {e}", file=sys.stderr)
+            return 1
+        except OSError as e:
+            print(f"memosfs: cannot use ssd directory {ssd}: {e.strerror}", file=sys.stderr)
+            return 1
+    try:
+        return _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock)
+    finally:
+        if lock is not None:            # the daemon's own copy stays open after a fork
+            lock.close()
+
+
+def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock) -> int:
+    """The rest of cmd_mount, once the SSD directory is ours."""
+    import pyfuse3
+    import trio
+
+    from memosfs import _native
+    from memosfs.fuse.operations import MemosOperations
+    from memosfs.store.ssd import SSDTier
+    from memosfs.store.store import Store, UnsavedSlots
+
+    _native.tune_malloc()
+    def knob(name):
+        return knobs.get(name, KNOB_BY_NAME[name].default)
 
     tier = None
     if ssd != "none":                   # ssd=none: a memory-only cache
@@ -226,6 +311,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if not foreground:
         if not _daemonize():
             return 0                  # the parent: the mount is up
+        if lock is not None:
+            lock.note(os.getpid(), mountpoint)      # the daemon holds it now
     else:
         print(f"memosfs: mounted {args.source} at {mountpoint} "
               f"(capacity {store.cache.capacity} bytes, ssd {ssd}); "
@@ -605,9 +692,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("mountpoint")
     m.add_argument("-o", action="append", metavar="OPTS",
                    help="comma-separated options: " + ", ".join(k.name for k in KNOBS)
-                   + ", ssd=DIR, log=FILE, debug, and libfuse options")
+                   + ", ssd=DIR (one daemon per directory: a second one is refused), "
+                   "log=FILE, debug, nonempty (see --force), and libfuse options")
     m.add_argument("-f", "--foreground", action="store_true")
     m.add_argument("-d", "--debug", action="store_true")
+    m.add_argument("--force", action="store_true",
+                   help="mount even if MOUNTPOINT already has a FUSE filesystem (another "
+                   "memosfs, say) mounted on it: stack this one on top (-o nonempty "
+                   "does the same); without it such a mount is refused")
     m.set_defaults(fn=cmd_mount)
 
     u = sub.add_parser("umount", help="unmount")
