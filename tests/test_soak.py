@@ -20,8 +20,9 @@ unlinks, read back and checked), and they also:
   - pin and unpin (root only: pins of other uids are a quota of their own).
 The test itself reads the stats file at every sample as well.
 
-Sampling: every SAMPLE_S (5 s) VmRSS from /proc/PID/status and the number of
-entries of /proc/PID/fd.  The curve is written as JSON (samples and a summary)
+Sampling: every SAMPLE_S (5 s) VmRSS from /proc/PID/status, the number of
+entries of /proc/PID/fd, and (reported, not judged) the size of the daemon's
+inode table (statvfs: f_files - f_ffree) and the stats file's `slots`.  The curve is written as JSON (samples and a summary)
 to the test's tmp dir and copied to /tmp/memosfs-soak-<timestamp>.json; both
 paths are printed.
 
@@ -216,8 +217,13 @@ def test_memory_stays_flat(make_mount, tmp_path):
                 st = m.stats()
             except OSError:
                 st = {}
+            try:
+                vfs = os.statvfs(m.path)
+                inodes = vfs.f_files - vfs.f_ffree      # the daemon's inode table
+            except OSError:
+                inodes = None
             samples.append({"t": round(time.monotonic() - t0, 1), "rss_kb": rss_kb(pid),
-                            "fds": nfds(pid), "slots": st.get("slots")})
+                            "fds": nfds(pid), "inodes": inodes, "slots": st.get("slots")})
 
         sample()
         procs = []
@@ -268,7 +274,9 @@ def test_memory_stays_flat(make_mount, tmp_path):
         for k, v in r["failed"].items():
             failed[k] = failed.get(k, 0) + v
     summary = {"seconds": DURATION, "workers": NWORKERS, "uids": uids,
-               "samples": len(samples), "rss_kb": rss, "fds": fds, "ops": totals,
+               "samples": len(samples), "rss_kb": rss, "fds": fds,
+               "inodes": [samples[0]["inodes"], samples[len(samples) // 2]["inodes"],
+                          samples[-1]["inodes"]], "ops": totals,
                "failed": failed}
     curve = {"summary": summary, "samples": samples}
     path = tmp_path / "soak.json"
