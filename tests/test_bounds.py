@@ -123,3 +123,30 @@ def test_coherence_waits_leave_no_event_or_interrupt_behind():
         assert coh._interrupted == set() and coh._waiting == {}
 
     trio.run(main)
+
+
+def test_prefetch_forgets_a_directory_once_emptied():
+    """Scratch directories (made, read, emptied, never used again) leave the
+    prefetcher's session and heat tables when their last slot goes, not when
+    SESSIONS_MAX newer ones push them out."""
+    from memosfs.store.prefetch import PrefetchEngine
+    names: dict = {}
+    eng = PrefetchEngine(lambda k: False, lambda k: False,
+                         lambda a, s: list(names.get((a, s), ())),
+                         {"prefetch_stride": 2}, background=False)
+    try:
+        eng.set_mode("hybrid")
+        for i in range(200):
+            sess = f"s/t{i}/u"
+            names[("a", sess)] = ["x0", "x1", "x2"]
+            for n in ("x0", "x1", "x2"):
+                eng.on_access(f"a/{sess}/{n}".encode(), False)
+            eng.run_pending()
+            del names[("a", sess)]
+            for n in ("x0", "x1", "x2"):
+                eng.on_remove(f"a/{sess}/{n}".encode())
+            eng.run_pending()
+        assert len(eng._sessions) == 0, list(eng._sessions)[:5]
+        assert len(eng._heat_keys) == 0
+    finally:
+        eng.close()
