@@ -131,3 +131,17 @@ test-stress: deps build
 	for i in $$(seq $(STRESS_ROUNDS)); do $(PY) -m pytest -q tests/test_stress.py || exit 1; done
 	MEMOSFS_STRESS_SECONDS=$(STRESS_SECONDS) MEMOSFS_STRESS_SEED=$(STRESS_SEED) \
 	  $(PY) -m pytest -q -s $(PYTEST_ARGS) tests/test_stress_mixed.py
+
+# The memory soak (tests/test_soak.py, never part of `make test`): 4 processes under
+# root and three other uids churn a 64M mount (prefetch hybrid, coherence 1) for
+# SOAK_SECONDS while the daemon's RSS and open fds are sampled every 5 s; fails if
+# either grows over the second half (the curve: /tmp/memosfs-soak-<time>.json).
+# Variables: SOAK_SECONDS=1800 SOAK_WORKERS=4
+SOAK_SECONDS ?= 1800
+SOAK_WORKERS ?= 4
+
+.PHONY: test-soak
+
+test-soak: deps build
+	MEMOSFS_SOAK_SECONDS=$(SOAK_SECONDS) MEMOSFS_SOAK_WORKERS=$(SOAK_WORKERS) \
+	  $(PY) -m pytest -q -s $(PYTEST_ARGS) tests/test_soak.py

@@ -38,15 +38,21 @@ def trace_quote(value: Any) -> str:
 class Trace:
     """The debug/trace event buffer: a bounded ring of text lines."""
 
-    def __init__(self, maxlen: int = 65536) -> None:
+    def __init__(self, maxlen: int = 65536, maxbytes: int = 16 << 20) -> None:
         self.enabled = False
-        self._lines: collections.deque[str] = collections.deque(maxlen=maxlen)
+        # bounded twice: `maxlen` lines and `maxbytes` characters (a line names
+        # keys, which may be long: 65536 lines of 4 KiB paths would be 256 MiB)
+        self.maxbytes = maxbytes
+        self._bytes = 0
+        self._lines: collections.deque[str] = collections.deque()
+        self._maxlen = maxlen
         self._lock = threading.Lock()
 
     def set(self, on: bool) -> None:
         with self._lock:
             if on and not self.enabled:
                 self._lines.clear()
+                self._bytes = 0
             self.enabled = on
 
     def emit(self, event: str, **fields: Any) -> None:
@@ -55,8 +61,13 @@ class Trace:
         if not self.enabled:
             return
         kv = " ".join(f"{trace_quote(k)}={trace_quote(v)}" for k, v in fields.items())
+        line = f"{time.time_ns()} {trace_quote(event)} {kv}".rstrip()
         with self._lock:
-            self._lines.append(f"{time.time_ns()} {trace_quote(event)} {kv}".rstrip())
+            self._lines.append(line)
+            self._bytes += len(line) + 1
+            while len(self._lines) > self._maxlen or \
+                    (self._bytes > self.maxbytes and len(self._lines) > 1):
+                self._bytes -= len(self._lines.popleft()) + 1
 
     def text(self) -> str:
         with self._lock:

@@ -472,15 +472,26 @@ class Coherence:
         scopes = self._waiting.setdefault(deadline.pid, set()) if deadline.pid else None
         if scopes is not None:
             scopes.add(scope)
+        woke = False
         try:
             with scope:
                 await ev.wait()
-                return True
+                woke = True
         finally:
             if scopes is not None:
                 scopes.discard(scope)
                 if not scopes:
                     self._waiting.pop(deadline.pid, None)
+            # the last waiter of an event nobody set takes it away (the key may
+            # never change again: removed), so _changed holds only awaited keys
+            if not ev.is_set() and ev.statistics().tasks_waiting == 0 \
+                    and self._changed.get(key) is ev:
+                del self._changed[key]
+        if woke:
+            # an interrupt that came as the event fired: the wait is over anyway
+            # (the thread id may be reused: nothing of it may stay behind)
+            self._interrupted.discard(deadline.pid)
+            return True
         if deadline.pid in self._interrupted:
             self._interrupted.discard(deadline.pid)
             deadline.interrupted = True

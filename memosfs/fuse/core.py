@@ -250,7 +250,10 @@ class OpsCore:
         self._maybe_forget(node)
 
     def _maybe_forget(self, node: Node) -> None:
-        if node.detached and node.lookups <= 0 and node.handles <= 0:
+        """Drop an inode that left the tree (unlinked, or superseded: another
+        inode took its name) once the kernel forgot it and no handle is open."""
+        if (node.detached or getattr(node, "successor", None) is not None) \
+                and node.lookups <= 0 and node.handles <= 0:
             self.inodes.pop(node.ino, None)
 
     # ---- calls into the store ----

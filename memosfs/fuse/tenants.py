@@ -119,6 +119,8 @@ class Tenants:
                 total += nbytes
             else:
                 del pins[node]
+        if not pins:
+            self._pins.pop(uid, None)   # a uid with no pin left keeps no entry
         return total
 
     def check_pin(self, uid: int, node, ref) -> None:
@@ -142,8 +144,10 @@ class Tenants:
             self._pins.setdefault(uid, weakref.WeakKeyDictionary())[node] = (
                 ref.version, ref.stored)
             return
-        for pins in self._pins.values():
+        for u, pins in list(self._pins.items()):
             pins.pop(node, None)
+            if not pins:
+                del self._pins[u]
 
     # ---- open handles ----
 
@@ -197,6 +201,8 @@ class Tenants:
                 nodes.discard(node)
             else:
                 total += node.draft.size
+        if not nodes:
+            self._drafts.pop(uid, None)
         return total
 
     def check_draft(self, uid: int, node, new_size: int) -> None:

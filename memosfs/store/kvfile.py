@@ -395,6 +395,12 @@ class QuantizedVersions:
             self.remember(key, data)
         return data
 
+    def forget(self, slot_key: bytes) -> None:
+        """Drop every decoded version of a slot that was removed or renamed
+        (its entries would otherwise stay until the LRU pushed them out)."""
+        for k in [k for k in list(self._decoded) if k[0] == slot_key]:
+            self._decoded.pop(k, None)
+
     def remember(self, key: tuple, data: bytes) -> None:
         """Keep the logical bytes of version key = (slot key, version)."""
         self._decoded[key] = data

@@ -33,17 +33,32 @@ class NamespaceMixin:
     # ---- order and recency ----
 
     def _touch(self, key: bytes) -> None:
+        """Most recently used now; a key that is in no ring (removed meanwhile,
+        e.g. by an unlink between a reader's get and this call) is not added
+        back: _recency holds only keys that exist."""
         with self.lock:
+            order = self._order.get(_session_of(key))
+            if order is None or key not in order:
+                return
             self._recency.pop(key, None)
             self._recency[key] = None
             self._recency_dirty = True
 
+    def _order_pop(self, key: bytes) -> None:
+        """Take key out of its directory's ring; an empty ring goes too (a
+        directory made, filled and removed leaves nothing behind).  Under lock."""
+        sess = _session_of(key)
+        order = self._order.get(sess)
+        if order is not None:
+            order.pop(key, None)
+            if not order:
+                del self._order[sess]
+
     def _forget(self, key: bytes) -> None:
         with self.lock:
-            order = self._order.get(_session_of(key))
-            if order is not None:
-                order.pop(key, None)
+            self._order_pop(key)
             self._recency.pop(key, None)
+            self.quant.forget(key)
             self._dirty_since.pop(key, None)
             self._recency_dirty = True
 

@@ -142,6 +142,7 @@ WINDOW = 100            # prefetch outcomes in the accuracy window
 WINDOW_MIN = 50         # outcomes needed before the window can trigger a retrain
 HORIZON = 512           # demand reads after which an unused prefetch counts as a miss (window)
 SESSIONS_MAX = 4096     # sessions whose slot order the worker keeps
+SMALL_SESSION = 64      # a session of at most this many listed slots is dropped when it empties
 OUTSTANDING_MAX = 1 << 16
 REFRESH_EVERY = 8       # events of a session between re-listings for a prefetch past the end
 HYBRID_REVIEW = 256     # events between hybrid's periodic look at the shadow accuracies
@@ -683,6 +684,18 @@ class PrefetchEngine(_Judging):
         s = self._sessions.get(path)
         if s is not None:
             s.stale = True
+            # a small directory whose last slot went (made, used and removed:
+            # a scratch folder) leaves the table at once rather than when
+            # SESSIONS_MAX newer ones push it out; a big one is not listed on
+            # every removal (it goes by the LRU if it empties)
+            if len(s.names) <= SMALL_SESSION:
+                try:
+                    left = self._session_slots(s.agent, s.session)
+                except Exception:
+                    left = [None]
+                if not left:
+                    del self._sessions[path]
+                    self.native.stride_forget(s.sid)
         kid = self._key_id(key)
         if self._heat_keys.pop(kid, None) is not None:
             self.native.heat_remove(kid)

@@ -159,12 +159,10 @@ class WriteMixin:
         else:
             in_mem, on_ssd = self._rename_tiers(old, new)
         with self.lock:
-            src = self._order.get(_session_of(old))
-            if src is not None:
-                src.pop(old, None)
-            dst = self._order.get(_session_of(new))
-            if dst is not None:
-                dst.pop(new, None)
+            self._order_pop(old)
+            self._order_pop(new)
+            self.quant.forget(old)
+            self.quant.forget(new)
             since = self._dirty_since.pop(old, None)
             self._dirty_since.pop(new, None)
             self._recency.pop(old, None)
