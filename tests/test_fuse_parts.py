@@ -145,3 +145,33 @@ def test_the_store_quantizes_and_decodes():
     assert same is plain and none is None
     plain.free()
     store.close()
+
+
+
+def test_a_retried_writer_with_a_draft_of_its_own_sees_its_size(make_handlers):
+    """A retried whole-slot writer that got a draft of its own
+    (`_open_private`) stats the inode the kernel opened: it sees its own
+    draft's size, the other writers theirs, everyone else the published one
+    (the soak caught it seeing another writer's 3 MiB)."""
+    from conftest import Ctx
+    h = make_handlers()
+    h.mkdirs("a/s")
+    h.write("a/s/x", b"p" * 100)                       # published: 100 bytes
+    ops = h.ops
+    node = ops.slot_at("a/s/x")
+    other, mine, third = Ctx(), Ctx(), Ctx()
+    other.pid, mine.pid, third.pid = 1 << 22, (1 << 22) + 1, (1 << 22) + 2   # no such pids
+    # another writer's draft on the inode: 3000 bytes
+    fi_other = h.call("open", node.ino, os.O_WRONLY | os.O_TRUNC, other)
+    h.call("write", fi_other.fh, 0, b"o" * 3000)
+    # a retried writer's draft of its own: 7 bytes
+    fi_mine = ops._open_private(node, os.O_WRONLY | os.O_TRUNC, mine)
+    h.call("write", fi_mine.fh, 0, b"m" * 7)
+    assert h.call("getattr", node.ino, mine).st_size == 7
+    assert h.call("getattr", node.ino, other).st_size == 3000
+    assert h.call("getattr", node.ino, third).st_size == 100
+    assert h.call("getattr", node.ino, third).attr_timeout == 0
+    h.call("release", fi_mine.fh)                       # publishes its 7 bytes
+    assert not node.privates
+    h.call("release", fi_other.fh)                      # the last publish wins
+    assert h.call("getattr", node.ino, third).st_size == 3000

@@ -230,6 +230,15 @@ class OpsCore:
                 a.st_blocks = max(node.blocks(), (size + 511) // 512)
                 if node.changed:
                     a.st_mtime_ns = a.st_ctime_ns = node.draft_mtime_ns
+        if isinstance(node, Slot) and node.privates:
+            a.attr_timeout = 0          # a retried writer's own draft (its view)
+            own = node.privates.get(tgid_of(ctx.pid)) if ctx is not None else None
+            if own is not None and own.writers:
+                size = own.draft_size()
+                a.st_size = size
+                a.st_blocks = max(node.blocks(), (size + 511) // 512)
+                if own.changed:
+                    a.st_mtime_ns = a.st_ctime_ns = own.draft_mtime_ns
         if isinstance(node, Slot) and not node.version:
             a.entry_timeout = 0         # unpublished: others get ENOENT (lookup)
         return a

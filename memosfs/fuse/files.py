@@ -320,6 +320,9 @@ class FileOps(OpsCore):
             del node.writer_pids[h.opener]
         if node.writers:
             return
+        owner = node.private_of
+        if owner is not None:           # a private draft's last writer: its view goes
+            owner.privates = {t: sh for t, sh in owner.privates.items() if sh is not node}
         # the last writer: its draft goes; the pages it left in the kernel
         # are the published version's when everything was published
         clean = not node.changed and node.base_decoded is None   # (quantized: the

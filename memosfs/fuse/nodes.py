@@ -166,6 +166,9 @@ class Slot(Node):
         self.cache_version = -1         # version the kernel may hold pages of (PUSH_LOCK)
         self.successor: Optional[Slot] = None  # the inode that took our name
         self.pushing = 0                # page-cache pushes in flight (PUSH_LOCK)
+        self.privates: dict[int, "Slot"] = {}  # tgid -> the draft of its own a
+                                        # retried writer of this inode got (_open_private)
+        self.private_of: Optional[Slot] = None  # (such a draft's node) the inode it is for
 
     # ---- metadata kept by the tiers ----
 

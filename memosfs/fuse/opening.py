@@ -203,6 +203,9 @@ class OpenOps(OpsCore):
         shadow.successor = inode_node              # publishes follow the name
         fi = self._open_slot(shadow, flags | os.O_TRUNC, None, ctx=ctx)
         fi.direct_io = True
+        # its fstat (SEEK_END, O_APPEND) reaches inode_node: answer with its draft
+        shadow.private_of = inode_node
+        inode_node.privates[tgid_of(ctx.pid)] = shadow
         self._private_writers += 1
         log.info("%s: a retried writer got a draft of its own (direct I/O)", inode_node.name)
         return fi
