@@ -195,7 +195,7 @@ KNOBS: tuple[Knob, ...] = (
          "relative error ||x-x^||/||x|| above which a tensor stays at full precision; auto "
          "= 0.03 for int8 schemes, 0.12 for int4", "on the next publish", open_lo=True),
     _choice("page_cache_push", ("0", "1"), "1",
-            "1: copy each published version (of 1 MiB or more) into the kernel page cache, so local readers "
+            "1: copy each published version (of 1 MiB or more; one that writers published, of 4 MiB or more, once the last of them closes) into the kernel page cache, so local readers "
             "and mmap find it without a request (as after a write on a local filesystem); "
             "0: readers fetch from the daemon"),
     _choice("coherence_protocol", ("0", "1", "2"), "1",
