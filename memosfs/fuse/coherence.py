@@ -358,15 +358,7 @@ class Coherence:
                     continue            # a write handle acquires again on its next write
                 hold.revoked = True
                 n += 1
-                if hold.poll_handle is not None:
-                    ph, hold.poll_handle = hold.poll_handle, None
-                    try:
-                        ph.notify()
-                    except Exception as e:    # the poller may be gone
-                        log.debug("poll notify for %s failed: %s", agent_name(agent), e)
-                node = getattr(hold.handle, "node", None)
-                if node is not None:
-                    nodes[id(node)] = node
+                self._tell(hold, nodes)
             log.warning("revoked %s's hold on %s (%d read handle(s) now fail with ESTALE): %s",
                         agent_name(agent), key.decode("utf-8", "replace"), n, why)
         self._after_change()
@@ -417,15 +409,7 @@ class Coherence:
         for key, agent, writer in msgs:
             for hold in self.holds.get((key, agent), ()):
                 hold.invalidated = True
-                if hold.poll_handle is not None:
-                    ph, hold.poll_handle = hold.poll_handle, None
-                    try:
-                        ph.notify()
-                    except Exception as e:    # the poller may be gone
-                        log.debug("poll notify for %s failed: %s", agent_name(agent), e)
-                node = getattr(hold.handle, "node", None)
-                if node is not None:
-                    nodes[id(node)] = node
+                self._tell(hold, nodes)
             self._delivered += 1
         if self.protocol >= 2:
             # Strong: every holder must drop its copy, and no reader shares the
@@ -452,6 +436,20 @@ class Coherence:
                 self.deliver()
 
     # ---- internals ----
+
+    @staticmethod
+    def _tell(hold: Hold, nodes: dict) -> None:
+        """Wake the hold's poller (POLLPRI) and note its node, whose cached
+        pages the caller may drop."""
+        if hold.poll_handle is not None:
+            ph, hold.poll_handle = hold.poll_handle, None
+            try:
+                ph.notify()
+            except Exception as e:    # the poller may be gone
+                log.debug("poll notify for %s failed: %s", agent_name(hold.agent), e)
+        node = getattr(hold.handle, "node", None)
+        if node is not None:
+            nodes[id(node)] = node
 
     def _drop(self, hold: Hold) -> None:
         group = self.holds.get((hold.key, hold.agent))

@@ -58,26 +58,35 @@ static int intercepted;                        /* fuse_session_new came here */
 
 /* ---- the added operations ---- */
 
+/* The errno a callback answered (an int), from its result r (a new
+ * reference, or NULL if it raised): EIO for anything else, the exception
+ * reported as unraisable.  GIL held. */
+static int errno_of(PyObject *cb, PyObject *r)
+{
+    int err = EIO;
+    if (r) {
+        long v = PyLong_AsLong(r);
+        if (!(v == -1 && PyErr_Occurred()))
+            err = (int)v;
+        Py_DECREF(r);
+    }
+    if (PyErr_Occurred()) {
+        PyErr_WriteUnraisable(cb);
+        err = EIO;
+    }
+    return err;
+}
+
 static void shim_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
                            off_t length, struct fuse_file_info *fi)
 {
     int err = EOPNOTSUPP;
     PyGILState_STATE g = PyGILState_Ensure();
     if (fallocate_cb) {
-        PyObject *r = PyObject_CallFunction(fallocate_cb, "KiLL",
-                                            (unsigned long long)fi->fh, mode,
-                                            (long long)offset, (long long)length);
-        if (r) {
-            long v = PyLong_AsLong(r);
-            err = (v == -1 && PyErr_Occurred()) ? EIO : (int)v;
-            Py_DECREF(r);
-        } else {
-            err = EIO;
-        }
-        if (PyErr_Occurred()) {
-            PyErr_WriteUnraisable(fallocate_cb);
-            err = EIO;
-        }
+        err = errno_of(fallocate_cb,
+                       PyObject_CallFunction(fallocate_cb, "KiLL",
+                                             (unsigned long long)fi->fh, mode,
+                                             (long long)offset, (long long)length));
     }
     PyGILState_Release(g);
     fuse_reply_err(req, err);
@@ -98,20 +107,10 @@ static void shim_ioctl(fuse_req_t req, fuse_ino_t ino, int cmd, void *arg,
         const struct fuse_ctx *ctx = fuse_req_ctx(req);
         PyGILState_STATE g = PyGILState_Ensure();
         if (ioctl_cb) {
-            PyObject *r = PyObject_CallFunction(ioctl_cb, "KIi",
-                                                (unsigned long long)fi->fh,
-                                                (unsigned int)cmd, (int)ctx->pid);
-            if (r) {
-                long v = PyLong_AsLong(r);
-                err = (v == -1 && PyErr_Occurred()) ? EIO : (int)v;
-                Py_DECREF(r);
-            } else {
-                err = EIO;
-            }
-            if (PyErr_Occurred()) {
-                PyErr_WriteUnraisable(ioctl_cb);
-                err = EIO;
-            }
+            err = errno_of(ioctl_cb,
+                           PyObject_CallFunction(ioctl_cb, "KIi",
+                                                 (unsigned long long)fi->fh,
+                                                 (unsigned int)cmd, (int)ctx->pid));
         }
         PyGILState_Release(g);
     }
