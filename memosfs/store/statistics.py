@@ -79,7 +79,7 @@ class CacheStats(Record):
     index_entries: int = gauge("entries in the index")
     index_buckets: int = gauge("buckets in the index")
     alloc_failures: int = counter("page allocations that failed before an eviction")
-    alloc_waits: int = counter("50 ms waits of an allocation for other threads' write-backs")
+    alloc_waits: int = counter("50 ms waits of an allocation for other threads' write-backs or unpins")
     reclaim_runs: int = counter("arena sweeps (lazy reclaim passes)")
     fragmentation: float = gauge("allocatable pages not in a whole free block / allocatable pages",
                                  0.0)
