@@ -69,22 +69,33 @@ class PageCachePusher:
         (the writer waits on close meanwhile, so its core is free)."""
         node, ref, stale = job
         try:
-            await self._thread(self._prepare, node, ref, stale)
-            size = ref.size
-            if size < self.SPLIT:
-                await self._thread(self._push_range, node, ref, 0, size)
-            else:
-                mid = (size // 2) // self.CHUNK * self.CHUNK
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._thread, self._push_range, node, ref, 0, mid)
-                    nursery.start_soon(self._thread, self._push_range, node, ref, mid, size)
-            self.pushes += 1
-        except (OSError, ValueError) as e:
-            log.debug("page-cache push into inode %d stopped: %s", node.ino, e)
+            try:
+                await self._push(node, ref, stale)
+            except* (OSError, ValueError) as group:
+                # (the kernel forgot the inode, the version went: the readers
+                # fetch from the daemon)
+                log.debug("page-cache push into inode %d stopped: %s", node.ino,
+                          group.exceptions[0])
+        except Exception:
+            # run() is also a system task: nothing may escape it (it would
+            # stop the daemon)
+            log.warning("page-cache push into inode %d failed", node.ino, exc_info=True)
         finally:
             ref.release()
             node.push_done()
             self.outstanding -= 1
+
+    async def _push(self, node: "Slot", ref: "_native.Ref", stale: bool) -> None:
+        await self._thread(self._prepare, node, ref, stale)
+        size = ref.size
+        if size < self.SPLIT:
+            await self._thread(self._push_range, node, ref, 0, size)
+        else:
+            mid = (size // 2) // self.CHUNK * self.CHUNK
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._thread, self._push_range, node, ref, 0, mid)
+                nursery.start_soon(self._thread, self._push_range, node, ref, mid, size)
+        self.pushes += 1
 
     async def _thread(self, fn, *args) -> None:
         await trio.to_thread.run_sync(fn, *args, limiter=self.limiter,
