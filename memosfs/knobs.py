@@ -198,6 +198,13 @@ KNOBS: tuple[Knob, ...] = (
             "1: copy each published version (of 1 MiB or more; one that writers published, of 4 MiB or more, once the last of them closes) into the kernel page cache, so local readers "
             "and mmap find it without a request (as after a write on a local filesystem); "
             "0: readers fetch from the daemon"),
+    _choice("fast_path", ("0", "1"), "1",
+            "1: reads and writes on open slots (and getxattr, which the kernel sends before "
+            "every write) are answered on the spot by the C shim's callback, without a "
+            "scheduler round per request; 0: every request goes through the async handlers"),
+    Knob("burst_poll_us", "int", (0, 1000), 30,
+         "after answering a request on the fast path, how long the daemon waits for the "
+         "client's next one to take it at once (a stream of small writes); 0: no waiting"),
     _choice("coherence_protocol", ("0", "1", "2"), "1",
             "agents sharing slots: 0 no tracking (last publish wins); 1 batched invalidation "
             "(a writer goes on at once, holders are told in batches and keep their snapshot); "

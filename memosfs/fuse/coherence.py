@@ -213,6 +213,11 @@ class Coherence:
             self._schedule_delivery()
         return hold
 
+    def may_write(self, hold: Hold) -> bool:
+        """Whether a write on hold's handle needs no upgrade (its agent holds
+        E or M): the request can be answered without waiting."""
+        return self.dir.state(hold.key, hold.agent) in ("E", "M")
+
     async def upgrade(self, hold: Hold, nonblock: bool) -> None:
         """A write on a handle whose agent lost E/M (a reader downgraded it, or
         a later writer invalidated it): acquire the write again."""

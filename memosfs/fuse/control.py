@@ -146,7 +146,19 @@ def _apply_coherence_protocol(ctl: "ControlTree", value: str) -> str:
     return value
 
 
+def _apply_fast_path(ctl: "ControlTree", value: str) -> str:
+    ctl.ops.configure_fast_path(fast=value == "1")
+    return value
+
+
+def _apply_burst_poll_us(ctl: "ControlTree", value: int) -> int:
+    ctl.ops.configure_fast_path(poll_us=value)
+    return value
+
+
 KNOB_APPLY: dict[str, Callable[["ControlTree", Any], Any]] = {
+    "fast_path": _apply_fast_path,
+    "burst_poll_us": _apply_burst_poll_us,
     "capacity": _apply_capacity,
     "evict_batch": _apply_evict_batch,
     "evict_policy": _apply_evict_policy,
@@ -177,6 +189,10 @@ class FilesystemStats(Record):
     page_cache_pushes: int = counter("pushes of a slot into the kernel's page cache")
     requests_refused: int = counter("requests answered with an error the log explains")
     private_writers: int = counter("retried whole-slot writers given a draft of their own")
+    fast_requests: int = counter("reads, writes and getxattrs answered on the fast path "
+                                 "(the C shim's synchronous callback; fast_path)")
+    burst_requests: int = counter("of those, taken while waiting for the client's next "
+                                  "request (burst_poll_us)")
     uptime_s: float = gauge("seconds since the mount", 0.0)
 
 
@@ -311,5 +327,6 @@ class ControlTree:
             read_requests=r["read_requests"],
             page_cache_pushed_bytes=r["page_cache_pushed_bytes"],
             page_cache_pushes=r["page_cache_pushes"], requests_refused=r["requests_refused"],
-            private_writers=r["private_writers"],
+            private_writers=r["private_writers"], fast_requests=r["fast_requests"],
+            burst_requests=r["burst_requests"],
             uptime_s=round(time.monotonic() - self._started, 3))

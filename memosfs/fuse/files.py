@@ -49,6 +49,9 @@ class FileOps(OpsCore):
         h = self.handles[fh]
         if h.kind == "pseudo":
             return h.data[off:off + size]
+        return self._read_now(h, off, size)
+
+    def _read_now(self, h: Handle, off: int, size: int):
         self._read_requests += 1
         if h.hold is not None and h.hold.revoked:
             raise refuse(errno.ESTALE, "read %s: the handle's hold was revoked (reopen it)",
@@ -81,6 +84,10 @@ class FileOps(OpsCore):
         writeback, self._writeback = self._writeback == (fh, off), None
         if h.hold is not None:
             await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))
+        return self._write_now(h, off, buf, writeback)
+
+    def _write_now(self, h: Handle, off: int, buf, writeback: bool) -> int:
+        """The write, once the handle may write (coherence granted)."""
         node = h.node
         d = self._ensure_draft(node)
         if h.append and off != d.size and not writeback:
@@ -93,6 +100,45 @@ class FileOps(OpsCore):
         self._draft_call(node, d.write, off, buf)
         self._changed(node)
         return len(buf)
+
+    # -- the fast path (memosfs._fuseshim.install_fast) --------------------
+    #
+    # Synchronous twins of read and write, called by the shim on the trio
+    # thread before pyfuse3 would make a task of the request: they answer
+    # (bytes, a byte count, or -errno) when nothing needs to wait, and return
+    # None otherwise, and the request then goes through the handlers above.
+
+    def fast_write(self, fh: int, off: int, buf: memoryview, writepage: int):
+        """write(fh, off, buf) answered on the spot, or None.  `buf` is valid
+        only during the call."""
+        h = self.handles.get(fh)
+        if h is None or h.kind != "write" or fh in self.fed.handles:
+            return None
+        if h.hold is not None and not self.coherence.may_write(h.hold):
+            return None
+        self._writeback = None
+        try:
+            return self._write_now(h, off, buf, bool(writepage))
+        except pyfuse3.FUSEError as e:
+            return -e.errno
+        except Exception:
+            self._refused += 1
+            log.exception("write failed; answering EIO")
+            return -errno.EIO
+
+    def fast_read(self, fh: int, off: int, size: int):
+        """read(fh, off, size) answered on the spot, or None."""
+        h = self.handles.get(fh)
+        if h is None or h.kind == "pseudo" or fh in self.fed.handles:
+            return None
+        try:
+            return self._read_now(h, off, size)
+        except pyfuse3.FUSEError as e:
+            return -e.errno
+        except Exception:
+            self._refused += 1
+            log.exception("read failed; answering EIO")
+            return -errno.EIO
 
     def _fair_share(self, h: Handle, node: Slot, d: "_native.Draft", end: int) -> None:
         """Before a draft grows to end bytes: the writer's uid stays within
@@ -237,21 +283,61 @@ class FileOps(OpsCore):
         threads included): a forked or exec'd child closing an inherited
         copy publishes nothing.  Returns once the new version is in the
         kernel page cache too."""
-        note, self._flusher = self._flusher, None
         h = self.handles[fh]
-        if h.kind != "write" or not h.node.changed:
-            return
-        if note is not None and note[0] == fh and note[1] != h.opener \
-                and tgid_of(note[1]) != h.opener:
-            log.debug("%s: closed by pid %d, not by its opener %d: not published",
-                      h.node.name, note[1], h.opener)
-            return
-        job = self._publish(h)
+        job = self._flush_now(fh, h)
         if job is not None:
             try:
                 await self.pusher.run(job)
             except Exception:           # a push failure is the push's problem
                 log.warning("page-cache push of %s failed", h.node.name, exc_info=True)
+
+    def _flush_now(self, fh: int, h: Handle) -> Optional[tuple]:
+        """flush's work: the publish (if due); returns the page-cache push
+        to run, if any."""
+        note, self._flusher = self._flusher, None
+        if h.kind != "write" or not h.node.changed:
+            return None
+        if note is not None and note[0] == fh and note[1] != h.opener \
+                and tgid_of(note[1]) != h.opener:
+            log.debug("%s: closed by pid %d, not by its opener %d: not published",
+                      h.node.name, note[1], h.opener)
+            return None
+        return self._publish(h)
+
+    def fast_flush(self, fh: int, pid: int, lock_owner: int):
+        """flush answered on the spot (0 or -errno), or None.  A publish whose
+        version is pushed into the page cache (not the case while the writer
+        is open, i.e. always but for a handle on a superseded inode) goes to
+        the handler above, which returns once the push is done."""
+        h = self.handles.get(fh)
+        if h is None or fh in self.fed.handles:
+            return None
+        if h.kind == "write" and h.node.changed and h.node.latest() is not h.node:
+            return None
+        self._flusher = (fh, pid)
+        try:
+            job = self._flush_now(fh, h)
+        except pyfuse3.FUSEError as e:
+            return -e.errno
+        except Exception:
+            self._refused += 1
+            log.exception("flush failed; answering EIO")
+            return -errno.EIO
+        if job is not None:
+            trio.lowlevel.spawn_system_task(self.pusher.run, job)
+        return 0
+
+    def fast_release(self, fh: int):
+        """release answered on the spot (it never waits), or None for
+        `.federated` handles."""
+        if fh not in self.handles or fh in self.fed.handles:
+            return None
+        try:
+            self._release_now(fh)
+        except Exception:
+            self._refused += 1
+            log.exception("release failed")
+        return 0
 
     async def fsync(self, fh, datasync):
         """Publish, then return once this slot's version is durable on the SSD."""
@@ -282,6 +368,9 @@ class FileOps(OpsCore):
         """The last copy of a descriptor is gone: the last writer of a slot
         publishes what its opener left unpublished (a child's writes after
         the opener closed, or an opener that died); unpin, free."""
+        self._release_now(fh)
+
+    def _release_now(self, fh: int) -> None:
         h = self.handles.pop(fh)
         node = h.node
         try:

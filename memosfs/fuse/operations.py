@@ -60,6 +60,10 @@ try:
 except ImportError:             # not built: fallocate is EOPNOTSUPP, every
     _fuseshim = None            # flush of a writer publishes
 
+# requests the shim takes in a row while it waits for a client's next one
+# (burst_poll_us): other trio tasks wait at most this many
+BURST_MAX = 64
+
 __all__ = ["MemosOperations", "NAME_MAX", "CONTROL_DIR", "physical_memory", "tgid_of",
            "refuse", "Refused", "Node", "Dir", "Slot", "Pseudo", "Handle"]
 
@@ -107,6 +111,7 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         if _fuseshim is not None:
             _fuseshim.install(self.fallocate, self._flush_note, self.coherence_interrupt,
                               self._write_note, self.ioctl)
+        self.configure_fast_path()
         self.coherence = Coherence(self.knobs, self.trace, self._invalidate_pages)
         self.coherence.drop_pages = self._drop_pages_now
         self.tenants = Tenants(store, self.knobs)
@@ -126,13 +131,38 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
 
     def request_stats(self) -> dict[str, int]:
         """The handlers' own counters."""
+        fast = _fuseshim.fast_stats() if _fuseshim is not None and \
+            hasattr(_fuseshim, "fast_stats") else dict.fromkeys(
+                ("fast_writes", "fast_reads", "fast_xattrs", "fast_other",
+                 "burst_requests"), 0)
         return {"lookup_misses": self._lookup_misses,
                 "open_handles": len(self.handles),
                 "read_requests": self._read_requests,
                 "requests_refused": self._refused,
                 "private_writers": self._private_writers,
+                "fast_requests": sum(fast[k] for k in ("fast_writes", "fast_reads",
+                                                           "fast_xattrs", "fast_other")),
+                "burst_requests": fast["burst_requests"],
                 "page_cache_pushed_bytes": self.pusher.pushed_bytes if self.pusher else 0,
                 "page_cache_pushes": self.pusher.pushes if self.pusher else 0}
+
+    def configure_fast_path(self, fast: Optional[bool] = None,
+                            poll_us: Optional[int] = None) -> None:
+        """Install (or take away) the synchronous read/write/getxattr
+        callbacks memosfs._fuseshim answers requests with, per the knobs
+        fast_path and burst_poll_us (or the values given, not yet stored)."""
+        if _fuseshim is None or not hasattr(_fuseshim, "install_fast"):
+            return
+        if fast is None:
+            fast = self.knobs["fast_path"] == "1"
+        if poll_us is None:
+            poll_us = int(self.knobs["burst_poll_us"])
+        if fast:
+            _fuseshim.install_fast(self.fast_write, self.fast_read, self.fast_getxattr,
+                                   self.fast_flush, self.fast_release,
+                                   poll_us * 1000, BURST_MAX if poll_us else 0)
+        else:
+            _fuseshim.install_fast(None, None, None, None, None, 0, 0)
 
     def tree_counts(self) -> tuple[int, int]:
         """(agents, sessions) in the tree."""

@@ -29,6 +29,7 @@ from memosfs.abi import MEMOS_IOC_ACK
 from memosfs.knobs import KnobError, parse_size
 from memosfs.fuse.coherence import agent_name
 from memosfs.fuse.core import OpsCore, log, refuse
+from memosfs.fuse.fedtree import FED_INO
 from memosfs.fuse.nodes import AGENT, CTL, Dir, Node, Pseudo, Slot, now_ns
 from memosfs.fuse.tenants import QUOTA_XATTR, USAGE_XATTR, OverLimit
 
@@ -69,6 +70,19 @@ class XattrOps(OpsCore):
             return values[name]
         finally:
             ref.release()
+
+    def fast_getxattr(self, inode: int, name: bytes):
+        """getxattr answered on the spot by memosfs._fuseshim (the kernel asks
+        for security.capability before every write): an attribute the node
+        keeps, ENOATTR, or None for the handler below (memosfs's own
+        attributes, `.federated`, unknown inodes)."""
+        if inode >= FED_INO or name.startswith(b"user.memos."):
+            return None
+        node = self.inodes.get(inode)
+        if node is None:
+            return None
+        value = node.xattrs.get(name)
+        return -pyfuse3.ENOATTR if value is None else value
 
     async def getxattr(self, inode, name, ctx):
         node = self._node(inode)

@@ -1,0 +1,171 @@
+"""The fast path (memosfs._fuseshim.install_fast, knobs fast_path and
+burst_poll_us): reads, writes, getxattr, flush and release answered on the
+spot by the shim's synchronous callbacks, with the same results, errnos and
+publish points as the async handlers; and a page-cache push the kernel
+refuses never stops the daemon."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+
+import pytest
+import trio
+
+from memosfs.fuse.nodes import AGENT, ROOT, SESSION, Dir, Slot
+from memosfs.fuse.pagecache import PageCachePusher
+
+MiB = 1 << 20
+
+
+def stream(path, chunk: int, total: int) -> str:
+    """Write total bytes in chunk-sized write(2)s, close; the md5 written."""
+    h = hashlib.md5()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for i in range(total // chunk):
+            block = (i.to_bytes(8, "little") * (chunk // 8 + 1))[:chunk]
+            h.update(block)
+            assert os.write(fd, block) == chunk
+    finally:
+        os.close(fd)
+    return h.hexdigest()
+
+
+def md5_of(path, chunk: int = 4096) -> str:
+    h = hashlib.md5()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                return h.hexdigest()
+            h.update(b)
+
+
+def test_small_writes_take_the_fast_path_and_read_back(make_mount):
+    """A stream of 4 KiB writes is answered by the fast path (and mostly in
+    bursts); what is read back is what was written; the knob turns it off
+    and the same stream goes through the async handlers, same bytes."""
+    m = make_mount(capacity="64M")
+    os.makedirs(m.p("a", "s"))
+    before = m.stats()
+    want = stream(m.p("a", "s", "x"), 4096, 4 * MiB)
+    after = m.stats()
+    assert md5_of(m.p("a", "s", "x")) == want
+    # every write and the getxattr the kernel sends before each one
+    assert after["fast_requests"] - before["fast_requests"] >= 2 * 1024
+    assert after["burst_requests"] > before["burst_requests"]
+
+    m.ctl("fast_path").write_text("0")
+    assert m.ctl("fast_path").read_text().strip() == "0"
+    before = m.stats()
+    want = stream(m.p("a", "s", "y"), 4096, 1 * MiB)
+    after = m.stats()
+    assert after["fast_requests"] == before["fast_requests"]
+    assert md5_of(m.p("a", "s", "y")) == want
+    m.ctl("fast_path").write_text("1")
+    m.ctl("burst_poll_us").write_text("0")       # answered on the spot, no waiting
+    before = m.stats()
+    want = stream(m.p("a", "s", "z"), 4096, 1 * MiB)
+    after = m.stats()
+    assert after["fast_requests"] - before["fast_requests"] >= 2 * 256
+    assert after["burst_requests"] == before["burst_requests"]
+    assert md5_of(m.p("a", "s", "z")) == want
+
+
+def test_a_refused_write_on_the_fast_path_gets_its_errno(make_mount):
+    """An agent quota of 1 MiB and one slot growing past it (an open draft
+    cannot move to the SSD tier): the write that would cross it is EDQUOT
+    through the fast path, nothing of it is stored, and the daemon goes on."""
+    m = make_mount(capacity="32M")
+    os.makedirs(m.p("q", "s"))
+    os.setxattr(m.p("q"), "user.memos.quota", b"1M")
+    before = m.stats()
+    fd = os.open(m.p("q", "s", "big"), os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        assert os.write(fd, b"a" * 4096) == 4096
+        with pytest.raises(OSError) as ei:
+            for _ in range(2 * 256):
+                os.write(fd, b"b" * 4096)
+        assert ei.value.errno == errno.EDQUOT
+    finally:
+        os.close(fd)
+    after = m.stats()
+    assert after["quota_refused"] > before["quota_refused"]
+    assert after["fast_requests"] > before["fast_requests"]
+    size = os.stat(m.p("q", "s", "big")).st_size
+    assert 4096 <= size <= 1 * MiB
+    with open(m.p("q", "s", "big"), "rb") as f:
+        assert f.read(4096) == b"a" * 4096
+
+
+def test_getxattr_flush_and_release_on_the_fast_path(make_mount):
+    """A user xattr reads back (and a missing one is ENODATA) with the
+    fast path answering; a writer's close publishes for the next reader; a
+    reader's close and release leave no handle behind."""
+    m = make_mount(capacity="64M")
+    os.makedirs(m.p("a", "s"))
+    path = m.p("a", "s", "k")
+    path.write_bytes(b"v1")
+    os.setxattr(path, "user.note", b"hello")
+    before = m.stats()
+    assert os.getxattr(path, "user.note") == b"hello"
+    with pytest.raises(OSError) as ei:
+        os.getxattr(path, "user.absent")
+    assert ei.value.errno == errno.ENODATA
+    assert m.stats()["fast_requests"] >= before["fast_requests"] + 2
+    for i in range(50):
+        path.write_bytes(b"version %d" % i)
+        assert path.read_bytes() == b"version %d" % i
+    assert m.stats()["open_handles"] == 0 or _settles(m)
+
+
+def _settles(m) -> bool:
+    """Releases reach the daemon after close(2) returns: wait for them."""
+    import time
+    for _ in range(100):
+        if m.stats()["open_handles"] == 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class _Ref:
+    """A pinned version as the pusher sees it."""
+
+    def __init__(self, size: int) -> None:
+        self.version, self.size, self.released = 1, size, False
+
+    def view(self, off: int, n: int) -> memoryview:
+        return memoryview(bytes(n))
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_a_push_the_kernel_refuses_never_stops_the_daemon():
+    """notify_store answering ENOENT (the kernel forgot the inode) in both
+    halves of a large push, run as a system task as release runs it: the
+    push ends, its pin goes, and trio goes on (an exception group escaping
+    a system task used to stop the daemon)."""
+    def refuse(ino, off, data):
+        raise FileNotFoundError(errno.ENOENT, "fuse_lowlevel_notify_store: no such inode")
+
+    pusher = PageCachePusher(refuse, lambda ino: None, lambda node: None)
+    root = Dir(1, "", None, 0o755, 0, 0, ROOT)
+    agent = Dir(2, "a", root, 0o755, 0, 0, AGENT)
+    session = Dir(3, "s", agent, 0o755, 0, 0, SESSION)
+    node = Slot(4, "x", session, 0o644, 0, 0)
+    node.version = 1
+    ref = _Ref(2 * PageCachePusher.SPLIT)
+
+    async def main():
+        job = pusher.claim(node, ref)
+        trio.lowlevel.spawn_system_task(pusher.run, job)
+        with trio.fail_after(10):
+            while pusher.outstanding:
+                await trio.sleep(0.01)
+
+    trio.run(main)
+    assert ref.released and node.pushing == 0 and pusher.pushes == 0
