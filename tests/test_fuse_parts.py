@@ -12,7 +12,7 @@ import pytest
 
 from memosfs.fuse import fedtree, routing
 from memosfs.fuse.control import KNOB_APPLY
-from memosfs.fuse.nodes import AGENT, ROOT, SESSION, Dir, Slot
+from memosfs.fuse.nodes import AGENT, ROOT, SESSION, SUBDIR, Dir, Slot
 from memosfs.fuse.operations import MemosOperations
 from memosfs.knobs import KNOB_BY_NAME, KnobError
 from memosfs.store.ssd import SSDTier
@@ -175,3 +175,25 @@ def test_a_retried_writer_with_a_draft_of_its_own_sees_its_size(make_handlers):
     assert not node.privates
     h.call("release", fi_other.fh)                      # the last publish wins
     assert h.call("getattr", node.ino, third).st_size == 3000
+
+
+def test_a_directory_counts_its_subdirectories_for_nlink():
+    """nlink = 2 + subdirectories, kept as entries come and go (replaced,
+    deleted, popped), never by walking the entries."""
+    s = session_dir()
+    assert s.nlink() == 2
+    d1 = Dir(10, "d1", s, 0o755, 0, 0, SUBDIR)
+    s.children["d1"] = d1
+    s.children["f"] = Slot(11, "f", s, 0o644, 0, 0)
+    s.children["d2"] = Dir(12, "d2", s, 0o755, 0, 0, SUBDIR)
+    assert s.nlink() == 4
+    s.children["d2"] = Slot(13, "d2", s, 0o644, 0, 0)      # a rename over it
+    assert s.nlink() == 3
+    s.children["f"] = Dir(14, "f", s, 0o755, 0, 0, SUBDIR)
+    assert s.nlink() == 4
+    del s.children["d1"]
+    assert s.children.pop("f").ino == 14
+    assert s.children.pop("absent", None) is None
+    assert s.nlink() == 2 + sum(isinstance(c, Dir) for c in s.children.values()) == 2
+    with pytest.raises(TypeError):
+        s.children.update({"x": d1})

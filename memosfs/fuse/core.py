@@ -52,6 +52,16 @@ PUSH_AFTER_WRITERS_BYTES = 4 << 20   # a version published by writers is pushed 
                                      # one closes from this size on (it pins the version meanwhile)
 
 
+class FastCtx:
+    """The caller of a request the fast path answers (the fields of
+    pyfuse3.RequestContext that the handlers read)."""
+
+    __slots__ = ("uid", "gid", "pid", "umask")
+
+    def __init__(self, uid: int, gid: int, pid: int, umask: int = 0) -> None:
+        self.uid, self.gid, self.pid, self.umask = uid, gid, pid, umask
+
+
 def tgid_of(pid: int) -> int:
     """The process (thread group) a FUSE request's thread belongs to: the
     kernel sends the calling thread's id, and a writer's view and the right
@@ -290,4 +300,4 @@ class OpsCore:
             raise refuse(e.errno or errno.EIO, "%s", e, level=logging.WARNING) from None
 
 
-__all__ = ["OpsCore", "Refused", "refuse", "tgid_of", "physical_memory", "log"]
+__all__ = ["OpsCore", "Refused", "refuse", "tgid_of", "physical_memory", "log", "FastCtx"]

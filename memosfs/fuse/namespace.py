@@ -34,7 +34,8 @@ from typing import Optional
 import pyfuse3
 
 from memosfs import _native
-from memosfs.fuse.core import OpsCore, refuse, tgid_of
+from memosfs.fuse.core import FastCtx, OpsCore, log, refuse, tgid_of
+from memosfs.fuse.fedtree import FED_INO
 from memosfs.fuse.nodes import (
     AGENT, CTL, NAME_MAX, ROOT, SESSION, SLOT_DIRS, SUBDIR, Dir, Node, Pseudo, Slot, now_ns)
 from memosfs.fuse.tenants import QUOTA_XATTR
@@ -56,6 +57,10 @@ class NamespaceOps(OpsCore):
         node = parent.children.get(n)
         if node is None and parent.level in SLOT_DIRS and self.store.remote is not None:
             node = await self._remote_name(parent, n)
+        return self._found(parent, node, ctx)
+
+    def _found(self, parent: Dir, node: Optional[Node], ctx) -> pyfuse3.EntryAttributes:
+        """lookup's answer once the name's node (or None) is known."""
         if isinstance(node, Slot) and not node.version \
                 and tgid_of(ctx.pid) not in node.writer_pids:
             node = None                 # created, never published: not a hit
@@ -64,6 +69,46 @@ class NamespaceOps(OpsCore):
                 self._lookup_misses += 1
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._entry(node, ctx)
+
+    # -- the fast path (memosfs._fuseshim.install_fast; see files.py) -------
+
+    def fast_lookup(self, parent_inode: int, name: bytes, uid: int, gid: int, pid: int):
+        """lookup answered on the spot (attributes or -errno), or None: the
+        remote tier may know the name, `.federated`, unknown inodes."""
+        if parent_inode >= FED_INO:
+            return None
+        parent = self.inodes.get(parent_inode)
+        if not isinstance(parent, Dir):
+            return None
+        ctx = FastCtx(uid, gid, pid)
+        try:
+            n = self._name(name)
+            if n in (".", ".."):
+                return None
+            node = parent.children.get(n)
+            if node is None and parent.level in SLOT_DIRS and self.store.remote is not None:
+                return None
+            return self._found(parent, node, ctx)
+        except pyfuse3.FUSEError as e:
+            return -e.errno
+        except Exception:
+            self._refused += 1
+            log.exception("lookup failed; answering EIO")
+            return -errno.EIO
+
+    def fast_getattr(self, inode: int, uid: int, gid: int, pid: int):
+        """getattr answered on the spot, or None (`.federated`, unknown inodes)."""
+        node = self.inodes.get(inode) if inode < FED_INO else None
+        if node is None:
+            return None
+        try:
+            return self._attr(node, FastCtx(uid, gid, pid))
+        except pyfuse3.FUSEError as e:
+            return -e.errno
+        except Exception:
+            self._refused += 1
+            log.exception("getattr failed; answering EIO")
+            return -errno.EIO
 
     async def forget(self, inode_list):
         """The kernel dropped `nlookup` references to each inode."""

@@ -91,17 +91,53 @@ class Node:
         return 0 if self.detached else 1
 
 
+class Children(dict):
+    """A directory's entries by name, counting the directories among them
+    (a directory's nlink, asked on every stat, in O(1))."""
+
+    __slots__ = ("dirs",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dirs = 0
+
+    def __setitem__(self, name: str, node: "Node") -> None:
+        self.dirs -= isinstance(dict.get(self, name), Dir)
+        dict.__setitem__(self, name, node)
+        self.dirs += isinstance(node, Dir)
+
+    def __delitem__(self, name: str) -> None:
+        self.dirs -= isinstance(dict.__getitem__(self, name), Dir)
+        dict.__delitem__(self, name)
+
+    def pop(self, name: str, *default):
+        if name in self:
+            node = dict.pop(self, name)
+            self.dirs -= isinstance(node, Dir)
+            return node
+        return dict.pop(self, name, *default)
+
+    def clear(self) -> None:
+        dict.clear(self)
+        self.dirs = 0
+
+    def _refused(self, *args, **kwargs):
+        raise TypeError("Children: change entries one by one")
+
+    popitem = setdefault = update = __ior__ = _refused
+
+
 class Dir(Node):
     def __init__(self, ino: int, name: str, parent: Optional["Dir"], mode: int,
                  uid: int, gid: int, level: str) -> None:
         super().__init__(ino, name, parent, stat.S_IFDIR | mode, uid, gid)
         self.level = level              # ROOT | AGENT | SESSION | SUBDIR | CTL
-        self.children: dict[str, Node] = {}
+        self.children: Children = Children()
 
     def nlink(self) -> int:
         if self.detached:
             return 0
-        return 2 + sum(1 for c in self.children.values() if isinstance(c, Dir))
+        return 2 + self.children.dirs
 
     def size(self) -> int:
         return 4096

@@ -228,6 +228,10 @@ static void note_write(struct fuse_file_info *fi, off_t off)
 static PyObject *fast_write_cb;                /* owned; GIL */
 static PyObject *fast_read_cb;                 /* owned; GIL */
 static PyObject *fast_getxattr_cb;             /* owned; GIL */
+static PyObject *fast_getattr_cb;              /* owned; GIL */
+static PyObject *fast_lookup_cb;               /* owned; GIL */
+static void (*pyfuse3_getattr)(fuse_req_t, fuse_ino_t, struct fuse_file_info *);
+static void (*pyfuse3_lookup)(fuse_req_t, fuse_ino_t, const char *);
 static void (*pyfuse3_getxattr)(fuse_req_t, fuse_ino_t, const char *, size_t);
 static void (*pyfuse3_read)(fuse_req_t, fuse_ino_t, size_t, off_t, struct fuse_file_info *);
 static struct fuse_session *shim_se;
@@ -385,6 +389,149 @@ static void shim_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     pyfuse3_read(req, ino, size, off, fi);
 }
 
+/* A pyfuse3.EntryAttributes, read through its properties, into an entry.
+ * 0, or -1 with a Python error set. */
+static int get_u64(PyObject *o, const char *name, unsigned long long *out)
+{
+    PyObject *v = PyObject_GetAttrString(o, name);
+    if (!v)
+        return -1;
+    *out = PyLong_AsUnsignedLongLong(v);
+    Py_DECREF(v);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static int get_f(PyObject *o, const char *name, double *out)
+{
+    PyObject *v = PyObject_GetAttrString(o, name);
+    if (!v)
+        return -1;
+    *out = PyFloat_AsDouble(v);
+    Py_DECREF(v);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static int entry_from(PyObject *a, struct fuse_entry_param *e)
+{
+    unsigned long long ino, gen, mode, nlink, uid, gid, rdev, size, blksize, blocks;
+    unsigned long long at, mt, ct;
+    double attr_to, entry_to;
+    if (get_u64(a, "st_ino", &ino) || get_u64(a, "generation", &gen) ||
+        get_u64(a, "st_mode", &mode) || get_u64(a, "st_nlink", &nlink) ||
+        get_u64(a, "st_uid", &uid) || get_u64(a, "st_gid", &gid) ||
+        get_u64(a, "st_rdev", &rdev) || get_u64(a, "st_size", &size) ||
+        get_u64(a, "st_blksize", &blksize) || get_u64(a, "st_blocks", &blocks) ||
+        get_u64(a, "st_atime_ns", &at) || get_u64(a, "st_mtime_ns", &mt) ||
+        get_u64(a, "st_ctime_ns", &ct) || get_f(a, "attr_timeout", &attr_to) ||
+        get_f(a, "entry_timeout", &entry_to))
+        return -1;
+    memset(e, 0, sizeof *e);
+    e->ino = ino;
+    e->generation = gen;
+    e->attr_timeout = attr_to;
+    e->entry_timeout = entry_to;
+    struct stat *st = &e->attr;
+    st->st_ino = ino;
+    st->st_mode = (mode_t)mode;
+    st->st_nlink = (nlink_t)nlink;
+    st->st_uid = (uid_t)uid;
+    st->st_gid = (gid_t)gid;
+    st->st_rdev = (dev_t)rdev;
+    st->st_size = (off_t)size;
+    st->st_blksize = (blksize_t)blksize;
+    st->st_blocks = (blkcnt_t)blocks;
+    st->st_atim.tv_sec = (time_t)(at / 1000000000ULL);
+    st->st_atim.tv_nsec = (long)(at % 1000000000ULL);
+    st->st_mtim.tv_sec = (time_t)(mt / 1000000000ULL);
+    st->st_mtim.tv_nsec = (long)(mt % 1000000000ULL);
+    st->st_ctim.tv_sec = (time_t)(ct / 1000000000ULL);
+    st->st_ctim.tv_nsec = (long)(ct % 1000000000ULL);
+    return 0;
+}
+
+/* The answer of fast_getattr / fast_lookup: EntryAttributes, -errno, or
+ * None.  1 if the request was answered. */
+static int fast_entry(PyObject *cb, PyObject *r, fuse_req_t req, int lookup)
+{
+    if (!r) {
+        PyErr_WriteUnraisable(cb);
+        fuse_reply_err(req, EIO);
+        return 1;
+    }
+    if (r == Py_None) {
+        Py_DECREF(r);
+        n_declined++;
+        return 0;
+    }
+    if (PyLong_Check(r)) {
+        long v = PyLong_AsLong(r);
+        Py_DECREF(r);
+        if (PyErr_Occurred()) {
+            PyErr_WriteUnraisable(cb);
+            v = -EIO;
+        }
+        fuse_reply_err(req, v < 0 ? (int)-v : EIO);
+        n_fast_other++;
+        return 1;
+    }
+    struct fuse_entry_param e;
+    int rc = entry_from(r, &e);
+    Py_DECREF(r);
+    if (rc < 0) {
+        PyErr_WriteUnraisable(cb);
+        fuse_reply_err(req, EIO);
+        return 1;
+    }
+    if (lookup)
+        fuse_reply_entry(req, &e);
+    else
+        fuse_reply_attr(req, &e.attr, e.attr_timeout);
+    n_fast_other++;
+    return 1;
+}
+
+static void shim_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    int done = 0;
+    if (fast_getattr_cb) {
+        const struct fuse_ctx *ctx = fuse_req_ctx(req);
+        PyGILState_STATE g = PyGILState_Ensure();
+        PyObject *r = PyObject_CallFunction(fast_getattr_cb, "KIIi", (unsigned long long)ino,
+                                            (unsigned)ctx->uid, (unsigned)ctx->gid,
+                                            (int)ctx->pid);
+        done = fast_entry(fast_getattr_cb, r, req, 0);
+        PyGILState_Release(g);
+    }
+    answered = done;
+    if (done) {
+        burst();
+        return;
+    }
+    pyfuse3_getattr(req, ino, fi);
+}
+
+/* lookup: +1 on the inode's lookup count when answered with an entry, as
+ * the handler counts it. */
+static void shim_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    int done = 0;
+    if (fast_lookup_cb) {
+        const struct fuse_ctx *ctx = fuse_req_ctx(req);
+        PyGILState_STATE g = PyGILState_Ensure();
+        PyObject *r = PyObject_CallFunction(fast_lookup_cb, "KyIIi", (unsigned long long)parent,
+                                            name, (unsigned)ctx->uid, (unsigned)ctx->gid,
+                                            (int)ctx->pid);
+        done = fast_entry(fast_lookup_cb, r, req, 1);
+        PyGILState_Release(g);
+    }
+    answered = done;
+    if (done) {
+        burst();
+        return;
+    }
+    pyfuse3_lookup(req, parent, name);
+}
+
 /* getxattr: the kernel asks for security.capability before every write(2)
  * (file_remove_privs), so a writer's stream of small writes is a stream of
  * pairs; answered here, both halves stay off pyfuse3's path. */
@@ -540,6 +687,14 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
         pyfuse3_write_buf = shim_ops.write_buf;
         shim_ops.write_buf = shim_write_buf;
     }
+    if (shim_ops.getattr) {
+        pyfuse3_getattr = shim_ops.getattr;
+        shim_ops.getattr = shim_getattr;
+    }
+    if (shim_ops.lookup) {
+        pyfuse3_lookup = shim_ops.lookup;
+        shim_ops.lookup = shim_lookup;
+    }
     if (shim_ops.getxattr) {
         pyfuse3_getxattr = shim_ops.getxattr;
         shim_ops.getxattr = shim_getxattr;
@@ -582,10 +737,12 @@ static PyObject *py_install(PyObject *self, PyObject *args)
 
 static PyObject *py_install_fast(PyObject *self, PyObject *args)
 {
-    PyObject *w, *r, *x = Py_None, *fl = Py_None, *re = Py_None;
+    PyObject *w, *r, *x = Py_None, *fl = Py_None, *re = Py_None, *ga = Py_None,
+             *lk = Py_None;
     long poll_ns = burst_poll_ns;
     int bmax = burst_max;
-    if (!PyArg_ParseTuple(args, "OO|OOOli", &w, &r, &x, &fl, &re, &poll_ns, &bmax))
+    if (!PyArg_ParseTuple(args, "OO|OOOOOli", &w, &r, &x, &fl, &re, &ga, &lk, &poll_ns,
+                          &bmax))
         return NULL;
     if (poll_ns < 0 || poll_ns > 999999999L || bmax < 0) {
         PyErr_SetString(PyExc_ValueError, "poll_ns in [0, 1e9), burst_max >= 0");
@@ -596,6 +753,8 @@ static PyObject *py_install_fast(PyObject *self, PyObject *args)
     Py_XSETREF(fast_getxattr_cb, x == Py_None ? NULL : Py_NewRef(x));
     Py_XSETREF(fast_flush_cb, fl == Py_None ? NULL : Py_NewRef(fl));
     Py_XSETREF(fast_release_cb, re == Py_None ? NULL : Py_NewRef(re));
+    Py_XSETREF(fast_getattr_cb, ga == Py_None ? NULL : Py_NewRef(ga));
+    Py_XSETREF(fast_lookup_cb, lk == Py_None ? NULL : Py_NewRef(lk));
     burst_poll_ns = poll_ns;
     burst_max = bmax;
     Py_RETURN_NONE;
@@ -621,7 +780,8 @@ static PyMethodDef methods[] = {
      "added requests "
      "call (None: off)."},
     {"install_fast", py_install_fast, METH_VARARGS,
-     "install_fast(write, read[, getxattr[, flush[, release[, poll_ns[, burst_max]]]]]): "
+     "install_fast(write, read[, getxattr[, flush[, release[, getattr[, lookup[, poll_ns[, "
+     "burst_max]]]]]]]): "
      "the synchronous callables that answer these requests on the spot (None: off), and the burst settings."},
     {"fast_stats", py_fast_stats, METH_NOARGS,
      "Counts of requests answered on the spot, in bursts, and declined."},
