@@ -47,8 +47,12 @@ def test_bench_clients_small(tmp_path):
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-4000:]}"
     out = json.loads(r.stdout)
     assert out["bench"] == "clients" and out["repeat"] == 1 and out["scale"] == 0.02
-    assert set(out["targets"]) == set(TARGETS)
+    assert set(out["targets"]) == set(TARGETS) | {"memosfs_nofast", "nullfs"}
     assert out["targets"]["memosfs"]["fstype"].startswith("fuse")
+    assert out["targets"]["memosfs_nofast"]["knobs"] == {"fast_path": "0"}
+    null = "skipped" not in out["targets"]["nullfs"]
+    if null:
+        assert out["targets"]["nullfs"]["fstype"].startswith("fuse")
     assert out["targets"]["tmpfs"]["fstype"] == "tmpfs"
     assert set(out["patterns"]) == set(PATTERNS)
     measured = 0
@@ -63,16 +67,25 @@ def test_bench_clients_small(tmp_path):
         assert set(pat["figures"]) == set(figs), (name, pat)
         for fig, f in pat["figures"].items():
             s = f["seconds"]
-            assert set(s) == set(TARGETS) and all(s[t] > 0 for t in TARGETS), (name, fig, f)
+            # every target, nullfs where it can be (it reads zeros: no loads)
+            timed = set(TARGETS) | {"memosfs_nofast"}
+            if null and not fig.startswith("load"):
+                timed.add("nullfs")
+            assert set(s) == timed and all(s[t] > 0 for t in timed), (name, fig, f)
             unit = "ops_per_s" if name == "small" else "MBps"
-            assert set(f[unit]) == set(TARGETS), (name, fig, f)
-            for base in ("tmpfs", "disk"):
-                want = s["memosfs"] / s[base]
-                got = f[f"memosfs_vs_{base}"]
-                assert abs(got - want) <= 1e-4 + 1e-3 * want, (name, fig, base, got, want)
+            assert set(f[unit]) == timed, (name, fig, f)
+            ratios = [("memosfs", "tmpfs", "memosfs_vs_tmpfs"), ("memosfs", "disk", "memosfs_vs_disk"),
+                      ("memosfs_nofast", "tmpfs", "nofast_vs_tmpfs")]
+            if "nullfs" in timed:
+                ratios += [("nullfs", "tmpfs", "nullfs_vs_tmpfs"),
+                           ("memosfs", "nullfs", "memosfs_vs_nullfs")]
+            for a, base, key in ratios:
+                want = s[a] / s[base]
+                got = f[key]
+                assert abs(got - want) <= 1e-4 + 1e-3 * want, (name, fig, key, got, want)
             # the rates say the same as the times: faster means a higher rate
-            for a in TARGETS:
-                for b in TARGETS:
+            for a in timed:
+                for b in timed:
                     if s[a] < s[b] * 0.99:
                         assert f[unit][a] >= f[unit][b], (name, fig, f)
     assert measured >= 5

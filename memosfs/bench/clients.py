@@ -59,9 +59,17 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from memosfs.bench.common import MiB, drop_cached_pages, memos_mount, tmpfs_dir, write_file
+from memosfs.bench.common import (
+    MiB, drop_cached_pages, memos_mount, nullfs_mount, set_knob, tmpfs_dir, write_file)
 
 TARGETS = ("memosfs", "tmpfs", "disk")
+# Two more columns, in the same run: memosfs with fast_path=0 (every request
+# through the async handlers: the data path before the fast path), and
+# nullfs (native/bench/nullfs.c: a C FUSE file system that keeps nothing —
+# what the kernel's round trip alone costs; no FUSE file system without the
+# writeback cache goes below it).  nullfs has no directories and reads
+# zeros, so loads are not timed on it.
+EXTRA_TARGETS = ("memosfs_nofast", "nullfs")
 PATTERNS = ("write_4k", "write_64k", "safetensors", "torch", "pickle", "small", "slot")
 EXTRA = ("persist", "coherence")        # only with --with-persist-coherence or --only
 
@@ -154,14 +162,44 @@ class Timer:
 
 def figure(seconds: dict[str, float], amount: float, unit: str) -> dict[str, Any]:
     """One figure: seconds per target, the rate (amount/s in `unit`), and the
-    ratios of memosfs's time to each baseline's."""
-    out: dict[str, Any] = {"seconds": {t: round(seconds[t], 9) for t in TARGETS}}
-    out[unit] = {t: round(amount / seconds[t], 1) if seconds[t] > 0 else None
-                 for t in TARGETS}
+    ratios of memosfs's time to each baseline's (and, where timed, of
+    memosfs with fast_path=0 and of nullfs to tmpfs's)."""
+    here = [t for t in TARGETS + EXTRA_TARGETS if t in seconds]
+    out: dict[str, Any] = {"seconds": {t: round(seconds[t], 9) for t in here}}
+    out[unit] = {t: round(amount / seconds[t], 1) if seconds[t] > 0 else None for t in here}
     s = out["seconds"]
-    out["memosfs_vs_tmpfs"] = round(s["memosfs"] / s["tmpfs"], 4) if s["tmpfs"] else None
-    out["memosfs_vs_disk"] = round(s["memosfs"] / s["disk"], 4) if s["disk"] else None
+
+    def ratio(a: str, b: str) -> float | None:
+        return round(s[a] / s[b], 4) if a in s and s.get(b) else None
+    out["memosfs_vs_tmpfs"] = ratio("memosfs", "tmpfs")
+    out["memosfs_vs_disk"] = ratio("memosfs", "disk")
+    for t, key in (("memosfs_nofast", "nofast_vs_tmpfs"), ("nullfs", "nullfs_vs_tmpfs")):
+        if t in s:
+            out[key] = ratio(t, "tmpfs")
+    if "nullfs" in s:
+        out["memosfs_vs_nullfs"] = ratio("memosfs", "nullfs")
     return out
+
+
+def scratch(d: str, target: str, name: str) -> tuple[Callable[[str], str], Callable[[], None]]:
+    """A folder `name` in d for a pattern's files: (path of a file in it,
+    cleanup).  On nullfs (no directories) the files go in d, `name-` before
+    their names."""
+    sub = os.path.join(d, name)
+    if target != "nullfs":
+        os.mkdir(sub)
+        return (lambda n: os.path.join(sub, n)), (lambda: shutil.rmtree(sub))
+    made: list[str] = []
+
+    def path(n: str) -> str:
+        made.append(f"{sub}-{n}")
+        return made[-1]
+
+    def cleanup() -> None:
+        for p in made:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+    return path, cleanup
 
 
 def missing(*mods: str) -> str | None:
@@ -192,7 +230,10 @@ def p_write(chunk: int, size: int) -> Callable:
 
 def _loads(d: str, target: str, tm: Timer, paths: list[str], load: Callable[[], int],
            expect: int) -> None:
-    """load_warm (right after the save), then load_cold (pages dropped)."""
+    """load_warm (right after the save), then load_cold (pages dropped);
+    not on nullfs, which reads zeros."""
+    if target == "nullfs":
+        return
     for kind in ("load_warm", "load_cold"):
         if kind == "load_cold":
             drop(target, paths)
@@ -211,9 +252,8 @@ def p_safetensors(nfiles: int, tensor_bytes: int) -> Callable:
     total = nfiles * numel * 2
 
     def run(d: str, target: str, tm: Timer, i: int) -> None:
-        sub = os.path.join(d, f"st{i}")
-        os.mkdir(sub)
-        paths = [os.path.join(sub, f"layer{j:03d}.safetensors") for j in range(nfiles)]
+        at, cleanup = scratch(d, target, f"st{i}")
+        paths = [at(f"layer{j:03d}.safetensors") for j in range(nfiles)]
         t0 = time.perf_counter()
         for p, t in zip(paths, tensors):
             save_file(t, p)
@@ -226,7 +266,7 @@ def p_safetensors(nfiles: int, tensor_bytes: int) -> Callable:
                     n += v.numel() * v.element_size()
             return n
         _loads(d, target, tm, paths, load, total)
-        shutil.rmtree(sub)
+        cleanup()
     return run
 
 
@@ -275,9 +315,8 @@ def p_small(count: int) -> Callable:
     buf = bytearray(8192)
 
     def run(d: str, target: str, tm: Timer, i: int) -> None:
-        sub = os.path.join(d, f"small{i}")
-        os.mkdir(sub)
-        paths = [os.path.join(sub, f"f{j:05d}") for j in range(count)]
+        at, cleanup = scratch(d, target, f"small{i}")
+        paths = [at(f"f{j:05d}") for j in range(count)]
         t0 = time.perf_counter()
         for p in paths:
             fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -293,7 +332,7 @@ def p_small(count: int) -> Callable:
         tm.keep("read", target, time.perf_counter() - t0)
         if n != 4096 * count:
             raise RuntimeError(f"{target}: read {n} of {4096 * count} bytes")
-        shutil.rmtree(sub)
+        cleanup()
     return run
 
 
@@ -396,24 +435,39 @@ def bench_clients(repeat: int = 3, scale: float = 1.0, only: tuple[str, ...] = P
     t_start = time.perf_counter()
     if runners:
         with contextlib.ExitStack() as stack:
-            dirs = {"memosfs": stack.enter_context(memos_mount(capacity)),
+            mnt = stack.enter_context(memos_mount(capacity))
+            dirs = {"memosfs": mnt,
                     "tmpfs": stack.enter_context(tmpfs_dir()),
                     "disk": stack.enter_context(disk_dir(disk_base))}
+            null, why = stack.enter_context(nullfs_mount())
             sess = os.path.join(dirs["memosfs"], "bench", "clients")
             os.makedirs(sess)
             for t, d in dirs.items():
                 out["targets"][t] = {"dir": sess if t == "memosfs" else d, "fstype": fstype(d)}
             out["targets"]["memosfs"]["capacity"] = capacity
-            dirs["memosfs"] = sess
+            dirs["memosfs"] = dirs["memosfs_nofast"] = sess
+            out["targets"]["memosfs_nofast"] = {"dir": sess, "knobs": {"fast_path": "0"}}
+            if null is not None:
+                dirs["nullfs"] = null
+                out["targets"]["nullfs"] = {"dir": null, "fstype": fstype(null)}
+            else:
+                out["targets"]["nullfs"] = {"skipped": why}
+            targets = tuple(t for t in TARGETS + EXTRA_TARGETS if t in dirs)
             for name, run in runners.items():
                 tm = Timer()
                 for i in range(repeat):
                     say(f"[{i + 1}/{repeat}] {name}")
                     # alternate which target goes first, so none always runs right
                     # after the same neighbour
-                    order = TARGETS[i % 3:] + TARGETS[:i % 3]
-                    for t in order:
-                        run(dirs[t], t, tm, i)
+                    k = i % len(targets)
+                    for t in targets[k:] + targets[:k]:
+                        if t == "memosfs_nofast":
+                            set_knob(mnt, "fast_path", 0)
+                        try:
+                            run(dirs[t], t, tm, i)
+                        finally:
+                            if t == "memosfs_nofast":
+                                set_knob(mnt, "fast_path", 1)
                 res: dict[str, Any] = dict(pl[name]["info"])
                 res["figures"] = {fig: figure(tm.best[fig], *pl[name]["amount"][fig])
                                   for fig in pl[name]["amount"]}

@@ -44,6 +44,46 @@ def tmpfs_dir() -> Iterator[str]:
         os.rmdir(d)
 
 
+NATIVE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "native")
+
+
+@contextlib.contextmanager
+def nullfs_mount() -> Iterator[tuple[str | None, str]]:
+    """native/bench/nullfs (a C FUSE file system that keeps nothing: the
+    kernel's round trip alone) mounted in a temporary folder: (path, "")
+    — or (None, why) when it cannot be built or mounted here (no source
+    checkout, no compiler or libfuse3-dev)."""
+    exe = os.path.join(NATIVE, "build", "bench", "nullfs")
+    if not os.path.exists(os.path.join(NATIVE, "bench", "nullfs.c")):
+        yield None, "native/bench/nullfs.c is not here (not a source checkout)"
+        return
+    r = subprocess.run(["make", "-s", "-C", NATIVE, "build/bench/nullfs"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        yield None, "nullfs did not build: " + (r.stderr.strip().splitlines() or ["?"])[-1]
+        return
+    d = tempfile.mkdtemp(prefix="memosfs-bench-nullfs-")
+    proc = subprocess.Popen([exe, d], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while not is_mounted(d):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                yield None, "nullfs did not mount"
+                return
+            time.sleep(0.01)
+        yield d, ""
+    finally:
+        if is_mounted(d):
+            subprocess.run(["fusermount3", "-u", d], capture_output=True)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        os.rmdir(d)
+
+
 def write_file(path: str | os.PathLike, block: memoryview, size: int) -> float:
     """Write `size` bytes (repeating `block`), close included; seconds taken."""
     t0 = time.perf_counter()

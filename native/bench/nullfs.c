@@ -2,7 +2,8 @@
  * nullfs.c — the floor of a FUSE data path: a libfuse low-level file system
  * in C, one thread, that keeps nothing.  Files can be created in its root;
  * a write is answered with its size at once, a read with zeros up to the
- * size written so far.  `memosfs bench clients` mounts it beside tmpfs and
+ * size written so far; rename and unlink change the table (no directories:
+ * the benchmark puts its files in the root).  `memosfs bench clients` mounts it beside tmpfs and
  * memosfs, so what the kernel's round trip alone costs a client pattern is
  * measured in the same run (what no FUSE file system without the kernel's
  * writeback cache can go below).
@@ -132,6 +133,28 @@ static void nf_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
     fuse_reply_err(req, ENOENT);
 }
 
+static void nf_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
+                      fuse_ino_t newparent, const char *newname, unsigned int flags)
+{
+    int from = -1;
+    if (strlen(newname) >= sizeof files[0].name) {
+        fuse_reply_err(req, ENAMETOOLONG);
+        return;
+    }
+    for (int i = 0; i < nfiles; i++)
+        if (files[i].used && !strcmp(files[i].name, name))
+            from = i;
+    if (from < 0) {
+        fuse_reply_err(req, ENOENT);
+        return;
+    }
+    for (int i = 0; i < nfiles; i++)
+        if (i != from && files[i].used && !strcmp(files[i].name, newname))
+            files[i].used = 0;
+    strcpy(files[from].name, newname);
+    fuse_reply_err(req, 0);
+}
+
 static void nf_ok(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     fuse_reply_err(req, 0);
@@ -145,7 +168,7 @@ static void nf_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 static const struct fuse_lowlevel_ops ops = {
     .lookup = nf_lookup, .getattr = nf_getattr, .setattr = nf_setattr,
     .create = nf_create, .open = nf_open, .write = nf_write, .read = nf_read,
-    .unlink = nf_unlink, .flush = nf_ok, .release = nf_ok, .fsync = nf_fsync,
+    .unlink = nf_unlink, .rename = nf_rename, .flush = nf_ok, .release = nf_ok, .fsync = nf_fsync,
 };
 
 int main(int argc, char **argv)
