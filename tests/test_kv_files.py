@@ -170,11 +170,13 @@ def test_the_readme_example_runs_on_a_mount(make_mount):
     code = readme_example().replace("/mnt/memos", str(m.path))
     script = m.tmp / "readme_example.py"
     script.write_text(code + "\nprint('OK', tuple(logits.shape))\n")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                       timeout=600, cwd=m.tmp)
+    with umask(0o022):
+        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           timeout=600, cwd=m.tmp)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "OK (1, 1," in r.stdout
     slot = m.path / "planner" / "chat-42" / "turn0"
     meta = kv.read_meta(slot)
     assert meta["model"] == models.MODEL_ID and int(meta["tokens"]) > 5
-    assert mode(slot) == 0o666 & ~os.umask(os.umask(0))
+    assert mode(slot) == 0o644                       # the README's -rw-r--r--
+    assert mode(slot.parent) == 0o755 and mode(slot.parent.parent) == 0o755
