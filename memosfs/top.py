@@ -79,7 +79,7 @@ def read_agents(mount: str) -> tuple[list[Agent], int]:
     except OSError:
         return [], 0
     for name in names:
-        if name.startswith("."):
+        if name == ".memos":            # the control tree
             continue
         path = os.path.join(mount, name)
         try:

@@ -180,3 +180,23 @@ def test_the_readme_example_runs_on_a_mount(make_mount):
     assert meta["model"] == models.MODEL_ID and int(meta["tokens"]) > 5
     assert mode(slot) == 0o644                       # the README's -rw-r--r--
     assert mode(slot.parent) == 0o755 and mode(slot.parent.parent) == 0o755
+
+
+def test_a_refused_write_leaves_no_slot(make_mount):
+    """A slot larger than the memory tier: the write is refused (EFBIG or
+    ENOSPC), the error names the slot, and no torn slot is published; the
+    earlier version of a rewritten slot goes with it (a miss, not a slot
+    that cannot load)."""
+    m = make_mount(capacity="4M")
+    sess = m.path / "planner" / "chat"
+    small = sess / "small"
+    kv.save_kv(small, pairs(), model_id="m")
+    big = [(np.zeros((1, 8, 4096, 64), np.float32),) * 2]         # 16 MiB
+    for target in (sess / "big", small):
+        with pytest.raises(OSError) as e:
+            kv.save_kv(target, big, model_id="m")
+        assert e.value.errno in (errno.EFBIG, errno.ENOSPC) and e.value.filename == str(target)
+        assert not target.exists()
+    assert os.listdir(sess) == []
+    kv.save_kv(small, pairs(fill=3), model_id="m")                # the mount goes on
+    assert np.all(kv.load_kv(small, as_="numpy")[0][0] == 3)
