@@ -7,7 +7,8 @@ with them); `user.memos.*` are the daemon's: tier, dirty, version, hits,
 stored_bytes and pin of a slot (read-only but pin, set to 0 or 1 within
 the caller's share), state (the caller's coherence state), ack (write:
 acknowledge an invalidation), quota on an agent directory (root only) and
-usage on every agent directory (its bytes in memory, quota or not).  Control-plane nodes take no user.* attributes (ENOTSUP).
+usage on every agent directory (its bytes in memory, quota or not).
+Control-plane nodes take no user.* attributes (ENOTSUP).
 
 Owns: getxattr, listxattr, setxattr, removexattr, `_set_quota`, ioctl,
 poll, coherence_interrupt.
