@@ -5,6 +5,9 @@
     memosfs umount MOUNTPOINT [-l]             unmount (waits for the daemon to persist
                                                everything; exit 1 if it lost slots)
     memosfs stat   MOUNTPOINT [--json]         the stats as a table
+    memosfs top    MOUNTPOINT [--interval S] [--once]
+                                               a live view: hit ratio, tiers, evictions,
+                                               write-back, coherence, usage per agent
     memosfs calc-size --tokens N --layers L (--hidden H | --kv-heads K --head-dim D)
                       [--dtype fp16] [--redundancy 2]
     memosfs knobs [--markdown]                 the knob table
@@ -714,6 +717,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_stat)
 
+    from memosfs import top
+    top.add_parser(sub)
+
     c = sub.add_parser("calc-size", help="bytes of a KV cache")
     c.add_argument("--tokens", type=int, required=True)
     c.add_argument("--layers", type=int, required=True)
@@ -734,7 +740,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SUBCOMMANDS = {"mount", "umount", "stat", "calc-size", "bench", "knobs", "-h", "--help"}
+SUBCOMMANDS = {"mount", "umount", "stat", "top", "calc-size", "bench", "knobs", "-h",
+               "--help"}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,7 +1,8 @@
 """KV slots: a model's past keys/values as a safetensors file (DESIGN.md §3).
 
-A slot written by `save_kv` is an ordinary safetensors file (written by the
-`safetensors` library) with, for each layer i, the tensors
+A slot written by `save_kv` is an ordinary safetensors file (serialized by
+the `safetensors` library, written with one open/write/close so that it gets
+the creator's umask-derived mode) with, for each layer i, the tensors
 
     layers.<i>.key     [batch, kv_heads, tokens, head_dim]   (transformers' cache layout)
     layers.<i>.value   [batch, kv_heads, tokens, head_dim]
@@ -230,14 +231,24 @@ def _dtype_name(x: Any) -> str:
 
 def save_kv(path: str | os.PathLike, past_key_values: Any, *, model_id: str,
             prefix_hash: str | None = None, tokens: Any = None,
-            extra_meta: dict[str, Any] | None = None, block: int = DEFAULT_BLOCK
-            ) -> dict[str, str]:
+            extra_meta: dict[str, Any] | None = None, block: int = DEFAULT_BLOCK,
+            parents: bool = True) -> dict[str, str]:
     """Write a KV slot (see the module doc); returns its metadata.
 
     `tokens` is the number of cached tokens, or the token ids themselves
     (then, unless `prefix_hash` is given, the metadata names their prefix
     hash: `prefix_hash(tokens, block)`, no seed); either must agree with the
-    cache.  `block` is recorded as prefix_block.  On memosfs the slot is published whole when the file is closed.
+    cache.  `block` is recorded as prefix_block.
+
+    The slot is written with one open/write/close (`write_slot`): its mode
+    is 0666 & ~umask like any new file's (0644 under umask 022), so agents
+    of other uids can read it as the directory allows; on memosfs it is
+    published whole when the file is closed.  With parents=True (the
+    default) missing directories on the way (the agent and session
+    directories on a mount) are created first, like `mkdir -p`, with mode
+    0777 & ~umask; a directory that cannot be created raises that
+    OSError, naming it.  Errors name `path` (or that directory), never a
+    temporary file.
     """
     pairs = kv_pairs(past_key_values)
     if not pairs:
@@ -287,11 +298,48 @@ def save_kv(path: str | os.PathLike, past_key_values: Any, *, model_id: str,
         meta[str(key)] = str(value)
     path = os.fspath(path)
     if torch_mode:
-        from safetensors.torch import save_file
+        from safetensors.torch import save
     else:
-        from safetensors.numpy import save_file
-    save_file(tensors, path, metadata=meta)
+        from safetensors.numpy import save
+    data = save(tensors, metadata=meta)
+    if parents:
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+    write_slot(path, data)
     return meta
+
+
+def write_slot(path: str | os.PathLike, data: bytes | memoryview) -> None:
+    """Write `data` as the whole file `path` with one open/write/close: the
+    file is created with mode 0666 & ~umask (an existing one keeps its mode
+    and owner), as any program's files are.  On memosfs the close publishes
+    the slot whole, so readers never see a part of it; elsewhere the file is
+    written in place.  When a write fails, the name is unlinked before the
+    close (a missing slot is a miss; a torn one would not load) and the
+    error is raised, naming `path`."""
+    path = os.fspath(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.write(fd, view[done:done + (1 << 30)])
+    except BaseException as e:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = path
+        raise
+    try:
+        os.close(fd)                        # memosfs publishes here
+    except OSError as e:
+        if e.filename is None:
+            e.filename = path
+        raise
 
 
 def save_prefix(session_dir: str | os.PathLike, past_key_values: Any, tokens: Any, *,

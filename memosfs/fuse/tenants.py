@@ -226,6 +226,29 @@ class Tenants:
         """(quota, bytes in memory, slots in memory) of an agent with a quota."""
         return self.store.cache.tenant(agent.encode("utf-8", "surrogateescape"))
 
+    def memory_bytes(self, agent: str) -> int:
+        """Bytes of the memory tier an agent's slots hold now (pages, as the
+        quota counts them; `user.memos.usage`): the C core's account for an
+        agent with a quota, else the sum over its slots in memory (one pass
+        over the keys)."""
+        t = self.usage(agent)
+        if t is not None:
+            return t[1]
+        prefix = agent.encode("utf-8", "surrogateescape") + b"/"
+        cache = self.store.cache
+        total = 0
+        for key in cache.keys():
+            if not key.startswith(prefix):
+                continue
+            ref = cache.peek(key)
+            if ref is None:
+                continue
+            try:
+                total += ref.stored
+            finally:
+                ref.release()
+        return total
+
     def set_quota(self, agent: str, nbytes: int) -> None:
         """Give agent a quota (0: take it away).  ValueError for a name the
         C core cannot keep, OSError when too many agents have one."""

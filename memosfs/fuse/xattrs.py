@@ -7,7 +7,8 @@ with them); `user.memos.*` are the daemon's: tier, dirty, version, hits,
 stored_bytes and pin of a slot (read-only but pin, set to 0 or 1 within
 the caller's share), state (the caller's coherence state), ack (write:
 acknowledge an invalidation), quota on an agent directory (root only) and
-usage beside it.  Control-plane nodes take no user.* attributes (ENOTSUP).
+usage on every agent directory (its bytes in memory, quota or not).
+Control-plane nodes take no user.* attributes (ENOTSUP).
 
 Owns: getxattr, listxattr, setxattr, removexattr, `_set_quota`, ioctl,
 poll, coherence_interrupt.
@@ -92,8 +93,7 @@ class XattrOps(OpsCore):
         if isinstance(node, Slot) and name in self._MEMOS_ATTRS:
             return self._memos_attr(node, name)
         if name == USAGE_XATTR and isinstance(node, Dir) and node.level == AGENT:
-            t = self.tenants.usage(node.name) if QUOTA_XATTR in node.xattrs else None
-            return str(t[1] if t else 0).encode()
+            return str(self.tenants.memory_bytes(node.name)).encode()
         try:
             return node.xattrs[name]
         except KeyError:
@@ -103,7 +103,7 @@ class XattrOps(OpsCore):
         node = self._node(inode)
         names = list(self._MEMOS_ATTRS) + [b"user.memos.state"] \
             if isinstance(node, Slot) else []
-        if QUOTA_XATTR in node.xattrs:
+        if isinstance(node, Dir) and node.level == AGENT:
             names.append(USAGE_XATTR)
         return names + list(node.xattrs)
 

@@ -39,6 +39,8 @@ class StoreStats(Record):
     evict_writebacks: int = counter("dirty slots written to the SSD tier to evict them")
     slots_lost: int = counter("slots no tier kept (evicted or written back with no SSD copy)")
     slots_unsaved: int = counter("dirty slots a clean unmount or flush could not write")
+    writeback_queue: int = gauge("dirty slots waiting for the background writer (0 without "
+                                 "an SSD tier)")
     warmup_loaded_bytes: int = gauge("bytes the warm-up at mount has loaded so far")
     warmup_total_bytes: int = gauge("bytes the warm-up at mount set out to load")
     warmup_done: int = gauge("1 once the warm-up at mount finished")

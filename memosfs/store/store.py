@@ -253,11 +253,18 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
             misses=misses, hit_rate=(hits / lookups) if lookups else 0.0,
             publishes=c["publishes"], promotions=c["promotions"], writebacks=c["writebacks"],
             evict_writebacks=c["evict_writebacks"], slots_lost=c["drops_lost"],
-            slots_unsaved=c["slots_unsaved"], warmup_loaded_bytes=c["warmup_loaded_bytes"],
+            slots_unsaved=c["slots_unsaved"], writeback_queue=self._writeback_queue(),
+            warmup_loaded_bytes=c["warmup_loaded_bytes"],
             warmup_total_bytes=self._warm_total, warmup_done=self._warm_done,
             ring_recycles=c["ring_recycles"], resets=c["resets"], flushes=c["flushes"],
             ring_slots=self.ring_slots, direct_reads=c["direct_reads"],
             **self.quant.statistics())
+
+    def _writeback_queue(self) -> int:
+        if self.ssd is None:
+            return 0
+        with self.lock:
+            return len(self._dirty_since)
 
     def read_statistics(self) -> dict[str, int]:
         """The read figures of StoreStats alone: reads served straight from
