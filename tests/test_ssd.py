@@ -395,3 +395,46 @@ def test_ssd_capacity_bounds_the_directory_on_a_mount(make_mount):
     assert (s / "s7").read_bytes() == bytes([7]) * (900 * 1024)
     assert subprocess.run(["sh", "-c", f"echo 10M > {m.ctl('ssd_capacity')}"]).returncode == 0
     assert m.ctl("ssd_capacity").read_text() == f"{10 * MiB}\n"
+
+
+def test_write_back_nobody_acknowledged_skips_the_fsync_until_a_sync(tmp_path, cache, monkeypatch):
+    """A version written back with no durable file under its name (eviction,
+    the background writer) is not fsync'd; one that replaces a possibly
+    durable file is, before its rename; sync_key (fsync of a slot) and sync
+    (flush, unmount, fsync of a directory) fsync what was left unsynced."""
+    import memosfs.store.ssd as ssd_mod
+    synced: list[str] = []
+    real = os.fsync
+
+    def spy(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.endswith(".slot") or path.endswith(".tmp"):
+            synced.append(path)
+        real(fd)
+    monkeypatch.setattr(ssd_mod.os, "fsync", spy)
+    tier = SSDTier(str(tmp_path))
+    ref = _publish(cache, b"a/s/x", b"one")
+    e1 = tier.put(ref, {}, durable=False)
+    ref.release()
+    assert synced == [] and e1.synced is False and tier.unsynced_writes == 1
+    ref = _publish(cache, b"a/s/x", b"two")               # over an unsynced file
+    e2 = tier.put(ref, {}, durable=False)
+    ref.release()
+    assert synced == [] and e2.synced is False
+    tier.sync_key(b"a/s/x")
+    assert [os.path.basename(p) for p in synced] == [os.path.basename(e2.path)]
+    assert tier.get(b"a/s/x").synced is True
+    synced.clear()
+    ref = _publish(cache, b"a/s/x", b"three")             # over a durable file
+    e3 = tier.put(ref, {}, durable=False)
+    ref.release()
+    assert len(synced) == 1 and synced[0].endswith(".tmp") and e3.synced is True
+    synced.clear()
+    ref = _publish(cache, b"a/s/y", b"other")
+    ey = tier.put(ref, {}, durable=False)
+    ref.release()
+    assert synced == [] and ey.synced is False
+    tier.sync()
+    assert [os.path.basename(p) for p in synced] == [os.path.basename(ey.path)]
+    assert tier.get(b"a/s/y").synced is True
+    assert tier.statistics().ssd_writes_unsynced == 3

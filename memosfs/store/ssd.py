@@ -84,6 +84,10 @@ class SSDEntry:
     path: str
     file_bytes: int             # bytes the file takes
     meta: dict[str, Any] = field(default_factory=dict)
+    # whether the file's bytes are known durable: True (fsync'd), False
+    # (written by this daemon without an fsync: see SSDTier._write_locked),
+    # None (found at mount: a daemon killed before may have left it unsynced)
+    synced: Optional[bool] = None
 
 
 def _name_of(key: bytes) -> str:
@@ -130,6 +134,8 @@ class SSDStats(Record):
     ssd_capacity: int = gauge("setting: bytes the SSD tier may hold")
     ssd_corrupt: int = counter("slot files that failed their checks (set aside in corrupt/)")
     ssd_writes: int = counter("slot files written")
+    ssd_writes_unsynced: int = counter("of those, written back without an fsync (no one had "
+                                       "acknowledged the version; fsync'd by the next sync)")
     ssd_write_bytes: int = counter("bytes written to slot files")
     ssd_write_errors: int = counter("slot file writes that failed")
     ssd_reads: int = counter("slot files read back into memory")
@@ -159,6 +165,8 @@ class SSDTier:
         self.used_bytes = 0                     # file bytes of indexed slots
         self.corrupt = 0                        # files found bad
         self.writes = 0                         # versions written
+        self.unsynced_writes = 0                # of those, without an fsync
+        self._unsynced: dict[bytes, SSDEntry] = {}   # written without an fsync (lock)
         self.write_bytes = 0                    # payload bytes written
         self.write_errors = 0                   # writes that failed (ENOSPC, EIO)
         self.reads = 0                          # versions read back
@@ -263,6 +271,18 @@ class SSDTier:
         sdir, final = self._path_of(key)
         self._shard_dir(sdir)
         tmp = self._tmp_path(sdir, key)
+        # The file is fsync'd before its rename when the caller needs it
+        # durable, or when it replaces a version that may be (an
+        # acknowledged version is never replaced by bytes a power loss could
+        # take).  Otherwise (write-back of a version nobody acknowledged:
+        # eviction, the background writer, with no durable file under the
+        # name) the kernel writes it back in its own time, and `sync` or
+        # `sync_key` fsyncs it when it must be durable; a power loss before
+        # then can leave it torn, which its crc32c tells at load (a version
+        # nobody acknowledged may be lost, never served torn).
+        with self.lock:
+            old = self.index.get(key)
+        sync_now = durable or (old is not None and old.synced is not False)
         try:
             fd = open_private(tmp, os.O_WRONLY | os.O_EXCL)
             try:
@@ -271,7 +291,8 @@ class SSDTier:
                     if written != size:
                         raise OSError(errno.EIO, f"short write ({written} of {size})")
                 _pwrite_all(fd, trailer, size)
-                os.fsync(fd)
+                if sync_now:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             os.rename(tmp, final)
@@ -280,13 +301,19 @@ class SSDTier:
                 self.write_errors += 1
             _discard(tmp)
             raise
-        entry = SSDEntry(key, ref.version, size, crc, final, total, dict(meta))
+        entry = SSDEntry(key, ref.version, size, crc, final, total, dict(meta),
+                         synced=sync_now)
         with self.lock:
             old = self.index.get(key)
             self.used_bytes += total - (old.file_bytes if old else 0)
             self.index[key] = entry
             self.writes += 1
             self.write_bytes += size
+            if sync_now:
+                self._unsynced.pop(key, None)
+            else:
+                self._unsynced[key] = entry
+                self.unsynced_writes += 1
         if durable:
             _fsync_dir(sdir)
         else:
@@ -433,7 +460,7 @@ class SSDTier:
                 _discard(tmp)
                 raise
             moved = SSDEntry(new, entry.version, entry.size, entry.crc, final, total,
-                             dict(meta))
+                             dict(meta), synced=True)
             with self.lock:
                 replaced = self.index.pop(new, None)
                 if replaced is not None:
@@ -448,7 +475,46 @@ class SSDTier:
 
     # ---- durability ----
 
+    def sync_key(self, key: bytes) -> None:
+        """Make key's stored version durable: its file fsync'd if it may not
+        be, then every folder with a rename or unlink not yet durable."""
+        with self.write_lock:
+            entry = self.get(key)
+            if entry is not None and entry.synced is not True:
+                self._fsync_entry(entry)
+        self.sync_dirs()
+
+    def _fsync_entry(self, entry: SSDEntry) -> None:
+        """fsync an entry's file (writer lock held)."""
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return                          # removed or replaced meanwhile
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        entry.synced = True
+
     def sync(self) -> None:
+        """fsync every file this daemon wrote without one, then every folder
+        with a rename or unlink not yet durable (flush, unmount, fsync of a
+        directory)."""
+        with self.write_lock:
+            with self.lock:
+                pending, self._unsynced = list(self._unsynced.values()), {}
+            for i, e in enumerate(pending):
+                try:
+                    if e.synced is False:
+                        self._fsync_entry(e)
+                except OSError:
+                    with self.lock:             # still not durable: next time
+                        for rest in pending[i:]:
+                            self._unsynced.setdefault(rest.key, rest)
+                    raise
+        self.sync_dirs()
+
+    def sync_dirs(self) -> None:
         """fsync every folder with a rename or unlink not yet durable."""
         with self.lock:
             dirs, self._dirty_dirs = sorted(self._dirty_dirs), set()
@@ -498,7 +564,7 @@ class SSDTier:
         with self.lock:
             return SSDStats(
                 ssd_slots=len(self.index), ssd_bytes=self.used_bytes,
-                ssd_capacity=self.capacity, ssd_corrupt=self.corrupt, ssd_writes=self.writes,
+                ssd_capacity=self.capacity, ssd_corrupt=self.corrupt, ssd_writes=self.writes, ssd_writes_unsynced=self.unsynced_writes,
                 ssd_write_bytes=self.write_bytes, ssd_write_errors=self.write_errors,
                 ssd_reads=self.reads, ssd_read_bytes=self.read_bytes)
 

@@ -154,12 +154,12 @@ class WriteBackMixin:
             return
         ref = self.cache.peek(key)
         if ref is None:
-            self.ssd.sync()                         # only on the SSD: make its rename durable
+            self.ssd.sync_key(key)                  # only on the SSD: its file and rename
             return
         try:
             if ref.dirty:
                 self._write_back(ref, durable=True)
-            self.ssd.sync()
+            self.ssd.sync_key(key)                  # (written back before without an fsync)
         finally:
             ref.release()
 
