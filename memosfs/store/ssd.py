@@ -53,11 +53,12 @@ import shutil
 import struct
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Optional
 
 from memosfs import _native
 from memosfs.private import open_private, private_dir, private_makedirs, tighten_tree
 from memosfs.stats import Record, counter, gauge
+from memosfs.store.ssdpolicy import STATE_NAME, SSDPolicy
 
 log = logging.getLogger("memosfs.store.ssd")
 
@@ -134,6 +135,9 @@ class SSDStats(Record):
     ssd_write_errors: int = counter("slot file writes that failed")
     ssd_reads: int = counter("slot files read back into memory")
     ssd_read_bytes: int = counter("bytes read back from slot files")
+    ssd_evictions: int = counter("slot files evicted to keep within ssd_capacity (policy order)")
+    ssd_policy_probation: int = gauge("SSD tier, lru_lfu: slots in probation")
+    ssd_policy_protected: int = gauge("SSD tier, lru_lfu: slots in protected")
 
 
 class SSDTier:
@@ -164,6 +168,8 @@ class SSDTier:
         self.reads = 0                          # versions read back
         self.read_bytes = 0
         self._dirty_dirs: set[str] = set()      # folders with renames not yet fsync'd
+        self.policy = SSDPolicy()               # eviction order (ssdpolicy.py; lock)
+        self.evictions = 0                      # versions evicted for ssd_capacity
 
     # ---- mount ----
 
@@ -200,6 +206,8 @@ class SSDTier:
         with self.lock:
             self.index = found
             self.used_bytes = sum(e.file_bytes for e in found.values())
+            # until restore_policy: oldest file first
+            self.policy.reset(sorted(found, key=lambda k: _mtime(found[k].path)))
         return list(found.values())
 
     def _set_aside(self, path: str, why: str) -> None:
@@ -285,6 +293,7 @@ class SSDTier:
             old = self.index.get(key)
             self.used_bytes += total - (old.file_bytes if old else 0)
             self.index[key] = entry
+            self.policy.written(key)
             self.writes += 1
             self.write_bytes += size
         if durable:
@@ -365,11 +374,14 @@ class SSDTier:
             if self.index.get(entry.key) is entry:
                 del self.index[entry.key]
                 self.used_bytes -= entry.file_bytes
+                self.policy.removed(entry.key)
         self._set_aside(entry.path, why)
 
-    def remove(self, key: bytes, entry: Optional[SSDEntry] = None) -> bool:
+    def remove(self, key: bytes, entry: Optional[SSDEntry] = None,
+               evicted: bool = False) -> bool:
         """Forget key and unlink its file (durable at the next `sync`); with
-        `entry`, only if that is still key's version (a newer one stays)."""
+        `entry`, only if that is still key's version (a newer one stays).
+        evicted: it goes to make room (the policy remembers it in a ghost)."""
         with self.write_lock:               # orders it with put()'s check
             with self.lock:
                 current = self.index.get(key)
@@ -377,6 +389,8 @@ class SSDTier:
                     return False
                 del self.index[key]
                 self.used_bytes -= current.file_bytes
+                self.policy.removed(key, evicted=evicted)
+                self.evictions += evicted
             self._unlink_locked(current.path)
         return True
 
@@ -443,6 +457,9 @@ class SSDTier:
                 if self.index.get(old) is entry:
                     del self.index[old]
                     self.used_bytes -= entry.file_bytes
+                    self.policy.renamed(old, new)
+                else:
+                    self.policy.written(new)
             self._unlink_locked(entry.path)
             return moved
 
@@ -496,18 +513,71 @@ class SSDTier:
 
     def statistics(self) -> SSDStats:
         with self.lock:
+            ps = self.policy.stats()
             return SSDStats(
+                ssd_evictions=self.evictions, ssd_policy_probation=ps["probation"],
+                ssd_policy_protected=ps["protected"],
                 ssd_slots=len(self.index), ssd_bytes=self.used_bytes,
                 ssd_capacity=self.capacity, ssd_corrupt=self.corrupt, ssd_writes=self.writes,
                 ssd_write_bytes=self.write_bytes, ssd_write_errors=self.write_errors,
                 ssd_reads=self.reads, ssd_read_bytes=self.read_bytes)
 
-    def lru_candidates(self, order: list[bytes]) -> Iterator[SSDEntry]:
-        """Entries, least recently used first, given keys most recent first."""
+    # ---- the eviction order (ssdpolicy.py) ----
+
+    def used(self, key: bytes) -> None:
+        """A use of key (a read, a new version published): the policy counts it."""
         with self.lock:
-            rank = {k: i for i, k in enumerate(order)}
-            entries = sorted(self.index.values(), key=lambda e: -rank.get(e.key, -1))
-        return iter(entries)
+            self.policy.used(key)
+
+    def set_policy(self, name: str) -> None:
+        """The evict_policy knob (lru_lfu, lru, lfu); ValueError otherwise."""
+        with self.lock:
+            self.policy.select(name)
+
+    def victims(self, n: int, skip: Iterable[bytes] = ()) -> list[SSDEntry]:
+        """Up to n entries, best victim first by the policy, none of `skip`."""
+        with self.lock:
+            keys = self.policy.victims(n, skip)
+            return [self.index[k] for k in keys if k in self.index]
+
+    def policy_stats(self) -> dict[str, Any]:
+        with self.lock:
+            return self.policy.stats()
+
+    @property
+    def policy_dirty(self) -> bool:
+        return self.policy.dirty
+
+    def save_policy(self, durable: bool) -> None:
+        """policy.json, as order.json is written (atomically, 0600; fsync'd
+        when durable)."""
+        with self.lock:
+            state = self.policy.state()
+            self.policy.dirty = False
+        try:
+            self.write_json(STATE_NAME, state, durable)
+        except BaseException:
+            self.policy.dirty = True
+            raise
+
+    def restore_policy(self, order_lru_first: list[bytes]) -> str:
+        """At mount, after scan: the saved policy state for the slots found,
+        else order_lru_first (keys least recent first); returns how
+        ("state", "order": no file, "fallback": a file that did not check out)."""
+        path = os.path.join(self.root, STATE_NAME)
+        saved: Any = None
+        try:
+            with open(path, "rb") as f:
+                saved = json.loads(f.read())
+            if saved is None:
+                saved = "null"                  # present but not a state
+        except FileNotFoundError:
+            saved = None
+        except (OSError, ValueError) as e:
+            saved = {"unreadable": str(e)}
+        with self.lock:
+            self.policy.restore(saved, set(self.index), order_lru_first, path)
+            return self.policy.restored
 
 
 class SSDReader:
@@ -713,3 +783,10 @@ def _read_holder(fd: int) -> tuple[Optional[int], Optional[str]]:
         return int(pid), mnt or None
     except ValueError:
         return None, None
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
