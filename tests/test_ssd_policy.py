@@ -131,6 +131,16 @@ def test_store_evicts_ssd_slots_by_the_policy(tmp_path):
     assert kept == {"lru_lfu": True, "lru": False}
 
 
+def test_the_evict_policy_knob_sets_both_tiers(tmp_path):
+    store = Store(64 * MiB, ssd=SSDTier(str(tmp_path)))
+    for name in ("lfu", "lru", "lru_lfu"):
+        store.set_evict_policy(name)
+        assert store.cache.stats()["evict_policy"] == store.ssd.policy.name == name
+    with pytest.raises(ValueError):
+        store.set_evict_policy("fifo")
+    store.close()
+
+
 def _publish(store: Store, key: bytes) -> None:
     d = store.draft()
     d.write(0, os.urandom(SLOT))

@@ -24,8 +24,10 @@ checksum fails is caught when it is read, reported the same way, and never
 served.
 
 Besides the slots, the folder holds `order.json` (keys, most recently used
-first: the warm-up order) and `namespace.json` (agents and sessions with
-their owners and modes), each replaced atomically, and `.lock`: the daemon
+first: the warm-up order), `namespace.json` (agents and sessions with
+their owners and modes) and `policy.json` (the state of the eviction policy
+the tier evicts by beyond ssd_capacity: memosfs/store/ssdpolicy.py), each
+replaced atomically, and `.lock`: the daemon
 that uses the folder holds an exclusive flock on it for its whole life, so a
 second daemon on the same folder is refused before it touches anything
 (DirLock, at the end of this file; the kernel drops the lock when the
@@ -52,6 +54,7 @@ import os
 import shutil
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -69,6 +72,7 @@ MAGIC = b"MEMOSLT1"
 _FOOTER = struct.Struct("<II8s")          # trailer length, trailer crc, magic
 _FIXED = struct.Struct("<QQIIII")         # version, size, crc, flags, klen, mlen
 MAX_TRAILER = 1 << 20
+POLICY_SAVE_S = 10.0                      # background saves of policy.json, at most this often
 
 
 class CorruptSlot(Exception):
@@ -170,6 +174,7 @@ class SSDTier:
         self._dirty_dirs: set[str] = set()      # folders with renames not yet fsync'd
         self.policy = SSDPolicy()               # eviction order (ssdpolicy.py; lock)
         self.evictions = 0                      # versions evicted for ssd_capacity
+        self._policy_saved = -POLICY_SAVE_S     # monotonic time of the last policy.json
 
     # ---- mount ----
 
@@ -550,10 +555,17 @@ class SSDTier:
 
     def save_policy(self, durable: bool) -> None:
         """policy.json, as order.json is written (atomically, 0600; fsync'd
-        when durable)."""
+        when durable).  A save that is not durable is skipped when the last
+        one is less than POLICY_SAVE_S old (the state is larger than
+        order.json: its ghosts hold up to 6 hashes per slot); a crash then
+        loses at most that much of the order's history."""
+        now = time.monotonic()
         with self.lock:
+            if not durable and now - self._policy_saved < POLICY_SAVE_S:
+                return
             state = self.policy.state()
             self.policy.dirty = False
+            self._policy_saved = now
         try:
             self.write_json(STATE_NAME, state, durable)
         except BaseException:

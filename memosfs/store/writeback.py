@@ -285,8 +285,10 @@ class WriteBackMixin:
                 return
             try:
                 self._write_back_due(time.monotonic() - delay)
-                if self._recency_dirty or self._namespace_dirty or self.ssd.policy_dirty:
+                if self._recency_dirty or self._namespace_dirty:
                     self.save_metadata(durable=False)
+                elif self.ssd.policy_dirty:
+                    self.ssd.save_policy(durable=False)     # rate-limited
             except OSError as e:
                 self._log_io_error("background writer: %s", e)
             except Exception:
