@@ -586,6 +586,7 @@ class SSDTier:
         except FileNotFoundError:
             saved = None
         except (OSError, ValueError) as e:
+            log.error("ssd: %s unreadable (%s)", path, e)
             saved = {"unreadable": str(e)}
         with self.lock:
             self.policy.restore(saved, set(self.index), order_lru_first, path)
