@@ -93,6 +93,7 @@ struct memos_entry {
     uint8_t      dirty;       /* not yet persisted (lock) */
     uint8_t      sticky;      /* sticky pin, never a victim (lock) */
     uint8_t      busy;        /* draft inside an unlocked write phase (lock) */
+    uint8_t      prefetched;  /* prefetched, unread: passes left before it may be a victim (lock) */
     uint16_t     tenant;      /* live: 1 + index of its agent's tenant, 0 = none (lock) */
 };
 
@@ -125,6 +126,9 @@ struct memos_cache {
     pthread_cond_t evicted;     /* signalled when an eviction run's callbacks end (lock) */
     tenant       tenants[MEMOS_TENANT_MAX];  /* agents with a quota (lock) */
     unsigned     ntenants;      /* slots of tenants[] ever used (lock) */
+    unsigned     prefetch_open; /* 1: guarded prefetches may be victims (lock) */
+    uint64_t     prefetch_passed; /* guarded entries the current walk passed over (lock) */
+    uint64_t     prefetch_pages;  /* pages of the guarded entries (lock) */
 };
 
 /* How long an allocation waits for other threads' evictions (write-backs to
@@ -139,6 +143,7 @@ struct memos_cache {
 
 static void    *meta_alloc(memos_cache *c, size_t n);
 static int      evictable(const policy_node *n, void *ctx);
+static void     unguard(memos_cache *c, memos_entry *e);
 static memos_entry *entry_of_pnode(const policy_node *n);
 static memos_entry *entry_new(memos_cache *c);
 static void     entry_destroy(memos_cache *c, memos_entry *e);
@@ -339,6 +344,7 @@ int memos_get(memos_cache *c, const void *key, size_t klen, memos_entry **out)
     e->refs++;
     e->hits++;
     c->st.hits++;
+    unguard(c, e);                       /* read: a prefetch has done its job */
     policy_touch(&c->pol, &e->pnode);
     unlock(c);
     *out = e;
@@ -685,8 +691,8 @@ static void *meta_alloc(memos_cache *c, size_t n)
 
 static int evictable(const policy_node *n, void *ctx)
 {
-    const memos_cache *c = ctx;
-    const memos_entry *e = entry_of_pnode(n);
+    memos_cache *c = ctx;
+    memos_entry *e = (memos_entry *)entry_of_pnode(n);
     if (e->refs || e->sticky || e->evicting || e->refused_gen == c->victim_gen)
         return 0;
     if (e->tenant) {
@@ -694,7 +700,43 @@ static int evictable(const policy_node *n, void *ctx)
         if (t->bytes <= t->quota)
             return 0;                   /* within its quota: protected */
     }
+    if (e->prefetched && !c->prefetch_open) {
+        /* a prefetch not read yet: passed over, a bounded number of times */
+        if (--e->prefetched > 0) {
+            c->prefetch_passed++;
+            return 0;
+        }
+        c->st.prefetch_guarded--;
+        c->prefetch_pages -= e->pages;
+        c->st.prefetch_aged++;
+    }
     return 1;
+}
+
+/* ---- prefetched entries (memos_mark_prefetched) ---- */
+
+static void unguard(memos_cache *c, memos_entry *e)
+{
+    if (e->prefetched) {
+        e->prefetched = 0;
+        c->st.prefetch_guarded--;
+        c->prefetch_pages -= e->pages;
+    }
+}
+
+/* Guarded entries hold at most half the memory tier's pages. */
+int memos_mark_prefetched(memos_cache *c, memos_entry *e)
+{
+    lock(c);
+    int ok = e->live && (e->prefetched ||
+                         c->prefetch_pages + e->pages <= arena_page_limit(&c->ar) / 2);
+    if (ok && !e->prefetched) {
+        e->prefetched = MEMOS_PREFETCH_PASSES;
+        c->st.prefetch_guarded++;
+        c->prefetch_pages += e->pages;
+    }
+    unlock(c);
+    return ok;
 }
 
 /* ---- tenants ---- */
@@ -855,6 +897,7 @@ static void kill_entry(memos_cache *c, memos_entry *e, int in_index)
     }
     policy_remove(&c->pol, &e->pnode);
     tenant_unlink(c, e);
+    unguard(c, e);
     e->live = 0;
     e->dead = 1;
     c->st.slots--;
@@ -927,7 +970,17 @@ static int do_evict_run(memos_cache *c, uint32_t gen, size_t *picked)
     *picked = 0;
     while (left > 0) {
         c->victim_gen = gen;
+        c->prefetch_passed = 0;
         size_t got = policy_victims(&c->pol, v, left < EVICT_CHUNK ? left : EVICT_CHUNK);
+        if (got == 0 && c->prefetch_passed && *picked == 0) {
+            /* only unread prefetches left, and this run found nothing else:
+             * they go rather than nothing (a run that took victims already
+             * stops here; the allocation runs another if it needs more) */
+            c->prefetch_open = 1;
+            got = policy_victims(&c->pol, v, left < EVICT_CHUNK ? left : EVICT_CHUNK);
+            c->prefetch_open = 0;
+            c->st.prefetch_opened++;
+        }
         if (got == 0)
             break;
         left -= got;
@@ -1197,7 +1250,12 @@ int memos_check(memos_cache *c, char *why, size_t whylen)
     if ((rc = policy_check(&c->pol, why, whylen)) != MEMOS_OK)
         goto out;
     uint64_t live = 0, drafts = 0, dead = 0, bytes_used = 0, bytes_draft = 0, pages = 0;
+    uint64_t guarded = 0, guarded_pages = 0;
     for (memos_entry *e = c->all.all_next; e != &c->all; e = e->all_next) {
+        if (e->prefetched && !e->live)
+            FAIL("cache: a non-live entry is guarded as a prefetch");
+        guarded += e->prefetched != 0;
+        guarded_pages += e->prefetched ? e->pages : 0;
         if (e->all_next->all_prev != e)
             FAIL("cache: all-entries list broken");
         if (e->live + e->dead + e->draft != 1)
@@ -1259,6 +1317,12 @@ int memos_check(memos_cache *c, char *why, size_t whylen)
                  (unsigned long long)e->size, (unsigned long long)held);
         pages += held;
     }
+    if (guarded_pages != c->prefetch_pages)
+        FAIL("cache: guarded prefetches hold %llu pages, counter says %llu",
+             (unsigned long long)guarded_pages, (unsigned long long)c->prefetch_pages);
+    if (guarded != c->st.prefetch_guarded)
+        FAIL("cache: %llu guarded prefetches, counter says %llu",
+             (unsigned long long)guarded, (unsigned long long)c->st.prefetch_guarded);
     if (live != c->st.slots || live != index_entries(&c->idx) || live != policy_count(&c->pol))
         FAIL("cache: %llu live entries, slots %llu, index %llu, policy %llu",
              (unsigned long long)live, (unsigned long long)c->st.slots,

@@ -103,6 +103,9 @@ typedef struct memos_stats {
     uint64_t policy_probation; /* lru_lfu: entries in probation (seen once) */
     uint64_t policy_protected; /* lru_lfu: entries in protected (seen again) */
     double   policy_recency;   /* recency/frequency balance: probation target share (lru 1, lfu 0) */
+    uint64_t prefetch_guarded; /* prefetched entries not yet read, kept from being victims */
+    uint64_t prefetch_aged;    /* guards that ran out (passed over MEMOS_PREFETCH_PASSES times) */
+    uint64_t prefetch_opened;  /* eviction walks that took guarded entries: nothing else to take */
 } memos_stats;
 
 /* ---- cache lifetime and knobs ---- */
@@ -198,6 +201,14 @@ uint64_t memos_entry_hits(const memos_entry *e);        /* memos_get hits */
 int      memos_entry_dirty(const memos_entry *e);
 int      memos_entry_live(const memos_entry *e);        /* in the index */
 int      memos_entry_sticky(const memos_entry *e);
+
+/* A prefetched entry (brought in ahead of a demand read): it is kept from
+ * being a victim until its first memos_get, or until eviction walks have
+ * passed over it MEMOS_PREFETCH_PASSES times, or when nothing else can be
+ * evicted; guarded entries hold at most half the capacity's pages.  The caller holds a reference.  Returns 1 if guarded, 0 if not
+ * (not live, or the bound is reached). */
+#define MEMOS_PREFETCH_PASSES 8
+int      memos_mark_prefetched(memos_cache *c, memos_entry *e);
 const void *memos_entry_key(const memos_entry *e, size_t *klen);
 void     memos_set_dirty(memos_cache *c, memos_entry *e, int dirty);
 /* A sticky pin keeps a live entry out of eviction (user.memos.pin). */

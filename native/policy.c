@@ -708,3 +708,134 @@ int policy_check(const policy *p, char *why, size_t whylen)
     int rc = check_second_lists(p, why, whylen);
     return rc != MEMOS_OK ? rc : check_ghosts(p, why, whylen);
 }
+
+
+/* ---- state dump and restore (the SSD tier's policy; see policy.h) ----
+ *
+ * Kept apart from the rest: it reads and rebuilds the lists, the balance and
+ * the ghost rings exactly as they are, so a restored policy picks the same
+ * victims as the one dumped.  A ring is restored slot for slot (stale slots
+ * too), because a ghost's place in its ring follows from its sequence number. */
+
+unsigned policy_dump_lists(const policy *p)
+{
+    return p->kind == POLICY_LFU ? POLICY_LEVELS : p->kind == POLICY_LRU_LFU ? 2 : 0;
+}
+
+size_t policy_dump_list(const policy *p, int list, policy_node **out, size_t max)
+{
+    size_t k = 0;
+    if (list < 0) {
+        for (policy_node *x = p->head.next; x != &p->head; x = x->next, k++)
+            if (k < max)
+                out[k] = x;
+        return k;
+    }
+    if ((unsigned)list >= policy_dump_lists(p))
+        return 0;
+    const policy_node *h = p->kind == POLICY_LFU ? &p->lvl[list] : &p->seg[list];
+    for (policy_node *x = h->fnext; x != h; x = x->fnext, k++)
+        if (k < max)
+            out[k] = x;
+    return k;
+}
+
+size_t policy_dump_ghosts(const policy *p, unsigned r, uint64_t *hash, uint8_t *live,
+                          size_t max, uint64_t *clock)
+{
+    const ghost_ring *g = &p->ring[r & 1];
+    *clock = g->next_seq;
+    for (size_t i = 0; i < g->len && i < max; i++) {
+        size_t at = (g->tail + i) % g->cap;
+        long j = ghost_find(p, g->hash[at]);
+        hash[i] = g->hash[at];
+        live[i] = j >= 0 && p->gtab[j].seq == ((g->seq[at] << 1) | (r & 1));
+    }
+    return g->len;
+}
+
+double policy_dump_balance(const policy *p, uint64_t ghits[2])
+{
+    ghits[0] = p->ghits[0];
+    ghits[1] = p->ghits[1];
+    return p->pfrac;
+}
+
+/* Link n at the LRU end of the recency list (nodes come MRU first). */
+void policy_restore_node(policy *p, policy_node *n, uint64_t hash, uint32_t freq, uint8_t ref)
+{
+    n->hash = norm_hash(hash);
+    n->freq = freq > POLICY_FREQ_MAX ? POLICY_FREQ_MAX : freq;
+    n->level = (uint8_t)level_of(n->freq);
+    n->ref = ref > REF_MAX ? REF_MAX : ref;
+    n->seg = POLICY_PROBATION;
+    n->linked = 1;
+    n->fprev = n->fnext = NULL;
+    link_after(p->head.prev, n);
+    p->count++;
+}
+
+/* Append n at the back of second list `list` (nodes come front first). */
+int policy_restore_place(policy *p, policy_node *n, unsigned list)
+{
+    if (!n->linked || n->fprev || list >= policy_dump_lists(p))
+        return MEMOS_EINVAL;
+    if (p->kind == POLICY_LFU) {
+        if (list != n->level)
+            return MEMOS_EINVAL;
+        flink_after(p->lvl[list].fprev, n);
+        return MEMOS_OK;
+    }
+    n->seg = (uint8_t)list;
+    flink_after(p->seg[list].fprev, n);
+    p->nseg[list]++;
+    return MEMOS_OK;
+}
+
+int policy_restore_ghosts(policy *p, unsigned r, const uint64_t *hash, const uint8_t *live,
+                          size_t len, uint64_t clock)
+{
+    if (r > 1 || p->kind != POLICY_LRU_LFU || clock < len || p->ring[r].len)
+        return MEMOS_EINVAL;
+    ghost_ring *g = &p->ring[r];
+    while (g->cap < len)
+        if (ghost_grow_ring(g) != MEMOS_OK)
+            return MEMOS_ENOMEM;
+    for (size_t i = 0; i < len; i++) {
+        uint64_t h = norm_hash(hash[i]), seq = clock - len + 1 + i;
+        g->hash[i] = h;
+        g->seq[i] = seq;
+        if (!live[i])
+            continue;
+        if ((p->gused + 1) * 2 > p->gmask + 1 && ghost_grow_table(p) != MEMOS_OK)
+            return MEMOS_ENOMEM;
+        if (ghost_find(p, h) >= 0)
+            return MEMOS_EINVAL;        /* a hash live twice: not a dump */
+        size_t k = h & p->gmask;
+        while (p->gtab[k].hash)
+            k = (k + 1) & p->gmask;
+        p->gtab[k] = (ghost_slot){ h, (seq << 1) | r };
+        p->gused++;
+        g->live++;
+    }
+    g->tail = 0;
+    g->len = len;
+    g->next_seq = clock;
+    return MEMOS_OK;
+}
+
+int policy_restore_finish(policy *p, double pfrac, const uint64_t ghits[2],
+                          char *why, size_t whylen)
+{
+    for (policy_node *x = p->head.next; x != &p->head; x = x->next)
+        if (policy_dump_lists(p) && !x->fprev) {
+            snprintf(why, whylen, "policy: a restored node is on no list");
+            return MEMOS_EINVAL;
+        }
+    if (!(pfrac >= PFRAC_MIN && pfrac <= PFRAC_MAX))
+        pfrac = PFRAC_INIT;
+    p->pfrac = pfrac;
+    p->ghits[0] = ghits[0];
+    p->ghits[1] = ghits[1];
+    return policy_check(p, why, whylen);
+}

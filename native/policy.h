@@ -93,4 +93,32 @@ int    policy_check(const policy *p, char *why, size_t whylen); /* MEMOS_OK, MEM
 long long policy_simulate(const char *name, const uint64_t *keys, size_t n,
                           size_t capacity, unsigned batch, policy_stats *st);
 
+/* ---- state dump and restore (appended block) ----
+ *
+ * For a policy whose state outlives the process (the SSD tier's, persisted
+ * beside order.json).  A dump is read through these calls; a restore runs on
+ * a freshly initialised, empty policy of the same kind: every node with
+ * policy_restore_node (MRU first), then each node placed on its second list
+ * with policy_restore_place (front first), the ghost rings with
+ * policy_restore_ghosts, then policy_restore_finish, which checks the whole
+ * (MEMOS_EINVAL: the caller must throw the policy away and start afresh). */
+
+unsigned policy_dump_lists(const policy *p);        /* second lists: lru 0, lfu POLICY_LEVELS, lru_lfu 2 */
+/* Nodes of list `list` (-1: recency, MRU first; else second list `list`,
+ * front first) into out[0..max); returns how many the list holds. */
+size_t   policy_dump_list(const policy *p, int list, policy_node **out, size_t max);
+/* Ghost ring r, oldest slot first: hash and whether it is live (stale slots
+ * are left by ghost hits), into [0..max); returns the ring's length; *clock
+ * gets the ring's insertion count. */
+size_t   policy_dump_ghosts(const policy *p, unsigned r, uint64_t *hash, uint8_t *live,
+                            size_t max, uint64_t *clock);
+double   policy_dump_balance(const policy *p, uint64_t ghits[2]);  /* pfrac; ghost hits */
+
+void     policy_restore_node(policy *p, policy_node *n, uint64_t hash, uint32_t freq, uint8_t ref);
+int      policy_restore_place(policy *p, policy_node *n, unsigned list);  /* MEMOS_OK, MEMOS_EINVAL */
+int      policy_restore_ghosts(policy *p, unsigned r, const uint64_t *hash, const uint8_t *live,
+                               size_t len, uint64_t clock);               /* MEMOS_OK, EINVAL, ENOMEM */
+int      policy_restore_finish(policy *p, double pfrac, const uint64_t ghits[2],
+                               char *why, size_t whylen);                 /* MEMOS_OK, MEMOS_EINVAL */
+
 #endif /* MEMOS_POLICY_H */

@@ -14,6 +14,7 @@
  *     pymodule_draft.c      Draft (an unpublished entry)
  *     pymodule_directory.c  Directory (directory.c)
  *     pymodule_prefetch.c   Prefetcher (prefetch.c)
+ *     pymodule_policy.c     Policy (policy.c, standalone: the SSD tier's)
  *
  *     Cache ◄──strong── Ref ──pin──► memos_entry
  *       ▲
@@ -109,5 +110,6 @@ int pym_ref_register(PyObject *m);
 int pym_draft_register(PyObject *m);
 int pym_directory_register(PyObject *m);
 int pym_prefetch_register(PyObject *m);
+int pym_policy_register(PyObject *m);      /* pymodule_policy.c */
 
 #endif

@@ -469,7 +469,10 @@ static PyObject *Cache_stats(CacheObject *self, PyObject *noarg)
         return NULL;
     }
     PyObject *pol = PyUnicode_FromString(memos_policy_name(self->c));
-    PyObject *more = Py_BuildValue("{sKsKsKsKsKsdsN}",
+    PyObject *more = Py_BuildValue("{sKsKsKsKsKsKsKsKsdsN}",
+        "prefetch_guarded", (unsigned long long)s.prefetch_guarded,
+        "prefetch_aged", (unsigned long long)s.prefetch_aged,
+        "prefetch_opened", (unsigned long long)s.prefetch_opened,
         "ghost_hits_recency", (unsigned long long)s.ghost_hits_recency,
         "ghost_hits_frequency", (unsigned long long)s.ghost_hits_frequency,
         "ghost_entries", (unsigned long long)s.ghost_entries,
@@ -483,6 +486,22 @@ static PyObject *Cache_stats(CacheObject *self, PyObject *noarg)
     }
     Py_DECREF(more);
     return d;
+}
+
+/* mark_prefetched(ref) -> bool: guard a prefetched version until it is read
+ * (memos_mark_prefetched). */
+static PyObject *Cache_mark_prefetched(CacheObject *self, PyObject *arg)
+{
+    if (!PyObject_TypeCheck(arg, &RefType)) {
+        PyErr_SetString(PyExc_TypeError, "mark_prefetched takes a Ref");
+        return NULL;
+    }
+    RefObject *r = (RefObject *)arg;
+    if (ref_usable(r) < 0)
+        return NULL;
+    if (r->cache != self)
+        return memos_error(MEMOS_EINVAL, "the Ref belongs to another cache", NULL);
+    return PyBool_FromLong(memos_mark_prefetched(self->c, r->e));
 }
 
 static PyObject *Cache_set_policy(CacheObject *self, PyObject *arg)
@@ -630,6 +649,8 @@ static PyMethodDef Cache_methods[] = {
     { "set_policy", (PyCFunction)Cache_set_policy, METH_O,
       "set_policy(name): lru_lfu | lru | lfu, live (ValueError otherwise)" },
     { "stats", (PyCFunction)Cache_stats, METH_NOARGS, "stats() -> dict" },
+    { "mark_prefetched", (PyCFunction)Cache_mark_prefetched, METH_O,
+      "mark_prefetched(ref) -> bool: keep a prefetched version from eviction until read" },
     { "set_reclaim", (PyCFunction)Cache_set_reclaim, METH_VARARGS,
       "set_reclaim(free_ratio, fail_limit): lazy reclaim triggers of the arena" },
     { "sweep", (PyCFunction)Cache_sweep, METH_NOARGS,

@@ -79,6 +79,7 @@ def test_stats_has_every_field():
         "reclaim_free_ratio", "reclaim_fail_limit",
         "evict_policy", "ghost_hits_recency", "ghost_hits_frequency", "ghost_entries",
         "policy_probation", "policy_protected", "policy_recency",
+        "prefetch_guarded", "prefetch_aged", "prefetch_opened",
     }
     assert set(c.stats()) == fields
     c.close()

@@ -104,7 +104,7 @@ def _apply_evict_batch(ctl: "ControlTree", value: int) -> int:
 
 
 def _apply_evict_policy(ctl: "ControlTree", value: str) -> str:
-    ctl.store.cache.set_policy(value)
+    ctl.store.set_evict_policy(value)
     return value
 
 

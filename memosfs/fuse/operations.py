@@ -82,7 +82,7 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         self.knobs: dict[str, object] = {k.name: k.default for k in KNOBS}
         self.knobs.update(knobs or {})
         self.knobs["capacity"] = store.cache.capacity
-        store.cache.set_policy(str(self.knobs["evict_policy"]))
+        store.set_evict_policy(str(self.knobs["evict_policy"]))
         store.cache.set_reclaim(float(self.knobs["reclaim_free_ratio"]),
                                 int(self.knobs["reclaim_fail_limit"]))
         self.inodes: dict[int, Node] = {}

@@ -43,6 +43,8 @@ class NamespaceMixin:
             self._recency.pop(key, None)
             self._recency[key] = None
             self._recency_dirty = True
+        if self.ssd is not None:
+            self.ssd.used(key)                  # the SSD tier's policy counts it too
 
     def _order_pop(self, key: bytes) -> None:
         """Take key out of its directory's ring; an empty ring goes too (a
@@ -111,6 +113,7 @@ class NamespaceMixin:
             try:
                 self.ssd.write_json("order.json", recency, durable)
                 self.ssd.write_json("namespace.json", self.namespace_of(), durable)
+                self.ssd.save_policy(durable)
             except BaseException:
                 self._recency_dirty = self._namespace_dirty = True
                 raise
@@ -137,6 +140,8 @@ class NamespaceMixin:
             for k in known + unknown:
                 self._recency[k] = None
                 self._order.setdefault(_session_of(k), collections.OrderedDict())[k] = None
+        # the SSD tier's eviction order: its saved state, else this order
+        self.ssd.restore_policy(known + unknown)
         return entries
 
 

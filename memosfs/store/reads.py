@@ -100,7 +100,7 @@ class ReadMixin:
         memory without counting a lookup; True if this call put it there."""
         if self.ssd is None or self._in_memory(key):
             return False
-        ref = self._promote(key)
+        ref = self._promote(key, prefetched=True)
         if ref is None:
             return False
         ok = isinstance(ref, _native.Ref)        # an SSDReader: memory had no room
@@ -111,19 +111,21 @@ class ReadMixin:
 
     # ---- promotion from the SSD tier ----
 
-    def _promote(self, key: bytes) -> Optional["_native.Ref"]:
+    def _promote(self, key: bytes, prefetched: bool = False) -> Optional["_native.Ref"]:
         """Read the SSD's version of key into memory (clean); None if absent
-        or corrupt (then the slot is gone and the reason logged)."""
+        or corrupt (then the slot is gone and the reason logged).
+        prefetched: for the prefetcher, the version is kept from eviction
+        until it is read (Cache.mark_prefetched, bounded)."""
         for _ in range(PROMOTE_TRIES):
             entry = self.ssd.get(key) if self.ssd is not None else None
             if entry is None:
                 return None
-            result = self._promote_entry(key, entry)
+            result = self._promote_entry(key, entry, prefetched)
             if result is not _RACED:
                 return result
         return self.cache.peek(key)
 
-    def _promote_entry(self, key: bytes, entry: SSDEntry):
+    def _promote_entry(self, key: bytes, entry: SSDEntry, prefetched: bool = False):
         """One try at promoting `entry`; _RACED if a newer version replaced
         its file meanwhile (a failed check is then no corruption: try again)."""
         draft = self.cache.draft()
@@ -162,6 +164,8 @@ class ReadMixin:
                 draft.free()
                 return _RACED
             ref = self.cache.publish(draft, key, dirty=False, version=entry.version)
+            if prefetched:
+                self.cache.mark_prefetched(ref)     # pinned: no eviction in between
         self._c["promotions"] += 1
         self.trace.emit("PROMOTE", key=_k(key), bytes=entry.size, version=entry.version)
         return ref

@@ -24,8 +24,10 @@ checksum fails is caught when it is read, reported the same way, and never
 served.
 
 Besides the slots, the folder holds `order.json` (keys, most recently used
-first: the warm-up order) and `namespace.json` (agents and sessions with
-their owners and modes), each replaced atomically, and `.lock`: the daemon
+first: the warm-up order), `namespace.json` (agents and sessions with
+their owners and modes) and `policy.json` (the state of the eviction policy
+the tier evicts by beyond ssd_capacity: memosfs/store/ssdpolicy.py), each
+replaced atomically, and `.lock`: the daemon
 that uses the folder holds an exclusive flock on it for its whole life, so a
 second daemon on the same folder is refused before it touches anything
 (DirLock, at the end of this file; the kernel drops the lock when the
@@ -52,12 +54,14 @@ import os
 import shutil
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Optional
 
 from memosfs import _native
 from memosfs.private import open_private, private_dir, private_makedirs, tighten_tree
 from memosfs.stats import Record, counter, gauge
+from memosfs.store.ssdpolicy import STATE_NAME, SSDPolicy
 
 log = logging.getLogger("memosfs.store.ssd")
 
@@ -68,6 +72,7 @@ MAGIC = b"MEMOSLT1"
 _FOOTER = struct.Struct("<II8s")          # trailer length, trailer crc, magic
 _FIXED = struct.Struct("<QQIIII")         # version, size, crc, flags, klen, mlen
 MAX_TRAILER = 1 << 20
+POLICY_SAVE_S = 10.0                      # background saves of policy.json, at most this often
 
 
 class CorruptSlot(Exception):
@@ -140,6 +145,9 @@ class SSDStats(Record):
     ssd_write_errors: int = counter("slot file writes that failed")
     ssd_reads: int = counter("slot files read back into memory")
     ssd_read_bytes: int = counter("bytes read back from slot files")
+    ssd_evictions: int = counter("slot files evicted to keep within ssd_capacity (policy order)")
+    ssd_policy_probation: int = gauge("SSD tier, lru_lfu: slots in probation")
+    ssd_policy_protected: int = gauge("SSD tier, lru_lfu: slots in protected")
 
 
 class SSDTier:
@@ -172,6 +180,9 @@ class SSDTier:
         self.reads = 0                          # versions read back
         self.read_bytes = 0
         self._dirty_dirs: set[str] = set()      # folders with renames not yet fsync'd
+        self.policy = SSDPolicy()               # eviction order (ssdpolicy.py; lock)
+        self.evictions = 0                      # versions evicted for ssd_capacity
+        self._policy_saved = -POLICY_SAVE_S     # monotonic time of the last policy.json
 
     # ---- mount ----
 
@@ -208,6 +219,8 @@ class SSDTier:
         with self.lock:
             self.index = found
             self.used_bytes = sum(e.file_bytes for e in found.values())
+            # until restore_policy: oldest file first
+            self.policy.reset(sorted(found, key=lambda k: _mtime(found[k].path)))
         return list(found.values())
 
     def _set_aside(self, path: str, why: str) -> None:
@@ -307,6 +320,7 @@ class SSDTier:
             old = self.index.get(key)
             self.used_bytes += total - (old.file_bytes if old else 0)
             self.index[key] = entry
+            self.policy.written(key)
             self.writes += 1
             self.write_bytes += size
             if sync_now:
@@ -392,11 +406,14 @@ class SSDTier:
             if self.index.get(entry.key) is entry:
                 del self.index[entry.key]
                 self.used_bytes -= entry.file_bytes
+                self.policy.removed(entry.key)
         self._set_aside(entry.path, why)
 
-    def remove(self, key: bytes, entry: Optional[SSDEntry] = None) -> bool:
+    def remove(self, key: bytes, entry: Optional[SSDEntry] = None,
+               evicted: bool = False) -> bool:
         """Forget key and unlink its file (durable at the next `sync`); with
-        `entry`, only if that is still key's version (a newer one stays)."""
+        `entry`, only if that is still key's version (a newer one stays).
+        evicted: it goes to make room (the policy remembers it in a ghost)."""
         with self.write_lock:               # orders it with put()'s check
             with self.lock:
                 current = self.index.get(key)
@@ -404,6 +421,8 @@ class SSDTier:
                     return False
                 del self.index[key]
                 self.used_bytes -= current.file_bytes
+                self.policy.removed(key, evicted=evicted)
+                self.evictions += evicted
             self._unlink_locked(current.path)
         return True
 
@@ -470,6 +489,9 @@ class SSDTier:
                 if self.index.get(old) is entry:
                     del self.index[old]
                     self.used_bytes -= entry.file_bytes
+                    self.policy.renamed(old, new)
+                else:
+                    self.policy.written(new)
             self._unlink_locked(entry.path)
             return moved
 
@@ -562,18 +584,79 @@ class SSDTier:
 
     def statistics(self) -> SSDStats:
         with self.lock:
+            ps = self.policy.stats()
             return SSDStats(
+                ssd_evictions=self.evictions, ssd_policy_probation=ps["probation"],
+                ssd_policy_protected=ps["protected"],
                 ssd_slots=len(self.index), ssd_bytes=self.used_bytes,
                 ssd_capacity=self.capacity, ssd_corrupt=self.corrupt, ssd_writes=self.writes, ssd_writes_unsynced=self.unsynced_writes,
                 ssd_write_bytes=self.write_bytes, ssd_write_errors=self.write_errors,
                 ssd_reads=self.reads, ssd_read_bytes=self.read_bytes)
 
-    def lru_candidates(self, order: list[bytes]) -> Iterator[SSDEntry]:
-        """Entries, least recently used first, given keys most recent first."""
+    # ---- the eviction order (ssdpolicy.py) ----
+
+    def used(self, key: bytes) -> None:
+        """A use of key (a read, a new version published): the policy counts it."""
         with self.lock:
-            rank = {k: i for i, k in enumerate(order)}
-            entries = sorted(self.index.values(), key=lambda e: -rank.get(e.key, -1))
-        return iter(entries)
+            self.policy.used(key)
+
+    def set_policy(self, name: str) -> None:
+        """The evict_policy knob (lru_lfu, lru, lfu); ValueError otherwise."""
+        with self.lock:
+            self.policy.select(name)
+
+    def victims(self, n: int, skip: Iterable[bytes] = ()) -> list[SSDEntry]:
+        """Up to n entries, best victim first by the policy, none of `skip`."""
+        with self.lock:
+            keys = self.policy.victims(n, skip)
+            return [self.index[k] for k in keys if k in self.index]
+
+    def policy_stats(self) -> dict[str, Any]:
+        with self.lock:
+            return self.policy.stats()
+
+    @property
+    def policy_dirty(self) -> bool:
+        return self.policy.dirty
+
+    def save_policy(self, durable: bool) -> None:
+        """policy.json, as order.json is written (atomically, 0600; fsync'd
+        when durable).  A save that is not durable is skipped when the last
+        one is less than POLICY_SAVE_S old (the state is larger than
+        order.json: its ghosts hold up to 6 hashes per slot); a crash then
+        loses at most that much of the order's history."""
+        now = time.monotonic()
+        with self.lock:
+            if not durable and now - self._policy_saved < POLICY_SAVE_S:
+                return
+            state = self.policy.state()
+            self.policy.dirty = False
+            self._policy_saved = now
+        try:
+            self.write_json(STATE_NAME, state, durable)
+        except BaseException:
+            self.policy.dirty = True
+            raise
+
+    def restore_policy(self, order_lru_first: list[bytes]) -> str:
+        """At mount, after scan: the saved policy state for the slots found,
+        else order_lru_first (keys least recent first); returns how
+        ("state", "order": no file, "fallback": a file that did not check out)."""
+        path = os.path.join(self.root, STATE_NAME)
+        saved: Any = None
+        try:
+            with open(path, "rb") as f:
+                saved = json.loads(f.read())
+            if saved is None:
+                saved = "null"                  # present but not a state
+        except FileNotFoundError:
+            saved = None
+        except (OSError, ValueError) as e:
+            log.error("ssd: %s unreadable (%s)", path, e)
+            saved = {"unreadable": str(e)}
+        with self.lock:
+            self.policy.restore(saved, set(self.index), order_lru_first, path)
+            return self.policy.restored
 
 
 class SSDReader:
@@ -779,3 +862,10 @@ def _read_holder(fd: int) -> tuple[Optional[int], Optional[str]]:
         return int(pid), mnt or None
     except ValueError:
         return None, None
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0

@@ -101,6 +101,9 @@ class CacheStats(Record):
     policy_recency: float = gauge("lru_lfu: probation's target share (lru 1, lfu 0)", 0.0)
     policy_probation: int = gauge("lru_lfu: slots in probation (seen once)")
     policy_protected: int = gauge("lru_lfu: slots in protected (seen again)")
+    prefetch_guarded: int = gauge("prefetched slots not yet read, kept from eviction")
+    prefetch_aged: int = counter("prefetch guards that ran out unread (passed over by 8 eviction walks)")
+    prefetch_opened: int = counter("eviction walks that took guarded prefetches (nothing else left)")
 
     @classmethod
     def from_native(cls, d: Mapping[str, Any], policy: str) -> "CacheStats":

@@ -239,6 +239,12 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
     def set_evict_batch(self, n: int) -> None:
         self.cache.set_evict_batch(n)
 
+    def set_evict_policy(self, name: str) -> None:
+        """The evict_policy knob: memory's victim order and the SSD tier's."""
+        self.cache.set_policy(name)
+        if self.ssd is not None:
+            self.ssd.set_policy(name)
+
     def statistics(self, lookup_misses: int = 0) -> StoreStats:
         """The store's own figures (memosfs/store/statistics.py).
         lookup_misses: the filesystem's lookups of a name no tier has,

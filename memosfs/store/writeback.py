@@ -4,8 +4,8 @@ A dirty version reaches the SSD (1) through the C core's eviction callback
 (_on_evict), before its pages are freed, (2) from the background writer
 thread (_writer_loop), `writeback_delay_ms` after it was published,
 (3) on persist (fsync of a slot) and flush, and (4) at close (store.py).
-A tier over ssd_capacity makes room by evicting its least recent versions
-(_make_ssd_room).  demote moves a version out of memory for the quotas.
+A tier over ssd_capacity makes room by evicting versions in its policy's
+order (_make_ssd_room; memosfs/store/ssdpolicy.py).  demote moves a version out of memory for the quotas.
 SSD errors repeat for every slot: _log_io_error logs them at ERROR once
 every WRITEBACK_RETRY_S, the rest at DEBUG.
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
 
 WRITEBACK_RETRY_S = 5.0     # a failed background write-back waits this long
+SSD_VICTIMS_BATCH = 8       # SSD victims asked of the policy at a time
 
 
 class WriteBackMixin:
@@ -105,33 +106,42 @@ class WriteBackMixin:
         self.trace.emit("WRITEBACK", key=_k(key), bytes=ref.size, version=ref.version)
 
     def _make_ssd_room(self, excess: int, keep: bytes, older_only: bool = False) -> None:
-        """Evict SSD versions, least recent first (with older_only, only those
-        less recent than `keep`): those memory does not hold are lost (the
-        slot is dropped); those it holds become dirty.  A version replaced
-        or removed meanwhile is not touched."""
-        with self.lock:
-            order = list(reversed(self._recency))     # most recent first
-        rank = {k: i for i, k in enumerate(order)}
+        """Evict SSD versions in the SSD tier's policy order (the evict_policy
+        knob, as in memory; with older_only, only versions less recent than
+        `keep`): those memory does not hold are lost (the slot is dropped);
+        those it holds become dirty.  A version replaced or removed meanwhile
+        is not touched."""
+        rank: dict[bytes, int] = {}
+        if older_only:
+            with self.lock:
+                order = list(reversed(self._recency))     # most recent first
+            rank = {k: i for i, k in enumerate(order)}
         floor = rank.get(keep, -1)
         freed = 0
-        for entry in self.ssd.lru_candidates(order):
-            if freed >= excess:
+        tried: set[bytes] = {keep}
+        while freed < excess:
+            batch = self.ssd.victims(SSD_VICTIMS_BATCH, skip=tried)
+            if not batch:
                 break
-            if entry.key == keep or (older_only and rank.get(entry.key, -1) <= floor):
-                continue
-            if not self.ssd.remove(entry.key, entry):
-                continue                        # replaced or removed meanwhile
-            freed += entry.file_bytes
-            with self.lock:
-                ref = self.cache.peek(entry.key)
-                if ref is not None:
-                    ref.dirty = True
-                    ref.release()
-                    self._dirty_since.setdefault(entry.key, time.monotonic())
-            if ref is None:
-                self._c["drops_lost"] += 1
-                self.trace.emit("SSD_EVICT", key=_k(entry.key), bytes=entry.size)
-                self._dropped(entry.key, "ssd-evicted")
+            for entry in batch:
+                if freed >= excess:
+                    break
+                tried.add(entry.key)
+                if older_only and rank.get(entry.key, -1) <= floor:
+                    continue
+                if not self.ssd.remove(entry.key, entry, evicted=True):
+                    continue                    # replaced or removed meanwhile
+                freed += entry.file_bytes
+                with self.lock:
+                    ref = self.cache.peek(entry.key)
+                    if ref is not None:
+                        ref.dirty = True
+                        ref.release()
+                        self._dirty_since.setdefault(entry.key, time.monotonic())
+                if ref is None:
+                    self._c["drops_lost"] += 1
+                    self.trace.emit("SSD_EVICT", key=_k(entry.key), bytes=entry.size)
+                    self._dropped(entry.key, "ssd-evicted")
 
     def _log_io_error(self, fmt: str, *args: object) -> None:
         """SSD trouble (a full disk) repeats for every slot: log it at ERROR
@@ -277,6 +287,8 @@ class WriteBackMixin:
                 self._write_back_due(time.monotonic() - delay)
                 if self._recency_dirty or self._namespace_dirty:
                     self.save_metadata(durable=False)
+                elif self.ssd.policy_dirty:
+                    self.ssd.save_policy(durable=False)     # rate-limited
             except OSError as e:
                 self._log_io_error("background writer: %s", e)
             except Exception:

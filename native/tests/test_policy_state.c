@@ -1,0 +1,170 @@
+/*
+ * test_policy_state.c — unit tests of policy.c's state dump and restore (the
+ * SSD tier's policy): a restored policy passes policy_check, holds the same
+ * lists, ghosts and balance, and picks the same victims as the one dumped,
+ * now and after the same future; damaged restores are refused.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "policy.h"
+#include "tcheck.h"
+
+#define N 400
+
+typedef struct obj {
+    policy_node pn;   /* first: the policy links */
+    int id;
+    int in;           /* admitted */
+} obj;
+
+static char why[256];
+static uint64_t rng = 88172645463325252ull;
+
+static uint64_t next_rand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static uint64_t hash_of(int id) { return (uint64_t)id * 0x9E3779B97F4A7C15ull + 1; }
+
+/* Admits, touches, evictions and returns of evicted keys (ghost hits). */
+static void churn(policy *p, obj *o, int steps, uint64_t seed)
+{
+    rng = seed;
+    policy_node *v[4];
+    for (int s = 0; s < steps; s++) {
+        int id = (int)(next_rand() % N);
+        uint64_t r = next_rand() % 10;
+        if (!o[id].in && r < 6) {
+            policy_admit(p, &o[id].pn, hash_of(id));
+            o[id].in = 1;
+        } else if (o[id].in && r < 9) {
+            policy_touch(p, &o[id].pn);
+        } else {
+            size_t got = policy_victims(p, v, 3);
+            for (size_t i = 0; i < got; i++) {
+                obj *x = (obj *)v[i];
+                policy_note_evict(p, &x->pn);
+                policy_remove(p, &x->pn);
+                x->in = 0;
+            }
+        }
+    }
+}
+
+/* Copy p's state into q (empty, same kind) through the dump/restore calls. */
+static int copy_state(const policy *p, obj *po, policy *q, obj *qo)
+{
+    policy_node *v[N];
+    size_t n = policy_dump_list(p, -1, v, N);
+    for (size_t i = 0; i < n; i++) {
+        obj *x = (obj *)v[i];
+        policy_restore_node(q, &qo[x->id].pn, x->pn.hash, x->pn.freq, x->pn.ref);
+        qo[x->id].in = 1;
+    }
+    for (unsigned l = 0; l < policy_dump_lists(p); l++) {
+        size_t k = policy_dump_list(p, (int)l, v, N);
+        for (size_t i = 0; i < k; i++)
+            if (policy_restore_place(q, &qo[((obj *)v[i])->id].pn, l) != MEMOS_OK)
+                return MEMOS_EINVAL;
+    }
+    for (unsigned r = 0; r < 2 && policy_dump_lists(p) == 2; r++) {
+        uint64_t clock, *h = malloc(8 * N * sizeof *h);
+        uint8_t *live = malloc(8 * N);
+        size_t len = policy_dump_ghosts(p, r, h, live, 8 * N, &clock);
+        CHECK(len <= 8 * N);
+        int rc = policy_restore_ghosts(q, r, h, live, len, clock);
+        free(h);
+        free(live);
+        if (rc != MEMOS_OK)
+            return rc;
+    }
+    uint64_t hits[2];
+    double pfrac = policy_dump_balance(p, hits);
+    (void)po;
+    return policy_restore_finish(q, pfrac, hits, why, sizeof why);
+}
+
+static void same_victims(policy *p, policy *q, size_t n)
+{
+    policy_node *a[64], *b[64];
+    size_t ga = policy_victims(p, a, n), gb = policy_victims(q, b, n);
+    CHECK_EQ(ga, gb);
+    for (size_t i = 0; i < ga && i < gb; i++)
+        CHECK_EQ(((obj *)a[i])->id, ((obj *)b[i])->id);
+}
+
+static void roundtrip(const char *name)
+{
+    static obj po[N], qo[N];
+    memset(po, 0, sizeof po);
+    memset(qo, 0, sizeof qo);
+    for (int i = 0; i < N; i++)
+        po[i].id = qo[i].id = i;
+    policy p, q;
+    CHECK_EQ(policy_init(&p, name, NULL, NULL), MEMOS_OK);
+    CHECK_EQ(policy_init(&q, name, NULL, NULL), MEMOS_OK);
+    churn(&p, po, 20000, 1234);
+    CHECK_EQ(policy_check(&p, why, sizeof why), MEMOS_OK);
+    int rc = copy_state(&p, po, &q, qo);
+    if (rc != MEMOS_OK)
+        fprintf(stderr, "restore: %s\n", why);
+    CHECK_EQ(rc, MEMOS_OK);
+    policy_stats a, b;
+    policy_get_stats(&p, &a);
+    policy_get_stats(&q, &b);
+    CHECK(memcmp(&a, &b, sizeof a) == 0);
+    same_victims(&p, &q, 40);
+    churn(&p, po, 5000, 999);
+    churn(&q, qo, 5000, 999);
+    CHECK_EQ(policy_check(&q, why, sizeof why), MEMOS_OK);
+    same_victims(&p, &q, 60);
+    policy_get_stats(&p, &a);
+    policy_get_stats(&q, &b);
+    CHECK(memcmp(&a, &b, sizeof a) == 0);
+    policy_destroy(&p);
+    policy_destroy(&q);
+}
+
+static void test_refusals(void)
+{
+    static obj o[4];
+    memset(o, 0, sizeof o);
+    policy q;
+    CHECK_EQ(policy_init(&q, "lru_lfu", NULL, NULL), MEMOS_OK);
+    policy_restore_node(&q, &o[0].pn, 1, 0, 0);
+    policy_restore_node(&q, &o[1].pn, 2, 3, 1);
+    CHECK_EQ(policy_restore_place(&q, &o[0].pn, 0), MEMOS_OK);
+    CHECK_EQ(policy_restore_place(&q, &o[0].pn, 1), MEMOS_EINVAL);   /* placed twice */
+    CHECK_EQ(policy_restore_place(&q, &o[1].pn, 2), MEMOS_EINVAL);   /* no such list */
+    uint64_t hits[2] = { 0, 0 };
+    CHECK_EQ(policy_restore_finish(&q, 0.5, hits, why, sizeof why), MEMOS_EINVAL);  /* o[1] unplaced */
+    uint64_t h[2] = { 7, 7 };
+    uint8_t live[2] = { 1, 1 };
+    CHECK_EQ(policy_restore_ghosts(&q, 0, h, live, 2, 2), MEMOS_EINVAL);  /* a hash live twice */
+    policy_destroy(&q);
+    policy l;
+    CHECK_EQ(policy_init(&l, "lfu", NULL, NULL), MEMOS_OK);
+    policy_restore_node(&l, &o[2].pn, 3, 5, 0);                         /* level 3 */
+    CHECK_EQ(policy_restore_place(&l, &o[2].pn, 1), MEMOS_EINVAL);
+    CHECK_EQ(policy_restore_place(&l, &o[2].pn, 3), MEMOS_OK);
+    CHECK_EQ(policy_restore_finish(&l, 0.5, hits, why, sizeof why), MEMOS_OK);
+    policy_destroy(&l);
+}
+
+static void test_roundtrip_lru_lfu(void) { roundtrip("lru_lfu"); }
+static void test_roundtrip_lru(void) { roundtrip("lru"); }
+static void test_roundtrip_lfu(void) { roundtrip("lfu"); }
+
+int main(void)
+{
+    RUN(test_roundtrip_lru_lfu);
+    RUN(test_roundtrip_lru);
+    RUN(test_roundtrip_lfu);
+    RUN(test_refusals);
+    return DONE("test_policy_state");
+}

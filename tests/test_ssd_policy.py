@@ -1,0 +1,243 @@
+"""The SSD tier evicts by the memory tier's policy (evict_policy), and its
+policy state survives a restart (memosfs/store/ssdpolicy.py, policy.json)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import stat
+
+import pytest
+
+from memosfs import _native
+from memosfs.store.ssd import SSDTier, _name_of
+from memosfs.store.ssdpolicy import SSDPolicy
+from memosfs.store.store import Store
+
+KiB = 1 << 10
+MiB = 1 << 20
+SLOT = 100 * KiB
+
+
+# ---------------------------------------------------------------- the native Policy
+
+
+def _churn(p: "_native.Policy", rng: random.Random, n: int) -> None:
+    """A mixed workload: admits, re-reads of a hot set, evictions."""
+    live: list[int] = list(p.ids())
+    nxt = max(live, default=0) + 1
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.45 or not live:
+            p.admit(nxt, nxt * 0x9E3779B97F4A7C15 % (1 << 64))
+            live.append(nxt)
+            nxt += 1
+        elif r < 0.8:
+            p.touch(live[min(len(live) - 1, int(rng.expovariate(0.2)))])
+        elif r < 0.85 and nxt > 50:
+            old = rng.randrange(1, nxt)      # a key coming back: maybe a ghost hit
+            if old not in p:
+                p.admit(old, old * 0x9E3779B97F4A7C15 % (1 << 64))
+                live.append(old)
+        else:
+            for v in p.victims(3):
+                p.remove(v, evicted=True)
+                live.remove(v)
+
+
+@pytest.mark.parametrize("name", ["lru_lfu", "lru", "lfu"])
+def test_dump_restore_gives_the_same_victims(name):
+    rng = random.Random(7)
+    p = _native.Policy(name)
+    _churn(p, rng, 3000)
+    p.check()
+    if name == "lru_lfu":
+        st = p.stats()
+        assert st["probation"] and st["protected"] and st["ghost_entries"]
+    state = json.loads(json.dumps(p.dump()))           # through JSON, as on disk
+    q = _native.Policy("lru")                          # the dump names its policy
+    q.restore(state)
+    q.check()
+    assert q.name == name and len(q) == len(p) and q.ids() == p.ids()
+    assert q.stats() == p.stats()
+    assert q.dump() == p.dump()
+    # the same victims now, and after the same future
+    assert q.victims(50) == p.victims(50)
+    _churn(p, random.Random(11), 2000)
+    _churn(q, random.Random(11), 2000)
+    assert q.victims(100) == p.victims(100)
+    assert q.stats() == p.stats()
+
+
+def test_restore_refuses_a_damaged_state_and_stays_usable():
+    p = _native.Policy("lru_lfu")
+    for i in range(1, 20):
+        p.admit(i, i)
+    p.touch(3)
+    good = p.dump()
+    for damage in (lambda s: s["lists"][0].append(3),           # on two lists
+                   lambda s: s["lists"].pop(),                  # a segment missing
+                   lambda s: s["nodes"].append([99, 1, 0, 0]),  # on no list
+                   lambda s: s.update(nodes="x"),
+                   lambda s: s["ghosts"].pop()):
+        bad = json.loads(json.dumps(good))
+        damage(bad)
+        q = _native.Policy("lru_lfu")
+        with pytest.raises(ValueError):
+            q.restore(bad)
+        assert len(q) == 0
+        q.admit(1, 1)                                    # still a working policy
+        q.check()
+
+
+def test_ssd_policy_falls_back_to_the_order_on_a_bad_state(tmp_path, caplog):
+    keys = [f"a/s/{i}".encode() for i in range(5)]
+    sp = SSDPolicy()
+    for k in keys:
+        sp.written(k)
+    sp.used(keys[0])
+    state = json.loads(json.dumps(sp.state()))
+    restored = SSDPolicy()
+    restored.restore(state, set(keys[1:]), keys, "test")      # keys[0] is gone
+    assert restored.restored == "state" and keys[0] not in restored
+    assert restored.victims(4) == keys[1:]
+    state["state"]["lists"][1].append(state["state"]["lists"][0][0])
+    broken = SSDPolicy()
+    broken.restore(state, set(keys), list(reversed(keys)), "test")
+    assert broken.restored == "fallback"
+    assert broken.victims(5) == list(reversed(keys))            # the order given
+    assert "policy state unusable" in caplog.text
+
+
+def test_store_evicts_ssd_slots_by_the_policy(tmp_path):
+    """A slot read again and again outlives a scan under lru_lfu, not under lru."""
+    kept = {}
+    for name in ("lru_lfu", "lru"):
+        root = tmp_path / name
+        store = Store(64 * MiB, ssd=SSDTier(str(root), capacity=8 * (SLOT + 4 * KiB)))
+        store.set_evict_policy(name)
+        _publish(store, b"a/s/hot")
+        for _ in range(4):
+            ref = store.get(b"a/s/hot")         # promoted from the SSD, then a memory hit
+            ref.release()
+        store.cache.remove(b"a/s/hot")          # only the SSD holds it
+        for i in range(30):
+            _publish(store, f"a/s/scan{i}".encode())
+        kept[name] = store.ssd.get(b"a/s/hot") is not None
+        assert store.ssd.statistics().ssd_evictions >= 22
+        assert (b"a/s/hot" in store) == kept[name]      # evicted from both tiers: gone
+        store.close()
+    assert kept == {"lru_lfu": True, "lru": False}
+
+
+def test_the_evict_policy_knob_sets_both_tiers(tmp_path):
+    store = Store(64 * MiB, ssd=SSDTier(str(tmp_path)))
+    for name in ("lfu", "lru", "lru_lfu"):
+        store.set_evict_policy(name)
+        assert store.cache.stats()["evict_policy"] == store.ssd.policy.name == name
+    with pytest.raises(ValueError):
+        store.set_evict_policy("fifo")
+    store.close()
+
+
+def _publish(store: Store, key: bytes) -> None:
+    d = store.draft()
+    d.write(0, os.urandom(SLOT))
+    store.publish(d, key).release()
+    store.persist(key)                  # on the SSD now (fsync of the slot)
+    store.cache.remove(key)             # and only there
+
+
+# ---------------------------------------------------------------- mounted
+
+
+def _ssd_file(m, key: bytes):
+    name = _name_of(key)
+    return m.ssd / "slots" / name[:2] / (name + ".slot")
+
+
+def _scan(s, first: int, n: int) -> None:
+    for i in range(first, first + n):
+        p = s / f"scan{i}"
+        with open(p, "wb") as f:
+            f.write(os.urandom(SLOT))
+            f.flush()
+            os.fsync(f.fileno())        # written to the SSD tier now
+
+
+def _drop_memory_only(s, m) -> None:
+    """Remove the scan slots the SSD tier no longer holds (memory holds them,
+    dirty: an unmount could not save them all, the SSD tier being full)."""
+    for p in s.iterdir():
+        if p.name.startswith("scan") and not _ssd_file(m, f"agent/s1/{p.name}".encode()).exists():
+            p.unlink()
+
+
+@pytest.mark.parametrize("policy", ["lru_lfu", "lru"])
+def test_frequent_slot_outlives_a_scan_across_a_remount(make_mount, policy):
+    opts = dict(capacity="64M", ssd_capacity=str(10 * (SLOT + 4 * KiB)), evict_policy=policy,
+                writeback_delay_ms=3600000, warmup_ratio="0")
+    m = make_mount(**opts)
+    m.p("agent").mkdir()
+    s = m.p("agent", "s1")
+    s.mkdir()
+    hot = os.urandom(SLOT)
+    with open(s / "hot", "wb") as f:
+        f.write(hot)
+        f.flush()
+        os.fsync(f.fileno())
+    hot_file = _ssd_file(m, b"agent/s1/hot")
+    assert hot_file.exists()
+    for _ in range(5):                  # used again and again
+        assert (s / "hot").read_bytes() == hot
+    _scan(s, 0, 30)                     # a scan of slots written once
+    st = m.stats()
+    assert st["ssd_evictions"] >= 20 and st["ssd_bytes"] <= 10 * (SLOT + 4 * KiB)
+    if policy == "lru":
+        assert not hot_file.exists()    # least recent: the scan pushed it out
+        assert os.getxattr(s / "hot", "user.memos.dirty") == b"1"   # only memory has it
+        return
+    assert hot_file.exists()            # protected: the scan went through probation
+    assert st["ssd_policy_protected"] == 1 and st["ssd_policy_probation"] == 9
+
+    # restart: the policy's state comes back from policy.json
+    _drop_memory_only(s, m)
+    m.stop()
+    assert m.proc.returncode == 0
+    state_file = m.ssd / "policy.json"
+    assert stat.S_IMODE(os.stat(state_file).st_mode) == 0o600
+    saved = json.loads(state_file.read_text())
+    assert saved["state"]["policy"] == policy and len(saved["state"]["nodes"]) == 10
+    m2 = make_mount(ssd=str(m.ssd), **opts)
+    s2 = m2.p("agent", "s1")
+    st2 = m2.stats()
+    assert (st2["ssd_policy_protected"], st2["ssd_policy_probation"]) == (1, 9)
+    _scan(s2, 100, 30)                  # another scan, hot not read since the restart
+    assert hot_file.exists()
+    assert (s2 / "hot").read_bytes() == hot
+    assert "policy state unusable" not in m2.logtext()
+    assert "no policy state" not in m2.logtext()
+
+
+def test_a_corrupt_policy_state_falls_back_and_mounts(make_mount):
+    opts = dict(capacity="64M", ssd_capacity=str(10 * (SLOT + 4 * KiB)),
+                writeback_delay_ms=3600000, warmup_ratio="0")
+    m = make_mount(**opts)
+    m.p("agent").mkdir()
+    s = m.p("agent", "s1")
+    s.mkdir()
+    _scan(s, 0, 5)
+    m.stop()
+    assert m.proc.returncode == 0
+    (m.ssd / "policy.json").write_text('{"version": 1, "keys": {"1": 2}, "state": []}')
+    m2 = make_mount(ssd=str(m.ssd), **opts)
+    assert sorted(os.listdir(m2.p("agent", "s1"))) == sorted(f"scan{i}" for i in range(5))
+    assert "policy state unusable" in m2.logtext()
+    _scan(m2.p("agent", "s1"), 5, 20)           # evicts by the rebuilt order
+    assert m2.stats()["ssd_evictions"] > 0
+    _drop_memory_only(m2.p("agent", "s1"), m2)
+    m2.stop()
+    assert m2.proc.returncode == 0
+    saved = json.loads((m.ssd / "policy.json").read_text())    # a good one written again
+    assert saved["version"] == 1 and saved["state"]["nodes"]
