@@ -197,3 +197,22 @@ def test_a_directory_counts_its_subdirectories_for_nlink():
     assert s.nlink() == 2 + sum(isinstance(c, Dir) for c in s.children.values()) == 2
     with pytest.raises(TypeError):
         s.children.update({"x": d1})
+
+
+def test_tgid_of_a_thread_is_its_process():
+    """A request's thread id maps to its process, asked again (the cached
+    answer) too; an id /proc does not know is itself."""
+    import threading
+
+    from memosfs.fuse.core import tgid_of
+    seen = []
+    t = threading.Thread(target=lambda: seen.extend(
+        [threading.get_native_id(), tgid_of(threading.get_native_id()),
+         tgid_of(threading.get_native_id())]))
+    t.start()
+    t.join()
+    assert seen[0] != os.getpid() and seen[1:] == [os.getpid(), os.getpid()]
+    assert tgid_of(os.getpid()) == os.getpid()
+    with open("/proc/sys/kernel/pid_max") as f:
+        unused = int(f.read()) + 7          # above pid_max: never a live id
+    assert tgid_of(unused) == unused
