@@ -121,6 +121,35 @@ def test_getxattr_flush_and_release_on_the_fast_path(make_mount):
     assert m.stats()["open_handles"] == 0 or _settles(m)
 
 
+def test_small_files_are_created_and_opened_on_the_fast_path(make_mount):
+    """create of new names and opens for reading of slots in memory are
+    answered on the spot (protocol 1): the whole create+write+close and
+    open+read+close loops add fast requests and nothing reaches the async
+    handlers but what must; under protocol 2 opens go through the handlers
+    (they may wait), with the same bytes."""
+    m = make_mount(capacity="64M")
+    os.makedirs(m.p("a", "s"))
+    blobs = {f"f{i:03d}": os.urandom(4096) for i in range(100)}
+    before = m.stats()
+    for name, data in blobs.items():
+        fd = os.open(m.p("a", "s", name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+        os.write(fd, data)
+        os.close(fd)
+    for name, data in blobs.items():
+        fd = os.open(m.p("a", "s", name), os.O_RDONLY)
+        assert os.read(fd, 8192) == data
+        os.close(fd)
+    after = m.stats()
+    # per file: create, getxattr, write, flush, release; open, read, flush, release
+    assert after["fast_requests"] - before["fast_requests"] >= 9 * len(blobs)
+    assert oct(os.stat(m.p("a", "s", "f000")).st_mode & 0o777) == "0o640"
+    m.ctl("coherence_protocol").write_text("2")
+    for name, data in list(blobs.items())[:10]:
+        with open(m.p("a", "s", name), "rb") as f:
+            assert f.read() == data
+    assert _settles(m)
+
+
 def _settles(m) -> bool:
     """Releases reach the daemon after close(2) returns: wait for them."""
     import time

@@ -45,7 +45,8 @@ import trio
 from memosfs import _native
 from memosfs.fuse.coherence import Hold
 from memosfs.fuse.core import (
-    PUSH_WAIT_S, WRITER_RETRY_S, OpsCore, Refused, log, refuse, tgid_of)
+    PUSH_WAIT_S, WRITER_RETRY_S, FastCtx, OpsCore, Refused, log, refuse, tgid_of)
+from memosfs.fuse.fedtree import FED_INO
 from memosfs.fuse.nodes import (
     PUSH_LOCK, SLOT_DIRS, Dir, Handle, Pseudo, Slot, now_ns)
 from memosfs.fuse.tenants import OverLimit
@@ -55,6 +56,58 @@ __all__ = ["OpenOps"]
 
 class OpenOps(OpsCore):
     """Opening slots and control files (see the module docstring)."""
+
+    # -- the fast path (memosfs._fuseshim.install_fast; see files.py) -------
+    #
+    # open and create are answered on the spot only where nothing in them
+    # can wait: coherence protocol 0 or 1 (no holder to wait for), a reader
+    # of a version in memory (no read back from the SSD or the remote tier),
+    # a create of a new name or a whole new version (O_TRUNC: no base to read
+    # back), no page-cache push to wait out.  The checks mirror every await
+    # of the handlers below; the handler itself then runs, one send finishing it.
+
+    def fast_open(self, inode: int, flags: int, uid: int, gid: int, pid: int, umask: int):
+        """open answered on the spot (a FileInfo or -errno), or None."""
+        if inode >= FED_INO or self.coherence.protocol > 1 \
+                or flags & os.O_ACCMODE != os.O_RDONLY:
+            return None
+        node = self.inodes.get(inode)
+        if not isinstance(node, Slot) or node.latest() is not node or node.detached \
+                or not node.version or self.store.tier_of(node.key) != "mem":
+            return None
+        return self._run_now(self.open(inode, flags, FastCtx(uid, gid, pid, umask)))
+
+    def fast_create(self, parent_inode: int, name: bytes, mode: int, flags: int, uid: int,
+                    gid: int, pid: int, umask: int):
+        """create answered on the spot ((FileInfo, EntryAttributes) or
+        -errno), or None."""
+        if parent_inode >= FED_INO or self.coherence.protocol > 1:
+            return None
+        parent = self.inodes.get(parent_inode)
+        if not isinstance(parent, Dir):
+            return None
+        existing = parent.children.get(name.decode("utf-8", "surrogateescape"))
+        if existing is not None:
+            if not (flags & os.O_TRUNC) or not isinstance(existing, Slot) \
+                    or existing.pushing or existing.readers or existing.writers:
+                return None
+        return self._run_now(self.create(parent_inode, name, mode, flags,
+                                         FastCtx(uid, gid, pid, umask)))
+
+    def _run_now(self, coro):
+        """A handler's coroutine that the checks say cannot wait: one send
+        finishes it; -errno for a refusal."""
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            return done.value
+        except pyfuse3.FUSEError as e:
+            return -e.errno
+        # it waited after all: the checks missed a way to wait (a bug)
+        coro.close()
+        self._refused += 1
+        log.error("internal check failed: a handler waited on the fast path; answering EIO")
+        return -errno.EIO
 
     async def create(self, parent_inode, name, mode, flags, ctx):
         """A new slot in a session (or a directory below one), open for

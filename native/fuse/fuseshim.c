@@ -656,8 +656,63 @@ static void shim_interrupted(fuse_req_t req, void *data)
 }
 
 /* open and create may wait (coherence protocol 2): make them interruptible. */
+/* A pyfuse3.FileInfo's fields into fi.  0, or -1 with a Python error set. */
+static int fileinfo_into(PyObject *o, struct fuse_file_info *fi)
+{
+    unsigned long long fh, dio, keep, nonseek;
+    if (get_u64(o, "fh", &fh) || get_u64(o, "direct_io", &dio) ||
+        get_u64(o, "keep_cache", &keep) || get_u64(o, "nonseekable", &nonseek))
+        return -1;
+    fi->fh = fh;
+    fi->direct_io = dio ? 1 : 0;
+    fi->keep_cache = keep ? 1 : 0;
+    fi->nonseekable = nonseek ? 1 : 0;
+    return 0;
+}
+
+/* open and create answered on the spot when nothing in them can wait (the
+ * callables say: a reader of a version in memory, a new slot, coherence
+ * protocol 0 or 1); otherwise pyfuse3's handler, interruptible (protocol 2
+ * may wait). */
+static PyObject *fast_open_cb;                 /* owned; GIL */
+static PyObject *fast_create_cb;               /* owned; GIL */
+
 static void shim_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+    int done = 0;
+    if (fast_open_cb) {
+        const struct fuse_ctx *ctx = fuse_req_ctx(req);
+        PyGILState_STATE g = PyGILState_Ensure();
+        PyObject *r = PyObject_CallFunction(fast_open_cb, "KiIIiI", (unsigned long long)ino,
+                                            fi->flags, (unsigned)ctx->uid, (unsigned)ctx->gid,
+                                            (int)ctx->pid, (unsigned)ctx->umask);
+        if (!r) {
+            PyErr_WriteUnraisable(fast_open_cb);
+            fuse_reply_err(req, EIO);
+            done = 1;
+        } else if (r == Py_None) {
+            n_declined++;
+        } else if (PyLong_Check(r)) {
+            long v = PyLong_AsLong(r);
+            fuse_reply_err(req, v < 0 ? (int)-v : EIO);
+            done = 1;
+        } else if (fileinfo_into(r, fi) == 0) {
+            fuse_reply_open(req, fi);
+            done = 1;
+        } else {
+            PyErr_WriteUnraisable(fast_open_cb);
+            fuse_reply_err(req, EIO);
+            done = 1;
+        }
+        Py_XDECREF(r);
+        n_fast_other += done;
+        PyGILState_Release(g);
+    }
+    answered = done;
+    if (done) {
+        burst();
+        return;
+    }
     fuse_req_interrupt_func(req, shim_interrupted,
                             (void *)(intptr_t)fuse_req_ctx(req)->pid);
     pyfuse3_open(req, ino, fi);
@@ -666,6 +721,45 @@ static void shim_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 static void shim_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
                         struct fuse_file_info *fi)
 {
+    int done = 0;
+    if (fast_create_cb) {
+        const struct fuse_ctx *ctx = fuse_req_ctx(req);
+        PyGILState_STATE g = PyGILState_Ensure();
+        PyObject *r = PyObject_CallFunction(fast_create_cb, "KyIiIIiI",
+                                            (unsigned long long)parent, name, (unsigned)mode,
+                                            fi->flags, (unsigned)ctx->uid, (unsigned)ctx->gid,
+                                            (int)ctx->pid, (unsigned)ctx->umask);
+        struct fuse_entry_param e;
+        if (!r) {
+            PyErr_WriteUnraisable(fast_create_cb);
+            fuse_reply_err(req, EIO);
+            done = 1;
+        } else if (r == Py_None) {
+            n_declined++;
+        } else if (PyLong_Check(r)) {
+            long v = PyLong_AsLong(r);
+            fuse_reply_err(req, v < 0 ? (int)-v : EIO);
+            done = 1;
+        } else if (PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2 &&
+                   fileinfo_into(PyTuple_GET_ITEM(r, 0), fi) == 0 &&
+                   entry_from(PyTuple_GET_ITEM(r, 1), &e) == 0) {
+            fuse_reply_create(req, &e, fi);
+            done = 1;
+        } else {
+            if (PyErr_Occurred())
+                PyErr_WriteUnraisable(fast_create_cb);
+            fuse_reply_err(req, EIO);
+            done = 1;
+        }
+        Py_XDECREF(r);
+        n_fast_other += done;
+        PyGILState_Release(g);
+    }
+    answered = done;
+    if (done) {
+        burst();
+        return;
+    }
     fuse_req_interrupt_func(req, shim_interrupted,
                             (void *)(intptr_t)fuse_req_ctx(req)->pid);
     pyfuse3_create(req, parent, name, mode, fi);
@@ -767,11 +861,11 @@ static PyObject *py_install(PyObject *self, PyObject *args)
 static PyObject *py_install_fast(PyObject *self, PyObject *args)
 {
     PyObject *w, *r, *x = Py_None, *fl = Py_None, *re = Py_None, *ga = Py_None,
-             *lk = Py_None;
+             *lk = Py_None, *op = Py_None, *cr = Py_None;
     long poll_ns = burst_poll_ns;
     int bmax = burst_max;
-    if (!PyArg_ParseTuple(args, "OO|OOOOOli", &w, &r, &x, &fl, &re, &ga, &lk, &poll_ns,
-                          &bmax))
+    if (!PyArg_ParseTuple(args, "OO|OOOOOOOli", &w, &r, &x, &fl, &re, &ga, &lk, &op, &cr,
+                          &poll_ns, &bmax))
         return NULL;
     if (poll_ns < 0 || poll_ns > 999999999L || bmax < 0) {
         PyErr_SetString(PyExc_ValueError, "poll_ns in [0, 1e9), burst_max >= 0");
@@ -784,6 +878,8 @@ static PyObject *py_install_fast(PyObject *self, PyObject *args)
     Py_XSETREF(fast_release_cb, re == Py_None ? NULL : Py_NewRef(re));
     Py_XSETREF(fast_getattr_cb, ga == Py_None ? NULL : Py_NewRef(ga));
     Py_XSETREF(fast_lookup_cb, lk == Py_None ? NULL : Py_NewRef(lk));
+    Py_XSETREF(fast_open_cb, op == Py_None ? NULL : Py_NewRef(op));
+    Py_XSETREF(fast_create_cb, cr == Py_None ? NULL : Py_NewRef(cr));
     burst_poll_ns = poll_ns;
     burst_max = bmax;
     Py_RETURN_NONE;
@@ -809,8 +905,8 @@ static PyMethodDef methods[] = {
      "added requests "
      "call (None: off)."},
     {"install_fast", py_install_fast, METH_VARARGS,
-     "install_fast(write, read[, getxattr[, flush[, release[, getattr[, lookup[, poll_ns[, "
-     "burst_max]]]]]]]): "
+     "install_fast(write, read[, getxattr[, flush[, release[, getattr[, lookup[, open[, "
+     "create[, poll_ns[, burst_max]]]]]]]]]): "
      "the synchronous callables that answer these requests on the spot (None: off), and the burst settings."},
     {"fast_stats", py_fast_stats, METH_NOARGS,
      "Counts of requests answered on the spot, in bursts, and declined."},
