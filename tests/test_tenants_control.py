@@ -299,6 +299,8 @@ GOOD = {
     "quantize": [("int8", "int8\n"), ("off", "off\n")],
     "quant_error_max": [("0.05", "0.05\n"), ("1", "1.0\n"), ("auto", "auto\n")],
     "page_cache_push": [("0", "0\n"), ("1", "1\n")],
+    "fast_path": [("0", "0\n"), ("1", "1\n")],
+    "burst_poll_us": [("0", "0\n"), ("1000", "1000\n"), ("30", "30\n")],
     "coherence_protocol": [("2", "2\n"), ("1", "1\n")],
     "coherence_timeout_ms": [("1", "1\n"), ("5000", "5000\n")],
     "lease_break_ms": [("1", "1\n"), ("250", "250\n"), ("1000", "1000\n")],
