@@ -35,6 +35,7 @@ typedef struct arena_sb {
     uint16_t free_pages;                  /* summary: sum of nfree, pages */
     uint16_t pending;                     /* summary: freed pages awaiting the sweep */
     uint8_t  huge;                        /* 1 if MADV_HUGEPAGE was accepted */
+    uint8_t  faulted;                     /* handed to arena_next_unfaulted (prefault) */
 } arena_sb;
 
 typedef struct arena {
@@ -78,6 +79,7 @@ void  arena_free(arena *a, arena_run r);                         /* marks; the s
 void *arena_ptr(const arena *a, uint32_t page);
 size_t arena_sweep(arena *a);       /* reclaim every freed page; returns superblocks unmapped */
 uint64_t arena_reclaim(arena *a);   /* sweep if pages are pending; returns the pages reclaimed */
+char *arena_next_unfaulted(arena *a, uint32_t ahead); /* a superblock to prefault (marked), or NULL */
 
 /* ---- counters ---- */
 uint64_t arena_pages_used(const arena *a);

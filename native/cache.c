@@ -49,6 +49,7 @@
 #define _GNU_SOURCE
 #include <assert.h>
 #include <errno.h>
+#include <sys/mman.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -325,6 +326,26 @@ long memos_sweep(memos_cache *c)
     uint64_t n = arena_reclaim(&c->ar);
     unlock(c);
     return (long)n;
+}
+
+/* Fault in one more superblock of the arena, at most `ahead` beyond the
+ * allocated pages (see arena_next_unfaulted): 1 done, 0 none to do now, -1
+ * the kernel cannot (no MADV_POPULATE_WRITE: then
+ * first writes pay their faults, as before). */
+int memos_prefault(memos_cache *c, unsigned ahead)
+{
+    lock(c);
+    char *base = arena_next_unfaulted(&c->ar, ahead);
+    unlock(c);
+    if (!base)
+        return 0;
+#ifdef MADV_POPULATE_WRITE
+    if (madvise(base, MEMOS_SUPERBLOCK_SIZE, MADV_POPULATE_WRITE) == 0)
+        return 1;
+    return errno == EINVAL ? -1 : 1;     /* (ENOMEM: unmapped meanwhile) */
+#else
+    return -1;
+#endif
 }
 
 /* ---- API: lookups ---- */

@@ -140,6 +140,7 @@ int memos_set_reclaim(memos_cache *c, double free_ratio, unsigned fail_limit);
  * superblocks over the capacity go back to the OS.  Returns the pages
  * reclaimed (>= 0). */
 long memos_sweep(memos_cache *c);
+int  memos_prefault(memos_cache *c, unsigned ahead); /* fault in a superblock: 1, 0 none now, -1 unsupported */
 
 /* ---- lookups ---- */
 

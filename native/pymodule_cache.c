@@ -630,6 +630,25 @@ static PyObject *Cache_get_closed(CacheObject *self, void *closure)
     return PyBool_FromLong(self->closed || !self->c);
 }
 
+static PyObject *Cache_prefault(CacheObject *self, PyObject *arg)
+{
+    long ahead = PyLong_AsLong(arg);
+    if (ahead == -1 && PyErr_Occurred())
+        return NULL;
+    if (ahead < 0 || ahead > 1L << 30) {
+        PyErr_SetString(PyExc_ValueError, "ahead: superblocks in [0, 2**30]");
+        return NULL;
+    }
+    if (cache_enter(self) < 0)
+        return NULL;
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = memos_prefault(self->c, (unsigned)ahead);
+    Py_END_ALLOW_THREADS
+    cache_leave(self);
+    return PyLong_FromLong(r);
+}
+
 static PyMethodDef Cache_methods[] = {
     { "get", (PyCFunction)Cache_get, METH_O, "get(key) -> Ref | None: pin, count, touch" },
     { "peek", (PyCFunction)Cache_peek, METH_O, "peek(key) -> Ref | None: pin only" },
@@ -656,6 +675,9 @@ static PyMethodDef Cache_methods[] = {
     { "sweep", (PyCFunction)Cache_sweep, METH_NOARGS,
       "sweep() -> int: reclaim every freed page now (flush); pages reclaimed" },
     { "keys", (PyCFunction)Cache_keys, METH_NOARGS, "keys() -> list[bytes], MRU first" },
+    { "prefault", (PyCFunction)Cache_prefault, METH_O,
+      "prefault(ahead) -> int: fault in one more superblock, at most `ahead` superblocks "
+      "beyond the allocated pages (GIL released): 1 done, 0 none now, -1 the kernel cannot" },
     { "fail_after", (PyCFunction)Cache_fail_after, METH_O, "fail_after(n): test hook" },
     { "check", (PyCFunction)Cache_check, METH_NOARGS, "check(): AssertionError on damage" },
     { "close", (PyCFunction)Cache_close, METH_NOARGS, "close(): free once nothing holds it" },

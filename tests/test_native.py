@@ -632,3 +632,32 @@ def test_allocation_waits_for_a_replaced_version_to_be_unpinned():
     assert c.stats()["alloc_waits"] >= 1
     c.check()
     c.close()
+
+
+def test_prefault_stays_ahead_of_the_allocated_pages():
+    """prefault(ahead) faults in superblocks in allocation order, at most
+    `ahead` beyond the allocated pages, each once; then 0 until allocation
+    moves on.  The bytes stored are untouched (MADV_POPULATE_WRITE)."""
+    c = N.Cache(64 << 20)
+    try:
+        done = 0
+        while (r := c.prefault(4)) == 1:
+            done += 1
+        if r == -1:
+            pytest.skip("the kernel cannot MADV_POPULATE_WRITE")
+        assert done == 4 and c.prefault(4) == 0
+        d = c.draft()
+        data = os.urandom(6 << 20)                   # 3 superblocks' worth
+        d.write(0, data)
+        more = 0
+        while c.prefault(4) == 1:
+            more += 1
+        assert more == 3
+        assert d.read(0, len(data)) == data
+        ref = c.publish(d, b"a/s/x")
+        assert ref.read(0, len(data)) == data
+        ref.release()
+        with pytest.raises(ValueError):
+            c.prefault(-1)
+    finally:
+        c.close()

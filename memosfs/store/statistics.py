@@ -37,6 +37,8 @@ class StoreStats(Record):
     promotions: int = counter("slots brought from the SSD tier into memory")
     writebacks: int = counter("dirty slots written to the SSD tier")
     evict_writebacks: int = counter("dirty slots written to the SSD tier to evict them")
+    clean_ahead: int = counter("dirty slots written back ahead of eviction (memory 75% full), "
+                               "so that eviction found them clean")
     slots_lost: int = counter("slots no tier kept (evicted or written back with no SSD copy)")
     slots_unsaved: int = counter("dirty slots a clean unmount or flush could not write")
     writeback_queue: int = gauge("dirty slots waiting for the background writer (0 without "

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
 
 WRITEBACK_RETRY_S = 5.0     # a failed background write-back waits this long
+CLEAN_AHEAD_AT = 0.75       # memory this full: dirty versions are written back ahead of eviction
+CLEAN_AHEAD_TO = 0.5        # ... until the dirty ones beyond this share of memory are clean
+CLEAN_AHEAD_WAKE = 1 << 20  # a publish this large wakes the background writer to check
+META_SAVE_GAP_S = 0.5       # order.json / policy.json in the background at most this often
 SSD_VICTIMS_BATCH = 8       # SSD victims asked of the policy at a time
 
 
@@ -277,6 +281,7 @@ class WriteBackMixin:
     # ---- the background writer ----
 
     def _writer_loop(self) -> None:
+        last_meta = 0.0
         while not self._stop.is_set():
             delay = self.writeback_delay_ms / 1000.0
             self._wake.wait(timeout=max(0.05, min(delay / 2, 0.5)))
@@ -285,6 +290,11 @@ class WriteBackMixin:
                 return
             try:
                 self._write_back_due(time.monotonic() - delay)
+                self._clean_ahead()
+                now = time.monotonic()
+                if now - last_meta < META_SAVE_GAP_S:
+                    continue                        # (woken by publishes: not each time)
+                last_meta = now
                 if self._recency_dirty or self._namespace_dirty:
                     self.save_metadata(durable=False)
                 elif self.ssd.policy_dirty:
@@ -293,6 +303,37 @@ class WriteBackMixin:
                 self._log_io_error("background writer: %s", e)
             except Exception:
                 log.exception("background writer")
+
+    def _clean_ahead(self) -> None:
+        """Write-back ahead of eviction: when memory is CLEAN_AHEAD_AT full,
+        the dirty versions eviction would take first (least recent first)
+        are written back now, on this thread, until what is dirty among
+        them would leave CLEAN_AHEAD_TO of memory for clean victims — so a
+        writer that needs room finds clean victims and its request does not
+        wait for the SSD.  Publishes of large versions wake this thread."""
+        st = self.cache.stats()
+        cap = st["capacity"]
+        if not cap or st["bytes_used"] < CLEAN_AHEAD_AT * cap:
+            return
+        with self.lock:
+            dirty = [k for k in self._recency if k in self._dirty_since]
+        budget = st["bytes_used"] - CLEAN_AHEAD_TO * cap
+        for key in dirty:
+            if budget <= 0 or self._stop.is_set():
+                return
+            ref = self.cache.peek(key)
+            if ref is None:
+                continue
+            try:
+                if ref.dirty and ref.live:
+                    self._write_back(ref, durable=False)
+                    self._c["clean_ahead"] += 1
+                    budget -= ref.size
+            except OSError as e:
+                self._log_io_error("write-back ahead of eviction of %s failed: %s", _k(key), e)
+                return
+            finally:
+                ref.release()
 
     def _write_back_due(self, before: float) -> None:
         with self.lock:

@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from memosfs.store.common import _k, _session_of, make_key
+from memosfs.store.writeback import CLEAN_AHEAD_WAKE
 
 if TYPE_CHECKING:
     from memosfs import _native
@@ -61,6 +62,8 @@ class WriteMixin:
         if new_key:
             self._recycle(sess, keep=key)
         self.trace.emit("PUBLISH", key=_k(key), bytes=ref.size, version=ref.version)
+        if ref.size >= CLEAN_AHEAD_WAKE and self.ssd is not None:
+            self._wake.set()                        # (write-back ahead of eviction)
         if self.remote is not None:
             self.remote.put_async(key, lambda: self._remote_source(key))
         return ref
