@@ -80,6 +80,22 @@
 #define PFRAC_MIN       0.01
 #define PFRAC_MAX       0.9
 #define GHOST_MIN       16u     /* ring capacity floor */
+#define EXPERT_START    1u      /* the adaptive ghost rule, the policy before any evidence */
+#define SHADOW_CAP      2048u   /* most nodes in one shadow copy */
+#define SHADOW_WINDOW   256u    /* score memory floor, sampled accesses */
+#define SHADOW_EVERY    32u     /* sampled accesses between two choices */
+#define SHADOW_SALT     0x9e3779b97f4a7c15ull
+
+/* The candidate settings (policy.h: policy_expert).  Index 0 is plain LRU,
+ * so the shadow always knows what LRU would have hit. */
+static const policy_expert EXPERTS[POLICY_EXPERTS] = {
+    { 0.5,  1, 1 },     /* 0 lru: victims in recency order */
+    { -1.0, 0, 1 },     /* 1 adaptive split, ghost hits to protected (ARC-like) */
+    { 0.1,  0, 1 },     /* 2 small probation, ghost hits to protected (S3-FIFO-like) */
+    { 0.01, 0, 2 },     /* 3 tiny probation, ghost hits only fill protected (LIRS-like, loops) */
+    { 0.3,  0, 1 },     /* 4 medium probation */
+    { 0.01, 0, 3 },     /* 5 tiny probation, ghost hits replace cold protected nodes (loops) */
+};
 
 /* ---- private prototypes ---- */
 
@@ -100,6 +116,10 @@ static void     ghost_add(policy *p, unsigned r, uint64_t h);
 static int      ghost_grow_table(policy *p);
 static int      ghost_grow_ring(ghost_ring *g);
 static size_t   ghost_target(const policy *p, unsigned r);
+static void     shadow_access(policy *p, uint64_t h);
+static int      demote_one(policy *p);
+static void     shadow_free(policy *p);
+static uint64_t shadow_bytes(const policy *p);
 
 /* ---- API ---- */
 
@@ -112,6 +132,8 @@ int policy_init(policy *p, const char *name, policy_evictable_fn fn, void *ctx)
     list_init(&p->seg[0], 1);
     list_init(&p->seg[1], 1);
     p->pfrac = PFRAC_INIT;
+    p->expert = EXPERT_START;
+    p->mode = EXPERTS[EXPERT_START];
     p->evictable = fn;
     p->ctx = ctx;
     p->kind = (enum policy_kind)-1;
@@ -128,6 +150,7 @@ void policy_destroy(policy *p)
     free(p->gtab);
     p->gtab = NULL;
     p->gmask = p->gused = 0;
+    shadow_free(p);
 }
 
 /* Switch the victim order.  The second lists are rebuilt from the recency
@@ -184,7 +207,7 @@ void policy_admit(policy *p, policy_node *n, uint64_t hash)
         unsigned r = (unsigned)(p->gtab[i].seq & 1);
         uint64_t age = p->ring[r].next_seq - (p->gtab[i].seq >> 1);
         uint64_t w = p->count / 4 ? p->count / 4 : 1;
-        if (age <= w) {
+        if (age <= w && p->mode.pfrac < 0) {
             double step = 1.0 / (double)p->count;
             p->pfrac += r == 0 ? step : -step;
             p->pfrac = p->pfrac < PFRAC_MIN ? PFRAC_MIN : p->pfrac > PFRAC_MAX ? PFRAC_MAX : p->pfrac;
@@ -192,10 +215,16 @@ void policy_admit(policy *p, policy_node *n, uint64_t hash)
         p->ghits[r]++;
         p->ring[r].live--;
         ghost_del(p, (size_t)i);
-        n->seg = POLICY_PROTECTED;
+        if (p->mode.gadmit == 1 ||
+            (p->mode.gadmit >= 2 &&
+             (double)p->nseg[POLICY_PROTECTED] < (1.0 - p->pfrac) * (double)p->count))
+            n->seg = POLICY_PROTECTED;
+        else if (p->mode.gadmit == 3 && demote_one(p))
+            n->seg = POLICY_PROTECTED;
     }
     flink_after(&p->seg[n->seg], n);
     p->nseg[n->seg]++;
+    shadow_access(p, n->hash);
 }
 
 void policy_touch(policy *p, policy_node *n)
@@ -220,6 +249,7 @@ void policy_touch(policy *p, policy_node *n)
             n->ref++;
         }
         flink_after(&p->seg[POLICY_PROTECTED], n);
+        shadow_access(p, n->hash);
     }
 }
 
@@ -251,7 +281,7 @@ void policy_rekey(policy_node *n, uint64_t hash) { n->hash = norm_hash(hash); }
 size_t policy_victims(policy *p, policy_node **out, size_t n)
 {
     size_t got = 0;
-    if (p->kind == POLICY_LRU) {
+    if (p->kind == POLICY_LRU || (p->kind == POLICY_LRU_LFU && p->mode.lru)) {
         for (policy_node *x = p->head.prev; x != &p->head && got < n; x = x->prev)
             if (ok(p, x))
                 out[got++] = x;
@@ -264,7 +294,7 @@ size_t policy_victims(policy *p, policy_node **out, size_t n)
                     out[got++] = x;
         return got;
     }
-    uint64_t target = (uint64_t)(p->pfrac * (double)p->count);
+    uint64_t target = p->mode.gadmit == 3 ? 0 : (uint64_t)(p->pfrac * (double)p->count);
     uint64_t over = p->nseg[POLICY_PROBATION] > target ? p->nseg[POLICY_PROBATION] - target : 0;
     policy_node *cur = p->seg[POLICY_PROBATION].fprev;
     got = take_probation(p, out, over < n ? (size_t)over : n, &cur);
@@ -295,6 +325,27 @@ void policy_get_stats(const policy *p, policy_stats *out)
     out->probation = p->nseg[POLICY_PROBATION];
     out->protected_ = p->nseg[POLICY_PROTECTED];
     out->recency = p->kind == POLICY_LRU ? 1.0 : p->kind == POLICY_LFU ? 0.0 : p->pfrac;
+    out->expert = p->expert;
+    out->expert_switches = p->switches;
+    out->shadow_bytes = shadow_bytes(p);
+}
+
+const policy_expert *policy_expert_at(unsigned i)
+{
+    return i < POLICY_EXPERTS ? &EXPERTS[i] : NULL;
+}
+
+int policy_fix_expert(policy *p, unsigned i)
+{
+    if (i >= POLICY_EXPERTS || p->kind != POLICY_LRU_LFU)
+        return MEMOS_EINVAL;
+    shadow_free(p);
+    p->fixed = 1;
+    p->expert = i;
+    p->mode = EXPERTS[i];
+    if (p->mode.pfrac >= 0)
+        p->pfrac = p->mode.pfrac;
+    return MEMOS_OK;
 }
 
 /* ---- simulation (bench policy): unit-size blocks, no arena ---- */
@@ -341,6 +392,17 @@ long long policy_simulate(const char *name, const uint64_t *keys, size_t n,
                           size_t capacity, unsigned batch, policy_stats *st)
 {
     enum policy_kind k;
+    int fix = -1;
+    char base[16];
+    const char *at = name ? strchr(name, '@') : NULL;
+    if (at && at - name < (long)sizeof base && at[1] >= '0' && at[1] <= '9' && !at[2]) {
+        memcpy(base, name, (size_t)(at - name));
+        base[at - name] = 0;
+        fix = at[1] - '0';
+        name = base;
+        if (strcmp(name, "lru_lfu") != 0 || fix >= POLICY_EXPERTS)
+            return -1;
+    }
     if (capacity == 0 || batch == 0 || capacity > UINT32_MAX / 4 || kind_of(name, &k) != MEMOS_OK)
         return -1;
     size_t slots = 16;
@@ -354,6 +416,8 @@ long long policy_simulate(const char *name, const uint64_t *keys, size_t n,
     long long hits = -1;
     if (!t.slot || !nodes || !freelist || !v || policy_init(&p, name, NULL, NULL) != MEMOS_OK)
         goto out;
+    if (fix >= 0)
+        policy_fix_expert(&p, (unsigned)fix);
     size_t nfree = capacity;
     for (size_t i = 0; i < capacity; i++)
         freelist[i] = (uint32_t)(capacity - 1 - i);
@@ -393,6 +457,182 @@ out:
     free(freelist);
     free(v);
     return hits;
+}
+
+/* ---- the shadow: sampled copies of the cache, one per expert ---- */
+
+typedef struct shadow_copy {
+    policy     pol;       /* the expert, fixed */
+    sim_node  *nodes;     /* SHADOW_CAP + 1 */
+    sim_table  t;         /* key hash -> node */
+    uint32_t  *freelist;  /* free node indexes */
+    size_t     nfree;
+    double     score;     /* hits, decayed by 1 - 1/window per sampled access */
+} shadow_copy;
+
+struct policy_shadow {
+    unsigned    shift;    /* a key is sampled when 2^shift divides its remixed hash */
+    uint64_t    samples;  /* sampled accesses */
+    shadow_copy c[POLICY_EXPERTS];
+};
+
+static int sampled(uint64_t h, unsigned shift)
+{
+    return ((mix64(h ^ SHADOW_SALT) >> 20) & ((1ull << shift) - 1)) == 0;
+}
+
+static void shadow_free(policy *p)
+{
+    struct policy_shadow *s = p->shadow;
+    if (!s)
+        return;
+    for (unsigned e = 0; e < POLICY_EXPERTS; e++) {
+        policy_destroy(&s->c[e].pol);
+        free(s->c[e].nodes);
+        free(s->c[e].t.slot);
+        free(s->c[e].freelist);
+    }
+    free(s);
+    p->shadow = NULL;
+}
+
+static struct policy_shadow *shadow_new(void)
+{
+    struct policy_shadow *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    size_t slots = 16;
+    while (slots < 2 * (SHADOW_CAP + 1))
+        slots *= 2;
+    int bad = 0;
+    for (unsigned e = 0; e < POLICY_EXPERTS; e++) {
+        shadow_copy *c = &s->c[e];
+        policy_init(&c->pol, "lru_lfu", NULL, NULL);
+        policy_fix_expert(&c->pol, e);
+        c->nodes = calloc(SHADOW_CAP + 1, sizeof *c->nodes);
+        c->t.slot = calloc(slots, sizeof *c->t.slot);
+        c->t.mask = slots - 1;
+        c->freelist = malloc((SHADOW_CAP + 1) * sizeof *c->freelist);
+        if (!c->nodes || !c->t.slot || !c->freelist) {
+            bad = 1;
+            continue;
+        }
+        c->nfree = SHADOW_CAP + 1;
+        for (size_t i = 0; i <= SHADOW_CAP; i++)
+            c->freelist[i] = (uint32_t)(SHADOW_CAP - i);
+    }
+    if (bad) {
+        policy tmp = { .shadow = s };
+        shadow_free(&tmp);
+        return NULL;
+    }
+    return s;
+}
+
+static void copy_drop(shadow_copy *c, sim_node *x)
+{
+    policy_remove(&c->pol, &x->pn);
+    sim_delete(&c->t, c->nodes, sim_find(&c->t, c->nodes, x->key, mix64(x->key)));
+    c->freelist[c->nfree++] = (uint32_t)(x - c->nodes);
+}
+
+/* One sampled access in one copy of `cap` nodes; 1 on a hit. */
+static int copy_access(shadow_copy *c, uint64_t h, size_t cap)
+{
+    uint64_t mh = mix64(h);
+    size_t i = sim_find(&c->t, c->nodes, h, mh);
+    if (c->t.slot[i]) {
+        policy_touch(&c->pol, &c->nodes[c->t.slot[i] - 1].pn);
+        return 1;
+    }
+    int moved = 0;
+    while (c->pol.count >= cap || c->nfree == 0) {
+        policy_node *v;
+        if (policy_victims(&c->pol, &v, 1) != 1)
+            return 0;
+        policy_note_evict(&c->pol, v);
+        copy_drop(c, (sim_node *)v);
+        moved = 1;
+    }
+    if (moved)
+        i = sim_find(&c->t, c->nodes, h, mh);
+    uint32_t idx = c->freelist[--c->nfree];
+    c->nodes[idx].key = h;
+    c->t.slot[i] = idx + 1;
+    policy_admit(&c->pol, &c->nodes[idx].pn, h);
+    return 0;
+}
+
+/* The cache grew past what the copies can hold at this rate: sample half as
+ * many keys (a subset: the kept ones stay), dropping the others. */
+static void shadow_halve(struct policy_shadow *s)
+{
+    s->shift++;
+    for (unsigned e = 0; e < POLICY_EXPERTS; e++) {
+        shadow_copy *c = &s->c[e];
+        for (policy_node *x = c->pol.head.next; x != &c->pol.head;) {
+            policy_node *next = x->next;
+            if (!sampled(((sim_node *)x)->key, s->shift))
+                copy_drop(c, (sim_node *)x);
+            x = next;
+        }
+    }
+}
+
+static void shadow_choose(policy *p)
+{
+    struct policy_shadow *s = p->shadow;
+    unsigned best = p->expert;
+    for (unsigned e = 0; e < POLICY_EXPERTS; e++)
+        if (s->c[e].score > s->c[best].score)
+            best = e;
+    double cur = s->c[p->expert].score;
+    if (best == p->expert || s->c[best].score <= cur * 1.01 + 1.0)
+        return;
+    p->expert = best;
+    p->mode = EXPERTS[best];
+    p->pfrac = p->mode.pfrac >= 0 ? p->mode.pfrac : s->c[best].pol.pfrac;
+    p->switches++;
+}
+
+/* Every access of the live policy (an admit or a touch) under lru_lfu. */
+static void shadow_access(policy *p, uint64_t h)
+{
+    if (p->fixed || p->kind != POLICY_LRU_LFU)
+        return;
+    if (!p->shadow && !(p->shadow = shadow_new())) {
+        p->fixed = 1;     /* no memory: keep the setting in force */
+        return;
+    }
+    struct policy_shadow *s = p->shadow;
+    while ((p->count >> s->shift) > SHADOW_CAP)
+        shadow_halve(s);
+    if (!sampled(h, s->shift))
+        return;
+    size_t cap = (size_t)((p->count + (1ull << s->shift) - 1) >> s->shift);
+    cap = cap < 1 ? 1 : cap > SHADOW_CAP ? SHADOW_CAP : cap;
+    double window = 2.0 * (double)cap;
+    double decay = 1.0 - 1.0 / (window < SHADOW_WINDOW ? SHADOW_WINDOW : window);
+    for (unsigned e = 0; e < POLICY_EXPERTS; e++)
+        s->c[e].score = s->c[e].score * decay + copy_access(&s->c[e], h, cap);
+    if (++s->samples % SHADOW_EVERY == 0)
+        shadow_choose(p);
+}
+
+static uint64_t shadow_bytes(const policy *p)
+{
+    const struct policy_shadow *s = p->shadow;
+    if (!s)
+        return 0;
+    uint64_t b = sizeof *s;
+    for (unsigned e = 0; e < POLICY_EXPERTS; e++) {
+        const shadow_copy *c = &s->c[e];
+        b += (SHADOW_CAP + 1) * (sizeof *c->nodes + sizeof *c->freelist) +
+             (c->t.mask + 1) * sizeof *c->t.slot +
+             (c->pol.ring[0].cap + c->pol.ring[1].cap) * 2 * sizeof(uint64_t) +
+             (c->pol.gtab ? (c->pol.gmask + 1) * sizeof *c->pol.gtab : 0);
+    }
+    return b;
 }
 
 /* ---- private helpers ---- */
@@ -455,6 +695,28 @@ static size_t take_protected(policy *p, policy_node **out, size_t n)
         x = prev;
     }
     return got;
+}
+
+/* gadmit 3: a ghost hit finds protected full.  One clock step over its
+ * oldest node: ref 0 (not hit since the clock last passed) goes back to
+ * probation's front and the ghost hit takes its place (returns 1); ref > 0
+ * loses one and goes to the front, and the ghost hit waits in probation. */
+static int demote_one(policy *p)
+{
+    policy_node *h = &p->seg[POLICY_PROTECTED], *x = h->fprev;
+    if (x == h)
+        return 1;
+    funlink(x);
+    if (x->ref > 0) {
+        x->ref--;
+        flink_after(h, x);
+        return 0;
+    }
+    x->seg = POLICY_PROBATION;
+    flink_after(&p->seg[POLICY_PROBATION], x);
+    p->nseg[POLICY_PROTECTED]--;
+    p->nseg[POLICY_PROBATION]++;
+    return 1;
 }
 
 static unsigned level_of(uint32_t freq)
