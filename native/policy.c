@@ -1,5 +1,5 @@
 /*
- * policy.c — the eviction policy: lru_lfu (the default), lru and lfu.
+ * policy.c — the eviction policy: lru_lfu (the default, adaptive), lru and lfu.
  *
  * Every live entry embeds a policy_node (48 bytes).  One order is always
  * kept, whatever the policy:
@@ -32,15 +32,55 @@
  *     a node with ref > 0 passed on the way loses 1 and goes back to the
  *     front (a clock: frequency that ages, so old popularity fades).
  *
- *     Adaptation.  pfrac (the recency/frequency balance, stat
- *     policy_recency) starts at 0.5 and moves by 1/count on each ghost hit
- *     that a slightly larger segment would have turned into a hit: a key
- *     found in ghost g among its W = count/4 most recent insertions.  Ghost 0
- *     → probation too small (recency matters) → pfrac up; ghost 1 → protected
- *     too small (frequency matters) → pfrac down; clamped to [0.01, 0.9].
- *     This is ARC's rule with a marginal window: ARC credits every ghost hit,
- *     and on the Mooncake trace that drives it to LRU where LIRS-like
- *     protection wins (see docs/benchmarks.md).
+ *     Settings ("experts").  What the hybrid does is set by a policy_expert:
+ *     pfrac, the probation target as a share of count (fixed, or moved by
+ *     the ghost rule below); gadmit, where a ghost hit is admitted (1
+ *     protected; 2 protected while it has room, else probation; 3 as 2, or
+ *     in place of protected's clock-oldest node when that one has ref 0 (it
+ *     goes back to probation), with victims from probation first whatever
+ *     its size: LIRS-like, a loop slightly larger than the cache keeps its
+ *     protected part); lru, victims in plain recency order.  EXPERTS lists
+ *     six: 0 LRU, 1 adaptive split (ARC-like), 2 pfrac 0.1 (S3-FIFO-like),
+ *     3 pfrac 0.01 gadmit 2, 4 pfrac 0.3, 5 pfrac 0.01 gadmit 3.
+ *
+ *     Ghost rule (expert 1).  pfrac starts at 0.5 and moves by 1/count on
+ *     each ghost hit that a slightly larger segment would have turned into a
+ *     hit: a key found in ghost g among its W = count/4 most recent
+ *     insertions.  Ghost 0 → probation too small → pfrac up; ghost 1 →
+ *     protected too small → pfrac down; clamped to [0.01, 0.9].
+ *
+ *     Adaptation: shadow simulation (issue 18).  No setting wins everywhere
+ *     (LRU on recency-bound streams, small probation on Zipf, LIRS-like on
+ *     loops, the ghost rule on the Mooncake trace), so the policy runs each
+ *     candidate on a sample of the keys and uses the one that hits most.
+ *     The shadow holds one copy of the cache per expert, each a fixed
+ *     policy of its own over unit-size nodes.  Keys are sampled spatially
+ *     (SHARDS): a key hash is in when its remix is divisible by 2^shift, and
+ *     every copy holds count / 2^shift nodes, so each sees a cache of the
+ *     live one's size scaled down.  shift starts at 0 (small caches: full
+ *     copies, exact) and goes up by one whenever count / 2^shift would pass
+ *     SHADOW_CAP (4096) nodes; the sample then halves (a subset: the copies
+ *     drop the keys no longer sampled).  Every admit and touch of the live
+ *     policy is one access of the sampled stream: each copy looks the key up
+ *     (a hit: touch; a miss: evict to its capacity, admit) and its score
+ *     decays by 1 - 1/max(256, 2 × copy capacity) and adds the hit.  Every
+ *     32 sampled accesses the live policy takes the best-scoring expert if
+ *     it beats the one in force by 1% + 1 (hysteresis): it changes
+ *     `mode` (and pfrac: the expert's fixed one, or its copy's adapted one)
+ *     and nothing else — the segments, refs and ghosts stay, so a switch is
+ *     O(1) and the next victims follow the new setting.  It starts with
+ *     expert 1.  Everything is a function of the access sequence: the
+ *     replay is deterministic.
+ *
+ * Memory.  48 bytes per entry (policy_node, unchanged) plus the ghosts
+ * (below: at most 3 × count live, about 48 bytes each) plus the shadow, a
+ * fixed cost whatever the cache's size: six copies of at most 4,096 nodes,
+ * each about 1.2 MB at most with its table and ghosts (about 7.3 MB in all;
+ * 4.3 MB measured on the Mooncake trace at 49k blocks, policy_stats
+ * shadow_bytes), allocated on the first access; if that fails the setting
+ * in force stays for good.  Cost: a sampled access is one lookup and O(1)
+ * policy work in each of the six copies; for a cache under 4,096 entries
+ * every access is sampled, for larger ones 1 in 2^shift.
  *
  *     Ghosts remember key hashes only, independent of the freed entries: two
  *     FIFO rings of (hash, seq) and one open-addressing table hash → (seq,
@@ -81,7 +121,7 @@
 #define PFRAC_MAX       0.9
 #define GHOST_MIN       16u     /* ring capacity floor */
 #define EXPERT_START    1u      /* the adaptive ghost rule, the policy before any evidence */
-#define SHADOW_CAP      2048u   /* most nodes in one shadow copy */
+#define SHADOW_CAP      4096u   /* most nodes in one shadow copy */
 #define SHADOW_WINDOW   256u    /* score memory floor, sampled accesses */
 #define SHADOW_EVERY    32u     /* sampled accesses between two choices */
 #define SHADOW_SALT     0x9e3779b97f4a7c15ull
@@ -120,6 +160,7 @@ static void     shadow_access(policy *p, uint64_t h);
 static int      demote_one(policy *p);
 static void     shadow_free(policy *p);
 static uint64_t shadow_bytes(const policy *p);
+static unsigned shadow_shift(const policy *p);
 
 /* ---- API ---- */
 
@@ -221,6 +262,8 @@ void policy_admit(policy *p, policy_node *n, uint64_t hash)
             n->seg = POLICY_PROTECTED;
         else if (p->mode.gadmit == 3 && demote_one(p))
             n->seg = POLICY_PROTECTED;
+        if (p->mode.gadmit == 3 && n->seg == POLICY_PROTECTED)
+            n->ref = 1;   /* one clock pass of grace: it must outlive a lap */
     }
     flink_after(&p->seg[n->seg], n);
     p->nseg[n->seg]++;
@@ -326,6 +369,7 @@ void policy_get_stats(const policy *p, policy_stats *out)
     out->protected_ = p->nseg[POLICY_PROTECTED];
     out->recency = p->kind == POLICY_LRU ? 1.0 : p->kind == POLICY_LFU ? 0.0 : p->pfrac;
     out->expert = p->expert;
+    out->shadow_shift = shadow_shift(p);
     out->expert_switches = p->switches;
     out->shadow_bytes = shadow_bytes(p);
 }
@@ -618,6 +662,8 @@ static void shadow_access(policy *p, uint64_t h)
     if (++s->samples % SHADOW_EVERY == 0)
         shadow_choose(p);
 }
+
+static unsigned shadow_shift(const policy *p) { return p->shadow ? p->shadow->shift : 0; }
 
 static uint64_t shadow_bytes(const policy *p)
 {
@@ -968,5 +1014,15 @@ int policy_check(const policy *p, char *why, size_t whylen)
         FAIL("policy: list holds %llu, count says %llu",
              (unsigned long long)n, (unsigned long long)p->count);
     int rc = check_second_lists(p, why, whylen);
-    return rc != MEMOS_OK ? rc : check_ghosts(p, why, whylen);
+    if (rc == MEMOS_OK)
+        rc = check_ghosts(p, why, whylen);
+    if (rc == MEMOS_OK && p->expert >= POLICY_EXPERTS)
+        FAIL("policy: setting %u out of range", p->expert);
+    for (unsigned e = 0; rc == MEMOS_OK && p->shadow && e < POLICY_EXPERTS; e++) {
+        const struct policy_shadow *s = p->shadow;
+        if (s->c[e].pol.count > SHADOW_CAP || s->c[e].pol.count + s->c[e].nfree != SHADOW_CAP + 1)
+            FAIL("policy: shadow copy %u holds %llu nodes", e, (unsigned long long)s->c[e].pol.count);
+        rc = policy_check(&s->c[e].pol, why, whylen);
+    }
+    return rc;
 }
