@@ -122,7 +122,7 @@
 #define GHOST_MIN       16u     /* ring capacity floor */
 #define EXPERT_START    1u      /* the adaptive ghost rule, the policy before any evidence */
 #define SHADOW_CAP      4096u   /* most nodes in one shadow copy */
-#define SHADOW_WINDOW   256u    /* score memory floor, sampled accesses */
+#define SHADOW_WINDOW   1024u   /* score memory floor, sampled accesses */
 #define SHADOW_EVERY    32u     /* sampled accesses between two choices */
 #define SHADOW_SALT     0x9e3779b97f4a7c15ull
 
