@@ -260,7 +260,7 @@ void policy_admit(policy *p, policy_node *n, uint64_t hash)
             (p->mode.gadmit >= 2 &&
              (double)p->nseg[POLICY_PROTECTED] < (1.0 - p->pfrac) * (double)p->count))
             n->seg = POLICY_PROTECTED;
-        else if (p->mode.gadmit == 3 && demote_one(p))
+        else if (p->mode.gadmit == 3 && age <= p->count && demote_one(p))
             n->seg = POLICY_PROTECTED;
         if (p->mode.gadmit == 3 && n->seg == POLICY_PROTECTED)
             n->ref = 1;   /* one clock pass of grace: it must outlive a lap */
