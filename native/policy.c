@@ -35,11 +35,14 @@
  *     Settings ("experts").  What the hybrid does is set by a policy_expert:
  *     pfrac, the probation target as a share of count (fixed, or moved by
  *     the ghost rule below); gadmit, where a ghost hit is admitted (1
- *     protected; 2 protected while it has room, else probation; 3 as 2, or
- *     in place of protected's clock-oldest node when that one has ref 0 (it
- *     goes back to probation), with victims from probation first whatever
- *     its size: LIRS-like, a loop slightly larger than the cache keeps its
- *     protected part); lru, victims in plain recency order.  EXPERTS lists
+ *     protected; 2 protected while it has room, else probation; 3 as 2, or,
+ *     for a ghost evicted within the last `count` evictions of its ring, in
+ *     place of protected's clock-oldest node if that one has ref 0 (it goes
+ *     back to probation; one with ref > 0 loses one and goes to the front),
+ *     entering with ref 1, and victims come from probation first whatever
+ *     its size: LIRS-like, a loop larger than the cache keeps its protected
+ *     part while a new working set still displaces a stale one); lru,
+ *     victims in plain recency order.  EXPERTS lists
  *     six: 0 LRU, 1 adaptive split (ARC-like), 2 pfrac 0.1 (S3-FIFO-like),
  *     3 pfrac 0.01 gadmit 2, 4 pfrac 0.3, 5 pfrac 0.01 gadmit 3.
  *
@@ -63,7 +66,7 @@
  *     drop the keys no longer sampled).  Every admit and touch of the live
  *     policy is one access of the sampled stream: each copy looks the key up
  *     (a hit: touch; a miss: evict to its capacity, admit) and its score
- *     decays by 1 - 1/max(256, 2 × copy capacity) and adds the hit.  Every
+ *     decays by 1 - 1/max(1024, 2 × copy capacity) and adds the hit.  Every
  *     32 sampled accesses the live policy takes the best-scoring expert if
  *     it beats the one in force by 1% + 1 (hysteresis): it changes
  *     `mode` (and pfrac: the expert's fixed one, or its copy's adapted one)
