@@ -28,8 +28,9 @@ the --trace file, if given, as workload "trace"), each at every size, against
 the same peers; per workload and size: every hit ratio, the best non-oracle
 peer, our gap to it and to LRU, and the issue-18 goal (>= best peer - 0.5
 points, >= LRU - 0.2 points, >= 1.23x LRU where a peer reaches it).  Peers
-run through libCacheSim's process_trace over an oracleGeneral file (same
-results as one request at a time, twice as fast); --peer-cache FILE keeps
+run through libCacheSim's process_trace over an oracleGeneral file, with a
+hash table sized to the stream (same results as one request at a time, an
+order of magnitude faster); --peer-cache FILE keeps
 their results between runs (the streams are deterministic).
 
 The trace loader and the batch measurement live in memosfs/testing/policy_sim.py
@@ -231,13 +232,16 @@ def suite_peers(keys: list[int], caps: list[int], peers: list[str]) -> dict[int,
     classes, lcs = _lcs_classes()
     nxt = next_access(keys)
     path = _peer_file(keys, nxt)
+    # a hash table sized to the stream, not libCacheSim's default 2^24
+    # buckets: the same hits, ten times faster (no 128 MiB table per run)
+    hp = max(12, (2 * len(set(keys))).bit_length())
     try:
         out: dict[int, dict[str, float]] = {}
         for cap in caps:
             row = out.setdefault(cap, {})
             for p in peers:
                 reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)
-                miss, _ = classes[p](cap).process_trace(reader)
+                miss, _ = classes[p](cap, hashpower=hp).process_trace(reader)
                 row[p] = round(100.0 * (1.0 - miss), 2)
         return out
     finally:
