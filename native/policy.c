@@ -327,6 +327,7 @@ void policy_rekey(policy_node *n, uint64_t hash) { n->hash = norm_hash(hash); }
 size_t policy_victims(policy *p, policy_node **out, size_t n)
 {
     size_t got = 0;
+    p->full = p->count;
     if (p->kind == POLICY_LRU || (p->kind == POLICY_LRU_LFU && p->mode.lru)) {
         for (policy_node *x = p->head.prev; x != &p->head && got < n; x = x->prev)
             if (ok(p, x))
@@ -652,11 +653,14 @@ static void shadow_access(policy *p, uint64_t h)
         return;
     }
     struct policy_shadow *s = p->shadow;
-    while ((p->count >> s->shift) > SHADOW_CAP)
+    /* the copies model the cache when full: its count at the last eviction
+     * (not the count between two runs of a batch), or more */
+    uint64_t size = p->count > p->full ? p->count : p->full;
+    while ((size >> s->shift) > SHADOW_CAP)
         shadow_halve(s);
     if (!sampled(h, s->shift))
         return;
-    size_t cap = (size_t)((p->count + (1ull << s->shift) - 1) >> s->shift);
+    size_t cap = (size_t)((size + (1ull << s->shift) - 1) >> s->shift);
     cap = cap < 1 ? 1 : cap > SHADOW_CAP ? SHADOW_CAP : cap;
     double window = 2.0 * (double)cap;
     double decay = 1.0 - 1.0 / (window < SHADOW_WINDOW ? SHADOW_WINDOW : window);

@@ -308,6 +308,7 @@ def run_suite(names: list[str], sizes: list[float], peers: list[str],
         table = {}
         for f, cap in zip(sizes, caps):
             row = {p: round(ours(buf, n, cap, p), 2) for p in OURS}
+            row["lru_lfu_batch16"] = round(ours(buf, n, cap, "lru_lfu", 16), 2)
             row.update(got.get(cap, {}))
             table[f"{f:g}"] = {"blocks": cap, "hit_ratio_pct": row, **judge_suite(row)}
         out["workloads"][name] = {
