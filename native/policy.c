@@ -32,19 +32,22 @@
  *     a node with ref > 0 passed on the way loses 1 and goes back to the
  *     front (a clock: frequency that ages, so old popularity fades).
  *
- *     Settings ("experts").  What the hybrid does is set by a policy_expert:
- *     pfrac, the probation target as a share of count (fixed, or moved by
- *     the ghost rule below); gadmit, where a ghost hit is admitted (1
- *     protected; 2 protected while it has room, else probation; 3 as 2, or,
- *     for a ghost evicted within the last `count` evictions of its ring, in
- *     place of protected's clock-oldest node if that one has ref 0 (it goes
- *     back to probation; one with ref > 0 loses one and goes to the front),
- *     entering with ref 1, and victims come from probation first whatever
- *     its size: LIRS-like, a loop larger than the cache keeps its protected
- *     part while a new working set still displaces a stale one); lru,
- *     victims in plain recency order.  EXPERTS lists
- *     six: 0 LRU, 1 adaptive split (ARC-like), 2 pfrac 0.1 (S3-FIFO-like),
- *     3 pfrac 0.01 gadmit 2, 4 pfrac 0.3, 5 pfrac 0.01 gadmit 3.
+ *     Settings ("experts").  What the hybrid does is set by a
+ *     policy_expert: pfrac, the probation target as a share of count (fixed,
+ *     or moved by the ghost rule below); lru, victims in plain recency
+ *     order; gadmit, where a ghost hit is admitted:
+ *       1  protected;
+ *       2  protected while it has room (count - target), else probation;
+ *       3  as 2, or, for a ghost evicted within the last `count` evictions of
+ *          its ring, in place of the first ref-0 node met in up to 2 clock
+ *          steps over protected's oldest (it goes back to probation; a node
+ *          with ref > 0 loses one and goes to the front); it enters with
+ *          ref 1, and victims come from probation first whatever its size.
+ *          LIRS-like: a loop larger than the cache keeps its protected part,
+ *          and a new working set still displaces a stale one.
+ *     EXPERTS lists six: 0 LRU, 1 the ghost rule (ARC-like), 2 pfrac 0.1
+ *     (S3-FIFO-like), 3 pfrac 0.01 gadmit 2, 4 pfrac 0.3, 5 pfrac 0.01
+ *     gadmit 3.
  *
  *     Ghost rule (expert 1).  pfrac starts at 0.5 and moves by 1/count on
  *     each ghost hit that a slightly larger segment would have turned into a
@@ -54,36 +57,28 @@
  *
  *     Adaptation: shadow simulation (issue 18).  No setting wins everywhere
  *     (LRU on recency-bound streams, small probation on Zipf, LIRS-like on
- *     loops, the ghost rule on the Mooncake trace), so the policy runs each
+ *     loops, the ghost rule on the Mooncake trace), so the policy runs every
  *     candidate on a sample of the keys and uses the one that hits most.
- *     The shadow holds one copy of the cache per expert, each a fixed
- *     policy of its own over unit-size nodes.  Keys are sampled spatially
- *     (SHARDS): a key hash is in when its remix is divisible by 2^shift, and
- *     every copy holds count / 2^shift nodes, so each sees a cache of the
- *     live one's size scaled down.  shift starts at 0 (small caches: full
- *     copies, exact) and goes up by one whenever count / 2^shift would pass
- *     SHADOW_CAP (4096) nodes; the sample then halves (a subset: the copies
- *     drop the keys no longer sampled).  Every admit and touch of the live
- *     policy is one access of the sampled stream: each copy looks the key up
- *     (a hit: touch; a miss: evict to its capacity, admit) and its score
- *     decays by 1 - 1/max(1024, 2 × copy capacity) and adds the hit.  Every
- *     32 sampled accesses the live policy takes the best-scoring expert if
- *     it beats the one in force by 1% + 1 (hysteresis): it changes
- *     `mode` (and pfrac: the expert's fixed one, or its copy's adapted one)
- *     and nothing else — the segments, refs and ghosts stay, so a switch is
- *     O(1) and the next victims follow the new setting.  It starts with
- *     expert 1.  Everything is a function of the access sequence: the
- *     replay is deterministic.
- *
- * Memory.  48 bytes per entry (policy_node, unchanged) plus the ghosts
- * (below: at most 3 × count live, about 48 bytes each) plus the shadow, a
- * fixed cost whatever the cache's size: six copies of at most 4,096 nodes,
- * each about 1.2 MB at most with its table and ghosts (about 7.3 MB in all;
- * 4.3 MB measured on the Mooncake trace at 49k blocks, policy_stats
- * shadow_bytes), allocated on the first access; if that fails the setting
- * in force stays for good.  Cost: a sampled access is one lookup and O(1)
- * policy work in each of the six copies; for a cache under 4,096 entries
- * every access is sampled, for larger ones 1 in 2^shift.
+ *     The shadow holds one copy of the cache per expert, each a fixed policy
+ *     of its own over unit-size nodes.  Keys are sampled spatially (SHARDS):
+ *     a key hash is in when its remix is divisible by 2^shift, and every
+ *     copy holds size / 2^shift nodes, where size is the cache's count when
+ *     full (the count when victims were last asked for, or the count if
+ *     larger, so a batch of evictions does not shrink the copies).  shift
+ *     starts at 0 (small caches: full copies, exact) and goes up by one
+ *     whenever size / 2^shift would pass SHADOW_CAP (4096) nodes; the sample
+ *     then halves (a subset: the copies drop the keys no longer sampled).
+ *     Every admit and touch of the live policy is one access of the stream:
+ *     if sampled, each copy looks the key up (a hit: touch; a miss: evict to
+ *     its capacity, admit), and its score decays by 1 - 1/max(1024, 2 ×
+ *     copy capacity) and adds the hit.  Every 32 sampled accesses the live
+ *     policy takes the best-scoring expert if it beats the one in force by
+ *     1% + 1 (hysteresis): it changes `mode` (and pfrac: the expert's fixed
+ *     one, or its copy's adapted one) and nothing else — segments, refs and
+ *     ghosts stay, so a switch is O(1) and the next victims follow the new
+ *     setting.  It starts with expert 1.  Everything is a function of the
+ *     access sequence: the replay is deterministic.  policy_fix_expert (and
+ *     the simulation name "lru_lfu@i") runs one expert alone, no shadow.
  *
  *     Ghosts remember key hashes only, independent of the freed entries: two
  *     FIFO rings of (hash, seq) and one open-addressing table hash → (seq,
@@ -91,9 +86,21 @@
  *     stale (recognised by its seq when it reaches the tail).  About 48
  *     bytes per ghost, at most 3 × count live ghosts (6 × count ring slots).
  *
+ * Memory.  48 bytes per entry (policy_node, unchanged) plus the ghosts
+ * (at most 3 × count live, about 48 bytes each) plus the shadow, a fixed
+ * cost whatever the cache's size: six copies of at most 4,096 nodes, each
+ * at most about 1.2 MB with its table and ghosts (7.3 MB in all; 4.3 MB
+ * measured on the Mooncake trace at 49k blocks: policy_stats shadow_bytes),
+ * allocated on the first access; if that fails, the setting in force stays
+ * for good.
+ *
  * Cost: admit, touch and remove are O(1); a victim is O(skipped) (pinned
  * nodes, and at most 3 clock passes per protected node); ghost upkeep is
- * amortized O(1).  Segments count entries, not bytes.
+ * amortized O(1).  Segments count entries, not bytes.  Under lru_lfu an
+ * admit or touch also feeds the shadow: for a sampled key, one lookup and
+ * O(1) policy work in each of the six copies (about 1.2 us an access
+ * measured for a cache under 4,096 entries, where every key is sampled;
+ * 0.2 us at 20k entries).
  *
  * Victims are filtered by the owner's evictable() predicate (the cache skips
  * pinned, sticky, evicting and just-refused entries) and are not removed
@@ -127,6 +134,7 @@
 #define SHADOW_CAP      4096u   /* most nodes in one shadow copy */
 #define SHADOW_WINDOW   1024u   /* score memory floor, sampled accesses */
 #define SHADOW_EVERY    32u     /* sampled accesses between two choices */
+#define DEMOTE_STEPS    2u      /* gadmit 3: clock steps one ghost hit may take */
 #define SHADOW_SALT     0x9e3779b97f4a7c15ull
 
 /* The candidate settings (policy.h: policy_expert).  Index 0 is plain LRU,
@@ -160,7 +168,7 @@ static int      ghost_grow_table(policy *p);
 static int      ghost_grow_ring(ghost_ring *g);
 static size_t   ghost_target(const policy *p, unsigned r);
 static void     shadow_access(policy *p, uint64_t h);
-static int      demote_one(policy *p);
+static int      demote_one(policy *p, unsigned steps);
 static void     shadow_free(policy *p);
 static uint64_t shadow_bytes(const policy *p);
 static unsigned shadow_shift(const policy *p);
@@ -263,7 +271,7 @@ void policy_admit(policy *p, policy_node *n, uint64_t hash)
             (p->mode.gadmit >= 2 &&
              (double)p->nseg[POLICY_PROTECTED] < (1.0 - p->pfrac) * (double)p->count))
             n->seg = POLICY_PROTECTED;
-        else if (p->mode.gadmit == 3 && age <= p->count && demote_one(p))
+        else if (p->mode.gadmit == 3 && age <= p->count && demote_one(p, DEMOTE_STEPS))
             n->seg = POLICY_PROTECTED;
         if (p->mode.gadmit == 3 && n->seg == POLICY_PROTECTED)
             n->ref = 1;   /* one clock pass of grace: it must outlive a lap */
@@ -750,26 +758,31 @@ static size_t take_protected(policy *p, policy_node **out, size_t n)
     return got;
 }
 
-/* gadmit 3: a ghost hit finds protected full.  One clock step over its
- * oldest node: ref 0 (not hit since the clock last passed) goes back to
- * probation's front and the ghost hit takes its place (returns 1); ref > 0
- * loses one and goes to the front, and the ghost hit waits in probation. */
-static int demote_one(policy *p)
+/* gadmit 3: a ghost hit finds protected full.  Up to `steps` clock steps
+ * over its oldest node: one with ref 0 (not hit since the clock last passed)
+ * goes back to probation's front and the ghost hit takes its place (returns
+ * 1); one with ref > 0 loses one and goes to the front.  If none is found
+ * the ghost hit waits in probation (returns 0). */
+static int demote_one(policy *p, unsigned steps)
 {
-    policy_node *h = &p->seg[POLICY_PROTECTED], *x = h->fprev;
-    if (x == h)
+    policy_node *h = &p->seg[POLICY_PROTECTED];
+    for (; steps > 0; steps--) {
+        policy_node *x = h->fprev;
+        if (x == h)
+            return 1;
+        funlink(x);
+        if (x->ref > 0) {
+            x->ref--;
+            flink_after(h, x);
+            continue;
+        }
+        x->seg = POLICY_PROBATION;
+        flink_after(&p->seg[POLICY_PROBATION], x);
+        p->nseg[POLICY_PROTECTED]--;
+        p->nseg[POLICY_PROBATION]++;
         return 1;
-    funlink(x);
-    if (x->ref > 0) {
-        x->ref--;
-        flink_after(h, x);
-        return 0;
     }
-    x->seg = POLICY_PROBATION;
-    flink_after(&p->seg[POLICY_PROBATION], x);
-    p->nseg[POLICY_PROTECTED]--;
-    p->nseg[POLICY_PROBATION]++;
-    return 1;
+    return 0;
 }
 
 static unsigned level_of(uint32_t freq)
