@@ -37,7 +37,9 @@
  *     or moved by the ghost rule below); lru, victims in plain recency
  *     order; gadmit, where a ghost hit is admitted:
  *       1  protected;
- *       2  protected while it has room (count - target), else probation;
+ *       2  protected while it has room (count - target, less one batch of
+ *          victims, the most last asked for, so a batch eviction still
+ *          finds them in probation), else probation;
  *       3  as 2, or, for a ghost evicted within the last `count` evictions of
  *          its ring, in place of the first ref-0 node met in up to 2 clock
  *          steps over protected's oldest (it goes back to probation; a node
@@ -268,8 +270,8 @@ void policy_admit(policy *p, policy_node *n, uint64_t hash)
         p->ring[r].live--;
         ghost_del(p, (size_t)i);
         if (p->mode.gadmit == 1 ||
-            (p->mode.gadmit >= 2 &&
-             (double)p->nseg[POLICY_PROTECTED] < (1.0 - p->pfrac) * (double)p->count))
+            (p->mode.gadmit >= 2 &&     /* room, leaving probation a batch of victims */
+             (double)(p->nseg[POLICY_PROTECTED] + p->batch) < (1.0 - p->pfrac) * (double)p->count))
             n->seg = POLICY_PROTECTED;
         else if (p->mode.gadmit == 3 && age <= p->count && demote_one(p, DEMOTE_STEPS))
             n->seg = POLICY_PROTECTED;
@@ -336,6 +338,7 @@ size_t policy_victims(policy *p, policy_node **out, size_t n)
 {
     size_t got = 0;
     p->full = p->count;
+    p->batch = n;
     if (p->kind == POLICY_LRU || (p->kind == POLICY_LRU_LFU && p->mode.lru)) {
         for (policy_node *x = p->head.prev; x != &p->head && got < n; x = x->prev)
             if (ok(p, x))

@@ -93,6 +93,7 @@ typedef struct policy {
     struct policy_shadow *shadow;       /* lru_lfu: the scoring copies (malloc, lazily); NULL: fixed */
     int              fixed;             /* 1: no shadow, the mode never changes (a shadow copy, a test) */
     uint64_t         full;              /* lru_lfu: count when victims were last asked for (the cache full) */
+    uint64_t         batch;             /* lru_lfu: victims last asked for at once */
 } policy;
 
 int    policy_init(policy *p, const char *name, policy_evictable_fn fn, void *ctx); /* MEMOS_OK, MEMOS_EINVAL */
