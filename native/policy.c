@@ -1,5 +1,5 @@
 /*
- * policy.c — the eviction policy: lru_lfu (the default), lru and lfu.
+ * policy.c — the eviction policy: lru_lfu (the default, adaptive), lru and lfu.
  *
  * Every live entry embeds a policy_node (48 bytes).  One order is always
  * kept, whatever the policy:
@@ -32,15 +32,55 @@
  *     a node with ref > 0 passed on the way loses 1 and goes back to the
  *     front (a clock: frequency that ages, so old popularity fades).
  *
- *     Adaptation.  pfrac (the recency/frequency balance, stat
- *     policy_recency) starts at 0.5 and moves by 1/count on each ghost hit
- *     that a slightly larger segment would have turned into a hit: a key
- *     found in ghost g among its W = count/4 most recent insertions.  Ghost 0
- *     → probation too small (recency matters) → pfrac up; ghost 1 → protected
- *     too small (frequency matters) → pfrac down; clamped to [0.01, 0.9].
- *     This is ARC's rule with a marginal window: ARC credits every ghost hit,
- *     and on the Mooncake trace that drives it to LRU where LIRS-like
- *     protection wins (see docs/benchmarks.md).
+ *     Settings ("experts").  What the hybrid does is set by a
+ *     policy_expert: pfrac, the probation target as a share of count (fixed,
+ *     or moved by the ghost rule below); lru, victims in plain recency
+ *     order; gadmit, where a ghost hit is admitted:
+ *       1  protected;
+ *       2  protected while it has room (count - target, less one batch of
+ *          victims, the most last asked for, so a batch eviction still
+ *          finds them in probation), else probation;
+ *       3  as 2, or, for a ghost evicted within the last `count` evictions of
+ *          its ring, in place of the first ref-0 node met in up to 2 clock
+ *          steps over protected's oldest (it goes back to probation; a node
+ *          with ref > 0 loses one and goes to the front); it enters with
+ *          ref 1, and victims come from probation first whatever its size.
+ *          LIRS-like: a loop larger than the cache keeps its protected part,
+ *          and a new working set still displaces a stale one.
+ *     EXPERTS lists six: 0 LRU, 1 the ghost rule (ARC-like), 2 pfrac 0.1
+ *     (S3-FIFO-like), 3 pfrac 0.01 gadmit 2, 4 pfrac 0.3, 5 pfrac 0.01
+ *     gadmit 3.
+ *
+ *     Ghost rule (expert 1).  pfrac starts at 0.5 and moves by 1/count on
+ *     each ghost hit that a slightly larger segment would have turned into a
+ *     hit: a key found in ghost g among its W = count/4 most recent
+ *     insertions.  Ghost 0 → probation too small → pfrac up; ghost 1 →
+ *     protected too small → pfrac down; clamped to [0.01, 0.9].
+ *
+ *     Adaptation: shadow simulation (issue 18).  No setting wins everywhere
+ *     (LRU on recency-bound streams, small probation on Zipf, LIRS-like on
+ *     loops, the ghost rule on the Mooncake trace), so the policy runs every
+ *     candidate on a sample of the keys and uses the one that hits most.
+ *     The shadow holds one copy of the cache per expert, each a fixed policy
+ *     of its own over unit-size nodes.  Keys are sampled spatially (SHARDS):
+ *     a key hash is in when its remix is divisible by 2^shift, and every
+ *     copy holds size / 2^shift nodes, where size is the cache's count when
+ *     full (the count when victims were last asked for, or the count if
+ *     larger, so a batch of evictions does not shrink the copies).  shift
+ *     starts at 0 (small caches: full copies, exact) and goes up by one
+ *     whenever size / 2^shift would pass SHADOW_CAP (4096) nodes; the sample
+ *     then halves (a subset: the copies drop the keys no longer sampled).
+ *     Every admit and touch of the live policy is one access of the stream:
+ *     if sampled, each copy looks the key up (a hit: touch; a miss: evict to
+ *     its capacity, admit), and its score decays by 1 - 1/max(1024, 2 ×
+ *     copy capacity) and adds the hit.  Every 32 sampled accesses the live
+ *     policy takes the best-scoring expert if it beats the one in force by
+ *     1% + 1 (hysteresis): it changes `mode` (and pfrac: the expert's fixed
+ *     one, or its copy's adapted one) and nothing else — segments, refs and
+ *     ghosts stay, so a switch is O(1) and the next victims follow the new
+ *     setting.  It starts with expert 1.  Everything is a function of the
+ *     access sequence: the replay is deterministic.  policy_fix_expert (and
+ *     the simulation name "lru_lfu@i") runs one expert alone, no shadow.
  *
  *     Ghosts remember key hashes only, independent of the freed entries: two
  *     FIFO rings of (hash, seq) and one open-addressing table hash → (seq,
@@ -48,9 +88,21 @@
  *     stale (recognised by its seq when it reaches the tail).  About 48
  *     bytes per ghost, at most 3 × count live ghosts (6 × count ring slots).
  *
+ * Memory.  48 bytes per entry (policy_node, unchanged) plus the ghosts
+ * (at most 3 × count live, about 48 bytes each) plus the shadow, a fixed
+ * cost whatever the cache's size: six copies of at most 4,096 nodes, each
+ * at most about 1.2 MB with its table and ghosts (7.3 MB in all; 4.3 MB
+ * measured on the Mooncake trace at 49k blocks: policy_stats shadow_bytes),
+ * allocated on the first access; if that fails, the setting in force stays
+ * for good.
+ *
  * Cost: admit, touch and remove are O(1); a victim is O(skipped) (pinned
  * nodes, and at most 3 clock passes per protected node); ghost upkeep is
- * amortized O(1).  Segments count entries, not bytes.
+ * amortized O(1).  Segments count entries, not bytes.  Under lru_lfu an
+ * admit or touch also feeds the shadow: for a sampled key, one lookup and
+ * O(1) policy work in each of the six copies (about 1.2 us an access
+ * measured for a cache under 4,096 entries, where every key is sampled;
+ * 0.2 us at 20k entries).
  *
  * Victims are filtered by the owner's evictable() predicate (the cache skips
  * pinned, sticky, evicting and just-refused entries) and are not removed
@@ -80,6 +132,23 @@
 #define PFRAC_MIN       0.01
 #define PFRAC_MAX       0.9
 #define GHOST_MIN       16u     /* ring capacity floor */
+#define EXPERT_START    1u      /* the adaptive ghost rule, the policy before any evidence */
+#define SHADOW_CAP      4096u   /* most nodes in one shadow copy */
+#define SHADOW_WINDOW   1024u   /* score memory floor, sampled accesses */
+#define SHADOW_EVERY    32u     /* sampled accesses between two choices */
+#define DEMOTE_STEPS    2u      /* gadmit 3: clock steps one ghost hit may take */
+#define SHADOW_SALT     0x9e3779b97f4a7c15ull
+
+/* The candidate settings (policy.h: policy_expert).  Index 0 is plain LRU,
+ * so the shadow always knows what LRU would have hit. */
+static const policy_expert EXPERTS[POLICY_EXPERTS] = {
+    { 0.5,  1, 1 },     /* 0 lru: victims in recency order */
+    { -1.0, 0, 1 },     /* 1 adaptive split, ghost hits to protected (ARC-like) */
+    { 0.1,  0, 1 },     /* 2 small probation, ghost hits to protected (S3-FIFO-like) */
+    { 0.01, 0, 2 },     /* 3 tiny probation, ghost hits only fill protected (LIRS-like, loops) */
+    { 0.3,  0, 1 },     /* 4 medium probation */
+    { 0.01, 0, 3 },     /* 5 tiny probation, ghost hits replace cold protected nodes (loops) */
+};
 
 /* ---- private prototypes ---- */
 
@@ -100,6 +169,11 @@ static void     ghost_add(policy *p, unsigned r, uint64_t h);
 static int      ghost_grow_table(policy *p);
 static int      ghost_grow_ring(ghost_ring *g);
 static size_t   ghost_target(const policy *p, unsigned r);
+static void     shadow_access(policy *p, uint64_t h);
+static int      demote_one(policy *p, unsigned steps);
+static void     shadow_free(policy *p);
+static uint64_t shadow_bytes(const policy *p);
+static unsigned shadow_shift(const policy *p);
 
 /* ---- API ---- */
 
@@ -112,6 +186,8 @@ int policy_init(policy *p, const char *name, policy_evictable_fn fn, void *ctx)
     list_init(&p->seg[0], 1);
     list_init(&p->seg[1], 1);
     p->pfrac = PFRAC_INIT;
+    p->expert = EXPERT_START;
+    p->mode = EXPERTS[EXPERT_START];
     p->evictable = fn;
     p->ctx = ctx;
     p->kind = (enum policy_kind)-1;
@@ -128,6 +204,7 @@ void policy_destroy(policy *p)
     free(p->gtab);
     p->gtab = NULL;
     p->gmask = p->gused = 0;
+    shadow_free(p);
 }
 
 /* Switch the victim order.  The second lists are rebuilt from the recency
@@ -184,7 +261,7 @@ void policy_admit(policy *p, policy_node *n, uint64_t hash)
         unsigned r = (unsigned)(p->gtab[i].seq & 1);
         uint64_t age = p->ring[r].next_seq - (p->gtab[i].seq >> 1);
         uint64_t w = p->count / 4 ? p->count / 4 : 1;
-        if (age <= w) {
+        if (age <= w && p->mode.pfrac < 0) {
             double step = 1.0 / (double)p->count;
             p->pfrac += r == 0 ? step : -step;
             p->pfrac = p->pfrac < PFRAC_MIN ? PFRAC_MIN : p->pfrac > PFRAC_MAX ? PFRAC_MAX : p->pfrac;
@@ -192,10 +269,18 @@ void policy_admit(policy *p, policy_node *n, uint64_t hash)
         p->ghits[r]++;
         p->ring[r].live--;
         ghost_del(p, (size_t)i);
-        n->seg = POLICY_PROTECTED;
+        if (p->mode.gadmit == 1 ||
+            (p->mode.gadmit >= 2 &&     /* room, leaving probation a batch of victims */
+             (double)(p->nseg[POLICY_PROTECTED] + p->batch) < (1.0 - p->pfrac) * (double)p->count))
+            n->seg = POLICY_PROTECTED;
+        else if (p->mode.gadmit == 3 && age <= p->count && demote_one(p, DEMOTE_STEPS))
+            n->seg = POLICY_PROTECTED;
+        if (p->mode.gadmit == 3 && n->seg == POLICY_PROTECTED)
+            n->ref = 1;   /* one clock pass of grace: it must outlive a lap */
     }
     flink_after(&p->seg[n->seg], n);
     p->nseg[n->seg]++;
+    shadow_access(p, n->hash);
 }
 
 void policy_touch(policy *p, policy_node *n)
@@ -220,6 +305,7 @@ void policy_touch(policy *p, policy_node *n)
             n->ref++;
         }
         flink_after(&p->seg[POLICY_PROTECTED], n);
+        shadow_access(p, n->hash);
     }
 }
 
@@ -251,7 +337,9 @@ void policy_rekey(policy_node *n, uint64_t hash) { n->hash = norm_hash(hash); }
 size_t policy_victims(policy *p, policy_node **out, size_t n)
 {
     size_t got = 0;
-    if (p->kind == POLICY_LRU) {
+    p->full = p->count;
+    p->batch = n;
+    if (p->kind == POLICY_LRU || (p->kind == POLICY_LRU_LFU && p->mode.lru)) {
         for (policy_node *x = p->head.prev; x != &p->head && got < n; x = x->prev)
             if (ok(p, x))
                 out[got++] = x;
@@ -264,7 +352,7 @@ size_t policy_victims(policy *p, policy_node **out, size_t n)
                     out[got++] = x;
         return got;
     }
-    uint64_t target = (uint64_t)(p->pfrac * (double)p->count);
+    uint64_t target = p->mode.gadmit == 3 ? 0 : (uint64_t)(p->pfrac * (double)p->count);
     uint64_t over = p->nseg[POLICY_PROBATION] > target ? p->nseg[POLICY_PROBATION] - target : 0;
     policy_node *cur = p->seg[POLICY_PROBATION].fprev;
     got = take_probation(p, out, over < n ? (size_t)over : n, &cur);
@@ -295,6 +383,28 @@ void policy_get_stats(const policy *p, policy_stats *out)
     out->probation = p->nseg[POLICY_PROBATION];
     out->protected_ = p->nseg[POLICY_PROTECTED];
     out->recency = p->kind == POLICY_LRU ? 1.0 : p->kind == POLICY_LFU ? 0.0 : p->pfrac;
+    out->expert = p->expert;
+    out->shadow_shift = shadow_shift(p);
+    out->expert_switches = p->switches;
+    out->shadow_bytes = shadow_bytes(p);
+}
+
+const policy_expert *policy_expert_at(unsigned i)
+{
+    return i < POLICY_EXPERTS ? &EXPERTS[i] : NULL;
+}
+
+int policy_fix_expert(policy *p, unsigned i)
+{
+    if (i >= POLICY_EXPERTS || p->kind != POLICY_LRU_LFU)
+        return MEMOS_EINVAL;
+    shadow_free(p);
+    p->fixed = 1;
+    p->expert = i;
+    p->mode = EXPERTS[i];
+    if (p->mode.pfrac >= 0)
+        p->pfrac = p->mode.pfrac;
+    return MEMOS_OK;
 }
 
 /* ---- simulation (bench policy): unit-size blocks, no arena ---- */
@@ -341,6 +451,17 @@ long long policy_simulate(const char *name, const uint64_t *keys, size_t n,
                           size_t capacity, unsigned batch, policy_stats *st)
 {
     enum policy_kind k;
+    int fix = -1;
+    char base[16];
+    const char *at = name ? strchr(name, '@') : NULL;
+    if (at && at - name < (long)sizeof base && at[1] >= '0' && at[1] <= '9' && !at[2]) {
+        memcpy(base, name, (size_t)(at - name));
+        base[at - name] = 0;
+        fix = at[1] - '0';
+        name = base;
+        if (strcmp(name, "lru_lfu") != 0 || fix >= POLICY_EXPERTS)
+            return -1;
+    }
     if (capacity == 0 || batch == 0 || capacity > UINT32_MAX / 4 || kind_of(name, &k) != MEMOS_OK)
         return -1;
     size_t slots = 16;
@@ -354,6 +475,8 @@ long long policy_simulate(const char *name, const uint64_t *keys, size_t n,
     long long hits = -1;
     if (!t.slot || !nodes || !freelist || !v || policy_init(&p, name, NULL, NULL) != MEMOS_OK)
         goto out;
+    if (fix >= 0)
+        policy_fix_expert(&p, (unsigned)fix);
     size_t nfree = capacity;
     for (size_t i = 0; i < capacity; i++)
         freelist[i] = (uint32_t)(capacity - 1 - i);
@@ -393,6 +516,187 @@ out:
     free(freelist);
     free(v);
     return hits;
+}
+
+/* ---- the shadow: sampled copies of the cache, one per expert ---- */
+
+typedef struct shadow_copy {
+    policy     pol;       /* the expert, fixed */
+    sim_node  *nodes;     /* SHADOW_CAP + 1 */
+    sim_table  t;         /* key hash -> node */
+    uint32_t  *freelist;  /* free node indexes */
+    size_t     nfree;
+    double     score;     /* hits, decayed by 1 - 1/window per sampled access */
+} shadow_copy;
+
+struct policy_shadow {
+    unsigned    shift;    /* a key is sampled when 2^shift divides its remixed hash */
+    uint64_t    samples;  /* sampled accesses */
+    shadow_copy c[POLICY_EXPERTS];
+};
+
+static int sampled(uint64_t h, unsigned shift)
+{
+    return ((mix64(h ^ SHADOW_SALT) >> 20) & ((1ull << shift) - 1)) == 0;
+}
+
+static void shadow_free(policy *p)
+{
+    struct policy_shadow *s = p->shadow;
+    if (!s)
+        return;
+    for (unsigned e = 0; e < POLICY_EXPERTS; e++) {
+        policy_destroy(&s->c[e].pol);
+        free(s->c[e].nodes);
+        free(s->c[e].t.slot);
+        free(s->c[e].freelist);
+    }
+    free(s);
+    p->shadow = NULL;
+}
+
+static struct policy_shadow *shadow_new(void)
+{
+    struct policy_shadow *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    size_t slots = 16;
+    while (slots < 2 * (SHADOW_CAP + 1))
+        slots *= 2;
+    int bad = 0;
+    for (unsigned e = 0; e < POLICY_EXPERTS; e++) {
+        shadow_copy *c = &s->c[e];
+        policy_init(&c->pol, "lru_lfu", NULL, NULL);
+        policy_fix_expert(&c->pol, e);
+        c->nodes = calloc(SHADOW_CAP + 1, sizeof *c->nodes);
+        c->t.slot = calloc(slots, sizeof *c->t.slot);
+        c->t.mask = slots - 1;
+        c->freelist = malloc((SHADOW_CAP + 1) * sizeof *c->freelist);
+        if (!c->nodes || !c->t.slot || !c->freelist) {
+            bad = 1;
+            continue;
+        }
+        c->nfree = SHADOW_CAP + 1;
+        for (size_t i = 0; i <= SHADOW_CAP; i++)
+            c->freelist[i] = (uint32_t)(SHADOW_CAP - i);
+    }
+    if (bad) {
+        policy tmp = { .shadow = s };
+        shadow_free(&tmp);
+        return NULL;
+    }
+    return s;
+}
+
+static void copy_drop(shadow_copy *c, sim_node *x)
+{
+    policy_remove(&c->pol, &x->pn);
+    sim_delete(&c->t, c->nodes, sim_find(&c->t, c->nodes, x->key, mix64(x->key)));
+    c->freelist[c->nfree++] = (uint32_t)(x - c->nodes);
+}
+
+/* One sampled access in one copy of `cap` nodes; 1 on a hit. */
+static int copy_access(shadow_copy *c, uint64_t h, size_t cap)
+{
+    uint64_t mh = mix64(h);
+    size_t i = sim_find(&c->t, c->nodes, h, mh);
+    if (c->t.slot[i]) {
+        policy_touch(&c->pol, &c->nodes[c->t.slot[i] - 1].pn);
+        return 1;
+    }
+    int moved = 0;
+    while (c->pol.count >= cap || c->nfree == 0) {
+        policy_node *v;
+        if (policy_victims(&c->pol, &v, 1) != 1)
+            return 0;
+        policy_note_evict(&c->pol, v);
+        copy_drop(c, (sim_node *)v);
+        moved = 1;
+    }
+    if (moved)
+        i = sim_find(&c->t, c->nodes, h, mh);
+    uint32_t idx = c->freelist[--c->nfree];
+    c->nodes[idx].key = h;
+    c->t.slot[i] = idx + 1;
+    policy_admit(&c->pol, &c->nodes[idx].pn, h);
+    return 0;
+}
+
+/* The cache grew past what the copies can hold at this rate: sample half as
+ * many keys (a subset: the kept ones stay), dropping the others. */
+static void shadow_halve(struct policy_shadow *s)
+{
+    s->shift++;
+    for (unsigned e = 0; e < POLICY_EXPERTS; e++) {
+        shadow_copy *c = &s->c[e];
+        for (policy_node *x = c->pol.head.next; x != &c->pol.head;) {
+            policy_node *next = x->next;
+            if (!sampled(((sim_node *)x)->key, s->shift))
+                copy_drop(c, (sim_node *)x);
+            x = next;
+        }
+    }
+}
+
+static void shadow_choose(policy *p)
+{
+    struct policy_shadow *s = p->shadow;
+    unsigned best = p->expert;
+    for (unsigned e = 0; e < POLICY_EXPERTS; e++)
+        if (s->c[e].score > s->c[best].score)
+            best = e;
+    double cur = s->c[p->expert].score;
+    if (best == p->expert || s->c[best].score <= cur * 1.01 + 1.0)
+        return;
+    p->expert = best;
+    p->mode = EXPERTS[best];
+    p->pfrac = p->mode.pfrac >= 0 ? p->mode.pfrac : s->c[best].pol.pfrac;
+    p->switches++;
+}
+
+/* Every access of the live policy (an admit or a touch) under lru_lfu. */
+static void shadow_access(policy *p, uint64_t h)
+{
+    if (p->fixed || p->kind != POLICY_LRU_LFU)
+        return;
+    if (!p->shadow && !(p->shadow = shadow_new())) {
+        p->fixed = 1;     /* no memory: keep the setting in force */
+        return;
+    }
+    struct policy_shadow *s = p->shadow;
+    /* the copies model the cache when full: its count at the last eviction
+     * (not the count between two runs of a batch), or more */
+    uint64_t size = p->count > p->full ? p->count : p->full;
+    while ((size >> s->shift) > SHADOW_CAP)
+        shadow_halve(s);
+    if (!sampled(h, s->shift))
+        return;
+    size_t cap = (size_t)((size + (1ull << s->shift) - 1) >> s->shift);
+    cap = cap < 1 ? 1 : cap > SHADOW_CAP ? SHADOW_CAP : cap;
+    double window = 2.0 * (double)cap;
+    double decay = 1.0 - 1.0 / (window < SHADOW_WINDOW ? SHADOW_WINDOW : window);
+    for (unsigned e = 0; e < POLICY_EXPERTS; e++)
+        s->c[e].score = s->c[e].score * decay + copy_access(&s->c[e], h, cap);
+    if (++s->samples % SHADOW_EVERY == 0)
+        shadow_choose(p);
+}
+
+static unsigned shadow_shift(const policy *p) { return p->shadow ? p->shadow->shift : 0; }
+
+static uint64_t shadow_bytes(const policy *p)
+{
+    const struct policy_shadow *s = p->shadow;
+    if (!s)
+        return 0;
+    uint64_t b = sizeof *s;
+    for (unsigned e = 0; e < POLICY_EXPERTS; e++) {
+        const shadow_copy *c = &s->c[e];
+        b += (SHADOW_CAP + 1) * (sizeof *c->nodes + sizeof *c->freelist) +
+             (c->t.mask + 1) * sizeof *c->t.slot +
+             (c->pol.ring[0].cap + c->pol.ring[1].cap) * 2 * sizeof(uint64_t) +
+             (c->pol.gtab ? (c->pol.gmask + 1) * sizeof *c->pol.gtab : 0);
+    }
+    return b;
 }
 
 /* ---- private helpers ---- */
@@ -455,6 +759,33 @@ static size_t take_protected(policy *p, policy_node **out, size_t n)
         x = prev;
     }
     return got;
+}
+
+/* gadmit 3: a ghost hit finds protected full.  Up to `steps` clock steps
+ * over its oldest node: one with ref 0 (not hit since the clock last passed)
+ * goes back to probation's front and the ghost hit takes its place (returns
+ * 1); one with ref > 0 loses one and goes to the front.  If none is found
+ * the ghost hit waits in probation (returns 0). */
+static int demote_one(policy *p, unsigned steps)
+{
+    policy_node *h = &p->seg[POLICY_PROTECTED];
+    for (; steps > 0; steps--) {
+        policy_node *x = h->fprev;
+        if (x == h)
+            return 1;
+        funlink(x);
+        if (x->ref > 0) {
+            x->ref--;
+            flink_after(h, x);
+            continue;
+        }
+        x->seg = POLICY_PROBATION;
+        flink_after(&p->seg[POLICY_PROBATION], x);
+        p->nseg[POLICY_PROTECTED]--;
+        p->nseg[POLICY_PROBATION]++;
+        return 1;
+    }
+    return 0;
 }
 
 static unsigned level_of(uint32_t freq)
@@ -706,7 +1037,17 @@ int policy_check(const policy *p, char *why, size_t whylen)
         FAIL("policy: list holds %llu, count says %llu",
              (unsigned long long)n, (unsigned long long)p->count);
     int rc = check_second_lists(p, why, whylen);
-    return rc != MEMOS_OK ? rc : check_ghosts(p, why, whylen);
+    if (rc == MEMOS_OK)
+        rc = check_ghosts(p, why, whylen);
+    if (rc == MEMOS_OK && p->expert >= POLICY_EXPERTS)
+        FAIL("policy: setting %u out of range", p->expert);
+    for (unsigned e = 0; rc == MEMOS_OK && p->shadow && e < POLICY_EXPERTS; e++) {
+        const struct policy_shadow *s = p->shadow;
+        if (s->c[e].pol.count > SHADOW_CAP || s->c[e].pol.count + s->c[e].nfree != SHADOW_CAP + 1)
+            FAIL("policy: shadow copy %u holds %llu nodes", e, (unsigned long long)s->c[e].pol.count);
+        rc = policy_check(&s->c[e].pol, why, whylen);
+    }
+    return rc;
 }
 
 

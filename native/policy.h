@@ -45,6 +45,19 @@ typedef struct ghost_slot {
     uint64_t seq;                       /* (insertion seq << 1) | ring */
 } ghost_slot;
 
+/* lru_lfu: one setting of the hybrid, an "expert" the adaptation picks from
+ * (policy.c explains).  The live policy runs the expert its shadow scores
+ * best; each shadow copy runs one expert alone. */
+typedef struct policy_expert {
+    double  pfrac;                      /* probation target share, fixed; < 0: adaptive (ghost rule) */
+    uint8_t lru;                        /* 1: victims in recency order (plain LRU) */
+    uint8_t gadmit;                     /* ghost hit -> protected: 0 never, 1 always, 2 while protected has room, 3 or in place of a cold one */
+} policy_expert;
+
+#define POLICY_EXPERTS 6                /* lru_lfu's candidate settings (policy.c: EXPERTS) */
+
+struct policy_shadow;                   /* policy.c: sampled copies of the cache, one per expert */
+
 typedef struct policy_stats {
     uint64_t ghost_hits_recency;        /* admits found in the probation ghost */
     uint64_t ghost_hits_frequency;      /* admits found in the protected ghost */
@@ -52,6 +65,10 @@ typedef struct policy_stats {
     uint64_t probation;                 /* nodes in probation (lru_lfu) */
     uint64_t protected_;                /* nodes in protected (lru_lfu) */
     double   recency;                   /* probation target / nodes, 0..1 (lru 1, lfu 0) */
+    uint32_t expert;                    /* lru_lfu: the setting in force (index in EXPERTS) */
+    uint32_t shadow_shift;              /* lru_lfu: shadow samples 1 key hash in 2^shift */
+    uint64_t expert_switches;           /* lru_lfu: times the setting changed */
+    uint64_t shadow_bytes;              /* lru_lfu: memory of the shadow copies */
 } policy_stats;
 
 typedef struct policy {
@@ -70,6 +87,13 @@ typedef struct policy {
     int              oom;               /* a ghost allocation failed: ghosts stay as they are */
     policy_evictable_fn evictable;      /* victim filter, may be NULL */
     void            *ctx;               /* argument of evictable */
+    policy_expert    mode;              /* lru_lfu: the setting in force */
+    unsigned         expert;            /* lru_lfu: its index in EXPERTS (or the fixed one) */
+    uint64_t         switches;          /* lru_lfu: setting changes */
+    struct policy_shadow *shadow;       /* lru_lfu: the scoring copies (malloc, lazily); NULL: fixed */
+    int              fixed;             /* 1: no shadow, the mode never changes (a shadow copy, a test) */
+    uint64_t         full;              /* lru_lfu: count when victims were last asked for (the cache full) */
+    uint64_t         batch;             /* lru_lfu: victims last asked for at once */
 } policy;
 
 int    policy_init(policy *p, const char *name, policy_evictable_fn fn, void *ctx); /* MEMOS_OK, MEMOS_EINVAL */
@@ -85,6 +109,12 @@ void   policy_foreach(policy *p, void (*fn)(void *ctx, policy_node *n), void *ct
 uint64_t policy_count(const policy *p);
 void   policy_get_stats(const policy *p, policy_stats *out);
 int    policy_check(const policy *p, char *why, size_t whylen); /* MEMOS_OK, MEMOS_EINVAL */
+
+/* lru_lfu only: run expert `i` of EXPERTS for good, with no shadow (MEMOS_OK,
+ * MEMOS_EINVAL).  policy_simulate takes it as the name "lru_lfu@i". */
+int    policy_fix_expert(policy *p, unsigned i);
+/* The setting of expert `i` (NULL past the last). */
+const policy_expert *policy_expert_at(unsigned i);
 
 /* Replay `n` keys through a cache of `capacity` unit-size blocks run by the
  * named policy (lookup; a miss inserts, evicting `batch` victims when full),

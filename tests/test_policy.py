@@ -224,3 +224,92 @@ def test_batch_cost_measures_evicting_puts():
     r = policy_sim.batch_cost(16, 300)
     assert r["evict_batch"] == 16 and r["evicting_puts"] > 0
     assert r["ops_per_s"] > 0 and r["evicting_p99_us"] > 0
+
+
+# ---- the adaptive hybrid and the robustness suite (issue 18) ----
+
+from memosfs.testing import workloads  # noqa: E402
+
+
+def _cap(keys: list[int], f: float) -> int:
+    return max(1, round(len(set(keys)) * f))
+
+
+def test_workloads_are_seeded_and_sized():
+    for name in workloads.WORKLOADS:
+        a = workloads.generate(name)
+        assert 100_000 <= len(a) <= 200_000, name
+        assert 0.05 < len(set(a)) / len(a) < 0.6, name     # reuse, and not all of it
+        if name in ("prefix_suffix", "loops"):
+            assert workloads.generate(name) == a          # same seed, same stream
+    assert workloads.HELD_OUT in {f for f, _, _ in workloads.WORKLOADS.values()}
+    with pytest.raises(KeyError):
+        workloads.generate("nope")
+
+
+def test_adaptive_hybrid_keeps_up_with_lru_where_recency_matters():
+    # multi-turn sessions at the largest size: plain LRU is the best peer;
+    # the ghost rule alone (the old lru_lfu) fell 0.9 points behind it
+    keys = workloads.sessions()
+    cap = _cap(keys, 0.27)
+    lru, ours = sim("lru", keys, cap), sim("lru_lfu", keys, cap)
+    ghost_rule = sim("lru_lfu@1", keys, cap)
+    assert ours >= lru - 0.002, (ours, lru)
+    assert ours > ghost_rule, (ours, ghost_rule)
+
+
+def test_adaptive_hybrid_wins_where_frequency_matters():
+    keys = workloads.zipf(alpha=0.9)
+    cap = _cap(keys, 0.055)
+    lru, ours = sim("lru", keys, cap), sim("lru_lfu", keys, cap)
+    settings = [sim(f"lru_lfu@{e}", keys, cap) for e in range(6)]
+    assert ours > lru + 0.05, (ours, lru)
+    assert ours >= max(settings) - 0.005, (ours, settings)
+    keys = workloads.loops()
+    cap = _cap(keys, 0.005)
+    assert sim("lru", keys, cap) < 0.01 and sim("lru_lfu", keys, cap) > 0.15
+
+
+def test_adaptive_replay_is_deterministic():
+    keys = workloads.prefix_suffix()
+    buf = array.array("Q", keys).tobytes()
+    cap = _cap(keys, 0.027)
+    a = N.policy_simulate("lru_lfu", buf, cap)
+    b = N.policy_simulate("lru_lfu", buf, cap)
+    assert a == b
+    assert a["expert_switches"] > 0 and 0 <= a["policy_expert"] < 6
+    with pytest.raises(ValueError):
+        N.policy_simulate("lru_lfu@9", buf, cap)
+
+
+def test_bench_policy_suite_reports_every_policy_and_the_gaps(capsys, tmp_path):
+    from memosfs.cli import main
+    try:
+        import libcachesim  # noqa: F401
+        peers = "LRU,ARC,S3-FIFO,Belady"
+    except ImportError:
+        peers = "LRU"
+    cache = tmp_path / "peers.json"
+    args = ["bench", "policy", "--suite", "--workloads", "zipf0.6,loops", "--sizes", "0.027,0.11",
+            "--peers", peers, "--peer-cache", str(cache), "--json"]
+    assert main(args) in (0, None)
+    out = json.loads(capsys.readouterr().out)
+    assert list(out["workloads"]) == ["zipf0.6", "loops"]
+    for name, w in out["workloads"].items():
+        assert set(w["sizes"]) == {"0.027", "0.11"} and w["held_out"] is False
+        for f, r in w["sizes"].items():
+            hr = r["hit_ratio_pct"]
+            assert {"lru_lfu", "lru", "lfu"} <= set(hr)
+            assert r["vs_lru"] == round(hr["lru_lfu"] - hr.get("LRU", hr["lru"]), 2)
+            if "Belady" in hr:
+                assert r["best_peer"] in ("LRU", "ARC", "S3-FIFO")      # never the oracle
+                assert r["vs_best_peer"] == round(hr["lru_lfu"] - hr[r["best_peer"]], 2)
+                assert hr["lru"] == hr["LRU"]
+                assert hr["Belady"] >= max(v for k, v in hr.items() if k != "Belady")
+    if "Belady" in peers:
+        # the second run takes the peers from the cache and says the same
+        assert main(args) in (0, None)
+        again = json.loads(capsys.readouterr().out)
+        assert again["workloads"] == out["workloads"]
+    assert main(["bench", "policy", "--suite", "--workloads", "bogus"]) == 2
+    assert main(["bench", "policy", "--no-batch"]) == 2

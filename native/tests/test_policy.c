@@ -356,6 +356,123 @@ static void test_simulate_shifting(void)
     CHECK(hyb > lfu);
 }
 
+/* A working set of 100 keys sliding forward one key every 5 accesses,
+ * through 80 blocks: recency is all that matters.  The adaptive hybrid
+ * must end within 0.2 points of LRU (the issue-18 goal). */
+static void test_adaptive_recency_stream(void)
+{
+    enum { N = 200000 };
+    static uint64_t keys[N];
+    uint64_t s = 3;
+    for (int i = 0; i < N; i++)
+        keys[i] = (uint64_t)(i / 5) + lcg(&s) % 100;
+    long long lru = policy_simulate("lru", keys, N, 80, 1, NULL);
+    policy_stats st;
+    long long hyb = policy_simulate("lru_lfu", keys, N, 80, 1, &st);
+    long long fixed1 = policy_simulate("lru_lfu@1", keys, N, 80, 1, NULL);
+    fprintf(stderr, "  recency stream: lru %lld, adaptive %lld (expert %u), ghost rule alone %lld\n",
+            lru, hyb, st.expert, fixed1);
+    CHECK(hyb * 1000 >= lru * 1000 - 2LL * N);     /* >= LRU - 0.2 points */
+    CHECK_EQ(st.expert, 0u);                        /* it ends on plain LRU */
+}
+
+/* A loop 10% larger than the cache, with one-time noise: LRU hits nothing,
+ * the adaptive hybrid finds the LIRS-like setting; and a scan-polluted hot
+ * set (frequency matters). */
+static void test_adaptive_frequency_streams(void)
+{
+    enum { N = 200000 };
+    static uint64_t keys[N];
+    uint64_t s = 4, cold = 1u << 30;
+    for (int i = 0, j = 0; i < N; i++)
+        keys[i] = lcg(&s) % 10 == 0 ? cold++ : (uint64_t)(j++ % 1100);
+    long long lru = policy_simulate("lru", keys, N, 1000, 1, NULL);
+    long long hyb = policy_simulate("lru_lfu", keys, N, 1000, 1, NULL);
+    fprintf(stderr, "  loop: lru %lld, adaptive %lld\n", lru, hyb);
+    CHECK(hyb > lru + N / 2);                       /* more than 50 points better */
+    s = 1;
+    cold = 1u << 30;
+    for (int i = 0; i < N; i++)
+        keys[i] = lcg(&s) % 3 == 0 ? lcg(&s) % 400 : cold++;
+    lru = policy_simulate("lru", keys, N, 500, 1, NULL);
+    hyb = policy_simulate("lru_lfu", keys, N, 500, 1, NULL);
+    long long best = 0;
+    for (unsigned e = 0; policy_expert_at(e); e++) {
+        char name[16];
+        snprintf(name, sizeof name, "lru_lfu@%u", e);
+        long long h = policy_simulate(name, keys, N, 500, 1, NULL);
+        best = h > best ? h : best;
+    }
+    fprintf(stderr, "  scan-polluted: lru %lld, adaptive %lld, best setting %lld\n", lru, hyb, best);
+    CHECK(hyb > lru * 3 / 2);
+    CHECK(hyb * 1000 >= best * 1000 - 5LL * N);     /* within 0.5 points of its best setting */
+}
+
+/* The same keys give the same hits, setting and switches. */
+static void test_adaptive_deterministic(void)
+{
+    enum { N = 100000 };
+    static uint64_t keys[N];
+    uint64_t s = 5;
+    for (int i = 0; i < N; i++)
+        keys[i] = i % 2 ? lcg(&s) % 3000 : (uint64_t)(i / 7) + lcg(&s) % 500;
+    policy_stats a, b;
+    long long h1 = policy_simulate("lru_lfu", keys, N, 600, 1, &a);
+    long long h2 = policy_simulate("lru_lfu", keys, N, 600, 1, &b);
+    CHECK_EQ(h1, h2);
+    CHECK_EQ(a.expert, b.expert);
+    CHECK_EQ(a.expert_switches, b.expert_switches);
+    CHECK(a.expert_switches > 0 && a.shadow_bytes > 0);
+    CHECK_EQ(policy_simulate("lru_lfu@6", keys, 10, 600, 1, NULL), -1);
+    CHECK_EQ(policy_simulate("lru@1", keys, 10, 600, 1, NULL), -1);
+}
+
+/* A live policy over 9000 nodes (the shadow samples 1 in 4), pinned ones
+ * and removals: every structure, the shadow copies included, stays sound. */
+static void test_adaptive_live_with_shadow(void)
+{
+    enum { M = 12000, CAP = 9000 };
+    static obj o[M];
+    memset(o, 0, sizeof o);
+    policy p;
+    CHECK_EQ(policy_init(&p, "lru_lfu", evictable, NULL), MEMOS_OK);
+    uint64_t s = 6;
+    size_t live = 0;
+    for (int i = 0; i < 300000; i++) {
+        int k = lcg(&s) % 2 ? (int)(lcg(&s) % 2000) : (int)(lcg(&s) % M);
+        obj *x = &o[k];
+        x->id = k;
+        if (x->pn.linked) {
+            policy_touch(&p, &x->pn);
+            continue;
+        }
+        while (live >= CAP) {
+            policy_node *v[4];
+            size_t got = policy_victims(&p, v, 4);
+            CHECK(got > 0);
+            for (size_t j = 0; j < got; j++) {
+                policy_note_evict(&p, v[j]);
+                policy_remove(&p, v[j]);
+                live--;
+            }
+        }
+        x->pinned = k % 97 == 0;
+        policy_admit(&p, &x->pn, (uint64_t)k * 0x9e3779b97f4a7c15ull + 1);
+        live++;
+        if (i % 50000 == 0)
+            check_ok(&p);
+    }
+    policy_stats st;
+    policy_get_stats(&p, &st);
+    CHECK_EQ(st.shadow_shift, 2u);
+    CHECK(st.shadow_bytes > 0 && st.shadow_bytes < 8u << 20);
+    check_ok(&p);
+    CHECK_EQ(policy_select(&p, "lru"), MEMOS_OK);
+    CHECK_EQ(policy_select(&p, "lru_lfu"), MEMOS_OK);
+    check_ok(&p);
+    policy_destroy(&p);
+}
+
 int main(void)
 {
     RUN(test_lru_order);
@@ -369,5 +486,9 @@ int main(void)
     RUN(test_simulate_basics);
     RUN(test_simulate_scan_pollution);
     RUN(test_simulate_shifting);
+    RUN(test_adaptive_recency_stream);
+    RUN(test_adaptive_frequency_streams);
+    RUN(test_adaptive_deterministic);
+    RUN(test_adaptive_live_with_shadow);
     return DONE("test_policy");
 }
