@@ -1095,6 +1095,24 @@ size_t policy_dump_ghosts(const policy *p, unsigned r, uint64_t *hash, uint8_t *
     return g->len;
 }
 
+unsigned policy_dump_expert(const policy *p)
+{
+    return p->expert;
+}
+
+int policy_restore_expert(policy *p, unsigned i)
+{
+    if (p->kind != POLICY_LRU_LFU)
+        return MEMOS_OK;                /* (only lru_lfu has settings) */
+    if (i >= POLICY_EXPERTS)
+        return MEMOS_EINVAL;
+    /* the setting in force comes back; its shadow copies start anew (their
+     * scores are not kept: they rebuild within one scoring window) */
+    p->expert = i;
+    p->mode = EXPERTS[i];
+    return MEMOS_OK;
+}
+
 double policy_dump_balance(const policy *p, uint64_t ghits[2])
 {
     ghits[0] = p->ghits[0];

@@ -142,6 +142,8 @@ size_t   policy_dump_list(const policy *p, int list, policy_node **out, size_t m
  * gets the ring's insertion count. */
 size_t   policy_dump_ghosts(const policy *p, unsigned r, uint64_t *hash, uint8_t *live,
                             size_t max, uint64_t *clock);
+unsigned policy_dump_expert(const policy *p);        /* lru_lfu: the setting in force */
+int    policy_restore_expert(policy *p, unsigned i);  /* MEMOS_OK, MEMOS_EINVAL; shadows start anew */
 double   policy_dump_balance(const policy *p, uint64_t ghits[2]);  /* pfrac; ghost hits */
 
 void     policy_restore_node(policy *p, policy_node *n, uint64_t hash, uint32_t freq, uint8_t ref);

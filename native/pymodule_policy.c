@@ -429,7 +429,8 @@ static PyObject *po_dump(PolicyObject *self, PyObject *noarg)
     }
     uint64_t hits[2];
     double pfrac = policy_dump_balance(&self->p, hits);
-    out = Py_BuildValue("{sssdsKsKsOsOsO}", "policy", self->p.name, "pfrac", pfrac,
+    out = Py_BuildValue("{sssdsIsKsKsOsOsO}", "policy", self->p.name, "pfrac", pfrac,
+                        "expert", policy_dump_expert(&self->p),
                         "ghost_hits_recency", (unsigned long long)hits[0],
                         "ghost_hits_frequency", (unsigned long long)hits[1],
                         "nodes", nodes, "lists", lists, "ghosts", ghosts);
@@ -551,6 +552,12 @@ static PyObject *restore_body(PolicyObject *self, PyObject *state)
     if (!get_u64(g0, &h0) || !get_u64(g1, &h1))
         return bad("ghost hits are not counts");
     uint64_t hits[2] = { h0, h1 };
+    PyObject *ex = PyDict_GetItemString(state, "expert");    /* (borrowed; older files lack it) */
+    if (ex) {
+        unsigned long long e;
+        if (!get_u64(ex, &e) || e > 1000 || policy_restore_expert(&self->p, (unsigned)e) != MEMOS_OK)
+            return bad("the setting in force is not one of the policy's");
+    }
     char why[256];
     if (policy_restore_finish(&self->p, PyFloat_AS_DOUBLE(pf), hits, why, sizeof why) != MEMOS_OK)
         return bad(why);
