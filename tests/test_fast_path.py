@@ -150,6 +150,30 @@ def test_small_files_are_created_and_opened_on_the_fast_path(make_mount):
     assert _settles(m)
 
 
+def test_truncate_on_the_fast_path(make_mount):
+    """ftruncate of a writer's slot (safetensors sets the length first) and
+    truncate(2) by path are answered on the spot with the same results:
+    the draft grows with zeros, shrinks, and a path truncate publishes."""
+    m = make_mount(capacity="64M")
+    os.makedirs(m.p("a", "s"))
+    path = m.p("a", "s", "t")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        before = m.stats()["fast_requests"]
+        os.ftruncate(fd, 3 * 4096 + 80)
+        assert os.fstat(fd).st_size == 3 * 4096 + 80
+        os.pwrite(fd, b"head", 0)
+        os.ftruncate(fd, 4096)
+        assert os.pread(fd, 8192, 0) == b"head" + bytes(4092)
+        assert m.stats()["fast_requests"] > before
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"head" + bytes(4092)
+    os.truncate(path, 2)
+    assert path.read_bytes() == b"he"
+    assert os.stat(path).st_size == 2
+
+
 def _settles(m) -> bool:
     """Releases reach the daemon after close(2) returns: wait for them."""
     import time

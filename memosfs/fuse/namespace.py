@@ -43,6 +43,17 @@ from memosfs.fuse.tenants import QUOTA_XATTR
 __all__ = ["NamespaceOps"]
 
 
+class _SizeOnlyFields:
+    """pyfuse3.SetattrFields of a setattr that changes the size alone."""
+
+    update_size = True
+    update_atime = update_mtime = update_ctime = update_mode = update_uid = \
+        update_gid = False
+
+
+_SIZE_ONLY = _SizeOnlyFields()
+
+
 class NamespaceOps(OpsCore):
     """Names and directories (see the module docstring)."""
 
@@ -109,6 +120,23 @@ class NamespaceOps(OpsCore):
             self._refused += 1
             log.exception("getattr failed; answering EIO")
             return -errno.EIO
+
+    def fast_truncate(self, inode: int, size: int, fh: int, uid: int, gid: int, pid: int):
+        """setattr of the size alone answered on the spot (attributes or
+        -errno), or None: a writer whose coherence hold must be upgraded
+        first may wait (and `.federated`, unknown inodes)."""
+        node = self.inodes.get(inode) if inode < FED_INO else None
+        if node is None:
+            return None
+        h = self.handles.get(fh) if fh >= 0 else None
+        if h is not None and (fh in self.fed.handles or (
+                h.kind == "write" and h.hold is not None
+                and not self.coherence.may_write(h.hold))):
+            return None
+        attr = pyfuse3.EntryAttributes()
+        attr.st_size = size
+        return self._run_now(self.setattr(inode, attr, _SIZE_ONLY, None if fh < 0 else fh,
+                                          FastCtx(uid, gid, pid)))
 
     async def forget(self, inode_list):
         """The kernel dropped `nlookup` references to each inode."""

@@ -94,21 +94,6 @@ class OpenOps(OpsCore):
         return self._run_now(self.create(parent_inode, name, mode, flags,
                                          FastCtx(uid, gid, pid, umask)))
 
-    def _run_now(self, coro):
-        """A handler's coroutine that the checks say cannot wait: one send
-        finishes it; -errno for a refusal."""
-        try:
-            coro.send(None)
-        except StopIteration as done:
-            return done.value
-        except pyfuse3.FUSEError as e:
-            return -e.errno
-        # it waited after all: the checks missed a way to wait (a bug)
-        coro.close()
-        self._refused += 1
-        log.error("internal check failed: a handler waited on the fast path; answering EIO")
-        return -errno.EIO
-
     async def create(self, parent_inode, name, mode, flags, ctx):
         """A new slot in a session (or a directory below one), open for
         writing; it is published (as an empty or written version) by the

@@ -161,9 +161,11 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
             _fuseshim.install_fast(self.fast_write, self.fast_read, self.fast_getxattr,
                                    self.fast_flush, self.fast_release, self.fast_getattr,
                                    self.fast_lookup, self.fast_open, self.fast_create,
-                                   poll_us * 1000, BURST_MAX if poll_us else 0)
+                                   self.fast_truncate, poll_us * 1000,
+                                   BURST_MAX if poll_us else 0)
         else:
-            _fuseshim.install_fast(None, None, None, None, None, None, None, None, None, 0, 0)
+            _fuseshim.install_fast(None, None, None, None, None, None, None, None, None, None,
+                                   0, 0)
 
     def tree_counts(self) -> tuple[int, int]:
         """(agents, sessions) in the tree."""

@@ -561,6 +561,36 @@ static void shim_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
     pyfuse3_lookup(req, parent, name);
 }
 
+/* setattr of the size alone (ftruncate, truncate(2); safetensors sets a
+ * file's length before writing it): answered on the spot when the callable
+ * says nothing can wait.  Any other setattr goes to pyfuse3. */
+static PyObject *fast_truncate_cb;             /* owned; GIL */
+static void (*pyfuse3_setattr)(fuse_req_t, fuse_ino_t, struct stat *, int,
+                               struct fuse_file_info *);
+
+static void shim_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+                         struct fuse_file_info *fi)
+{
+    int done = 0;
+    if (fast_truncate_cb && to_set == FUSE_SET_ATTR_SIZE) {
+        const struct fuse_ctx *ctx = fuse_req_ctx(req);
+        PyGILState_STATE g = PyGILState_Ensure();
+        PyObject *r = PyObject_CallFunction(fast_truncate_cb, "KLLIIi", (unsigned long long)ino,
+                                            (long long)attr->st_size,
+                                            fi ? (long long)fi->fh : -1LL,
+                                            (unsigned)ctx->uid, (unsigned)ctx->gid,
+                                            (int)ctx->pid);
+        done = fast_entry(fast_truncate_cb, r, req, 0);
+        PyGILState_Release(g);
+    }
+    answered = done;
+    if (done) {
+        burst();
+        return;
+    }
+    pyfuse3_setattr(req, ino, attr, to_set, fi);
+}
+
 /* getxattr: the kernel asks for security.capability before every write(2)
  * (file_remove_privs), so a writer's stream of small writes is a stream of
  * pairs; answered here, both halves stay off pyfuse3's path. */
@@ -810,6 +840,10 @@ struct fuse_session *fuse_session_new(struct fuse_args *args,
         pyfuse3_write_buf = shim_ops.write_buf;
         shim_ops.write_buf = shim_write_buf;
     }
+    if (shim_ops.setattr) {
+        pyfuse3_setattr = shim_ops.setattr;
+        shim_ops.setattr = shim_setattr;
+    }
     if (shim_ops.getattr) {
         pyfuse3_getattr = shim_ops.getattr;
         shim_ops.getattr = shim_getattr;
@@ -861,11 +895,11 @@ static PyObject *py_install(PyObject *self, PyObject *args)
 static PyObject *py_install_fast(PyObject *self, PyObject *args)
 {
     PyObject *w, *r, *x = Py_None, *fl = Py_None, *re = Py_None, *ga = Py_None,
-             *lk = Py_None, *op = Py_None, *cr = Py_None;
+             *lk = Py_None, *op = Py_None, *cr = Py_None, *tr = Py_None;
     long poll_ns = burst_poll_ns;
     int bmax = burst_max;
-    if (!PyArg_ParseTuple(args, "OO|OOOOOOOli", &w, &r, &x, &fl, &re, &ga, &lk, &op, &cr,
-                          &poll_ns, &bmax))
+    if (!PyArg_ParseTuple(args, "OO|OOOOOOOOli", &w, &r, &x, &fl, &re, &ga, &lk, &op, &cr,
+                          &tr, &poll_ns, &bmax))
         return NULL;
     if (poll_ns < 0 || poll_ns > 999999999L || bmax < 0) {
         PyErr_SetString(PyExc_ValueError, "poll_ns in [0, 1e9), burst_max >= 0");
@@ -880,6 +914,7 @@ static PyObject *py_install_fast(PyObject *self, PyObject *args)
     Py_XSETREF(fast_lookup_cb, lk == Py_None ? NULL : Py_NewRef(lk));
     Py_XSETREF(fast_open_cb, op == Py_None ? NULL : Py_NewRef(op));
     Py_XSETREF(fast_create_cb, cr == Py_None ? NULL : Py_NewRef(cr));
+    Py_XSETREF(fast_truncate_cb, tr == Py_None ? NULL : Py_NewRef(tr));
     burst_poll_ns = poll_ns;
     burst_max = bmax;
     Py_RETURN_NONE;
@@ -906,7 +941,7 @@ static PyMethodDef methods[] = {
      "call (None: off)."},
     {"install_fast", py_install_fast, METH_VARARGS,
      "install_fast(write, read[, getxattr[, flush[, release[, getattr[, lookup[, open[, "
-     "create[, poll_ns[, burst_max]]]]]]]]]): "
+     "create[, truncate[, poll_ns[, burst_max]]]]]]]]]]): "
      "the synchronous callables that answer these requests on the spot (None: off), and the burst settings."},
     {"fast_stats", py_fast_stats, METH_NOARGS,
      "Counts of requests answered on the spot, in bursts, and declined."},
