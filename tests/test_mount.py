@@ -280,7 +280,8 @@ def test_capacity_overflow_goes_to_ssd_by_lru(make_mount):
     for i in range(7, 10):
         (s / f"s{i}").write_bytes(bytes([i]) * MiB)
     st = m.stats()
-    assert st["evictions"] == 2 and st["evict_writebacks"] == 2
+    # the victims were written back, by eviction or ahead of it (memory 75% full)
+    assert st["evictions"] == 2 and st["evict_writebacks"] + st["clean_ahead"] >= 2
     assert sorted(os.listdir(s)) == [f"s{i}" for i in range(10)]   # both tiers listed
     tier = {n: os.getxattr(s / n, "user.memos.tier").decode() for n in os.listdir(s)}
     assert tier["s1"] == tier["s2"] == "ssd"
