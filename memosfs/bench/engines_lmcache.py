@@ -194,6 +194,7 @@ def run_worker(mode: str, backend: str, folder: str | os.PathLike, n_tokens: int
     """worker() in a child process (PYTHONHASHSEED=hashseed; None: unset)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("PYTHONHASHSEED", None)
+    env.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
     if hashseed is not None:
         env["PYTHONHASHSEED"] = hashseed
     cmd = [sys.executable, "-m", "memosfs.bench.engines_lmcache", "worker", "--mode", mode,
@@ -207,15 +208,27 @@ def run_worker(mode: str, backend: str, folder: str | os.PathLike, n_tokens: int
 
 
 def vllm_integration_error() -> str:
-    """What LMCache's vLLM integration says on this CPU machine (its own
-    words), or 'ok' if it constructs a connector."""
-    code = ("from lmcache.integration.vllm.vllm_v1_adapter import *  # noqa\n"
+    """What LMCache's vLLM integration says on this CPU machine: the
+    connector factory that LMCacheConnectorV1 calls
+    (lmcache.v1.gpu_connector.CreateGPUConnector(..., EngineType.VLLM)),
+    in its own words; 'ok' if it builds a connector."""
+    code = ("import torch\n"
+            "from lmcache.utils import EngineType\n"
+            "from lmcache.v1.config import LMCacheEngineConfig\n"
             "from lmcache.v1.gpu_connector import CreateGPUConnector\n"
-            "print('ok')\n")
+            "from lmcache.v1.metadata import LMCacheMetadata\n"
+            "md = LMCacheMetadata(model_name='m', world_size=1, local_world_size=1, worker_id=0,\n"
+            "    local_worker_id=0, kv_dtype=torch.float16, kv_shape=(30, 2, 256, 3, 64))\n"
+            "try:\n"
+            "    CreateGPUConnector(LMCacheEngineConfig.from_defaults(), md, EngineType.VLLM)\n"
+            "    print('ok')\n"
+            "except Exception as e:\n"
+            "    print(f'{type(e).__name__}: {e}')\n")
+    env = dict(os.environ, LMCACHE_LOG_LEVEL="ERROR")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300)
-    text = (r.stdout + r.stderr).strip()
-    return text.splitlines()[-1] if text else f"rc={r.returncode}"
+                       timeout=300, env=env)
+    lines = r.stdout.strip().splitlines()
+    return lines[-1] if lines else f"rc={r.returncode}: {r.stderr.strip()[-300:]}"
 
 
 # ---------------------------------------------------------------- the benchmark
@@ -278,6 +291,7 @@ def bench_lmcache(n_tokens: int = 1536, mount: Optional[str] = None) -> dict:
                                      "retrieved_other_process": r["retrieved"],
                                      "tokens_identical": s["checksums_ok"]}
     res["tokens_identical"] = ok
+    res["vllm_integration"] = vllm_integration_error()
     if "fs_tmpfs" in res:
         res["save_ratio_vs_tmpfs"] = res["fs_memosfs"]["save_s"] / max(res["fs_tmpfs"]["save_s"], 1e-9)
         res["load_ratio_vs_tmpfs"] = res["fs_memosfs"]["load_s"] / max(res["fs_tmpfs"]["load_s"], 1e-9)
