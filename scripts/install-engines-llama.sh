@@ -74,7 +74,7 @@ if want llama-server && [ ! -x "$DIR/bin/llama-server" ]; then
       -DLLAMA_CURL=OFF
     SBUILD=$BUILD-server
   else
-    cmake -B "$BUILD" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+    cmake -S "$SRC" -B "$BUILD" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
       -DLLAMA_USE_PREBUILT_UI=OFF >/dev/null
     SBUILD=$BUILD
   fi

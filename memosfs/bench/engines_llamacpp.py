@@ -169,7 +169,7 @@ def worker(mode: str, path: Optional[str], n_tokens: int, gen: int, threads: int
 
 
 def run_worker(mode: str, path: Optional[str | os.PathLike] = None, n_tokens: int = 1536,
-               gen: int = 16, threads: int = 2, timeout: float = 600) -> dict:
+               gen: int = 16, threads: int = 1, timeout: float = 600) -> dict:
     """worker() in a child process; its JSON answer."""
     cmd = [sys.executable, "-m", "memosfs.bench.engines_llamacpp", "worker", "--mode", mode,
            "--tokens", str(n_tokens), "--gen", str(gen), "--threads", str(threads)]
@@ -213,7 +213,7 @@ def _places(mount: Optional[str]) -> Iterator[dict[str, Path]]:
             shutil.rmtree(shm, ignore_errors=True)
 
 
-def bench_llamacpp(n_tokens: int = 1536, gen: int = 16, threads: int = 2,
+def bench_llamacpp(n_tokens: int = 1536, gen: int = 16, threads: int = 1,
                    mount: Optional[str] = None) -> dict:
     """llama-cpp-python: TTFT with no cache and restored from a state file on
     tmpfs, the local disk and memosfs (each restore a fresh process); save and
@@ -261,7 +261,7 @@ class Server:
     """llama-server on loopback with --slot-save-path DIR (one slot, greedy);
     stop() ends it by its pid."""
 
-    def __init__(self, slot_dir: str | os.PathLike, n_ctx: int = 2048, threads: int = 2,
+    def __init__(self, slot_dir: str | os.PathLike, n_ctx: int = 2048, threads: int = 1,
                  log: Optional[str | os.PathLike] = None, timeout: float = 120) -> None:
         binary = server_binary()
         if binary is None:
@@ -378,7 +378,7 @@ def _server_cycle(folder: Path, prompt: list[int], gen: int, threads: int,
     return out
 
 
-def bench_llama_server(n_tokens: int = 1536, gen: int = 16, threads: int = 2,
+def bench_llama_server(n_tokens: int = 1536, gen: int = 16, threads: int = 1,
                        mount: Optional[str] = None) -> dict:
     """llama-server with --slot-save-path on tmpfs, the local disk and a
     memosfs session: the cold prompt, slot save and restore (ms, as the
@@ -423,11 +423,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     w.add_argument("--path")
     w.add_argument("--tokens", type=int, default=1536)
     w.add_argument("--gen", type=int, default=16)
-    w.add_argument("--threads", type=int, default=2)
+    w.add_argument("--threads", type=int, default=1)
     b = sub.add_parser("bench", help="both benchmarks, one JSON object")
     b.add_argument("--tokens", type=int, default=1536)
     b.add_argument("--gen", type=int, default=16)
-    b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--threads", type=int, default=1)
     b.add_argument("--server", action="store_true", help="llama-server too")
     a = ap.parse_args(argv)
     if a.cmd == "worker":
