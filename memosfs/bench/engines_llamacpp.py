@@ -368,6 +368,8 @@ def _server_cycle(folder: Path, prompt: list[int], gen: int, threads: int,
         out["warm_wall_s"] = time.perf_counter() - t0
         out["warm_prompt_n"] = warm["timings"]["prompt_n"]
         out["warm_prompt_ms"] = warm["timings"]["prompt_ms"]
+        # time to first token with the cache: the restore, then the prompt's last token
+        out["ttft_s"] = (out["restore_ms"] + out["warm_prompt_ms"]) / 1000
         out["tokens_identical"] = (warm.get("tokens") == cold.get("tokens")
                                    and warm["content"] == cold["content"])
         out["tokens"] = cold.get("tokens")
