@@ -138,6 +138,8 @@
 #define SHADOW_EVERY    32u     /* sampled accesses between two choices */
 #define DEMOTE_STEPS    2u      /* gadmit 3: clock steps one ghost hit may take */
 #define SHADOW_SALT     0x9e3779b97f4a7c15ull
+#define SWITCH_SIGMA    3.0     /* a switch needs a lead of this many standard errors */
+#define SWITCH_SETTLE   1.25    /* ... and of this many times the live cache's lag behind its setting */
 
 /* The candidate settings (policy.h: policy_expert).  Index 0 is plain LRU,
  * so the shadow always knows what LRU would have hit. */
@@ -169,7 +171,7 @@ static void     ghost_add(policy *p, unsigned r, uint64_t h);
 static int      ghost_grow_table(policy *p);
 static int      ghost_grow_ring(ghost_ring *g);
 static size_t   ghost_target(const policy *p, unsigned r);
-static void     shadow_access(policy *p, uint64_t h);
+static void     shadow_access(policy *p, uint64_t h, int hit);
 static int      demote_one(policy *p, unsigned steps);
 static void     shadow_free(policy *p);
 static uint64_t shadow_bytes(const policy *p);
@@ -280,7 +282,7 @@ void policy_admit(policy *p, policy_node *n, uint64_t hash)
     }
     flink_after(&p->seg[n->seg], n);
     p->nseg[n->seg]++;
-    shadow_access(p, n->hash);
+    shadow_access(p, n->hash, 0);
 }
 
 void policy_touch(policy *p, policy_node *n)
@@ -305,7 +307,7 @@ void policy_touch(policy *p, policy_node *n)
             n->ref++;
         }
         flink_after(&p->seg[POLICY_PROTECTED], n);
-        shadow_access(p, n->hash);
+        shadow_access(p, n->hash, 1);
     }
 }
 
@@ -533,6 +535,10 @@ struct policy_shadow {
     unsigned    shift;    /* a key is sampled when 2^shift divides its remixed hash */
     uint64_t    samples;  /* sampled accesses */
     shadow_copy c[POLICY_EXPERTS];
+    double      dis[POLICY_EXPERTS][POLICY_EXPERTS];
+    double      m1[POLICY_EXPERTS][POLICY_EXPERTS], m2[POLICY_EXPERTS][POLICY_EXPERTS];
+    double      window;
+    double      live;     /* the live policy's hits on sampled accesses, decayed as score */  /* i < j: decayed count of accesses one hit, the other not */
 };
 
 static int sampled(uint64_t h, unsigned shift)
@@ -638,15 +644,38 @@ static void shadow_halve(struct policy_shadow *s)
     }
 }
 
+/* Ties (copies that hit exactly alike over the window, as when every
+ * setting holds the working set) go to the first of this order: the
+ * LIRS-like settings first, which keep a loop that outgrows the cache (and
+ * lose nothing while the working set fits), the plain-LRU setting last. */
+static const unsigned TIE_ORDER[POLICY_EXPERTS] = { 3, 5, 2, 4, 1, 0 };
+
+/* Take the best-scoring expert if its lead over the one in force is real
+ * and worth a switch:
+ *   - more than 1% + 1 (near-ties stay);
+ *   - more than SWITCH_SIGMA standard errors: the two copies' scores differ
+ *     only on accesses where one hit and the other missed; if neither were
+ *     better, each such access would go either way, so the lead of a mere
+ *     fluctuation is about sqrt(disagreements) (a sign test);
+ *   - more than SWITCH_SETTLE times what the live cache still trails the
+ *     copy of the setting in force: a switch costs hits while the live
+ *     state (segments, refs, ghosts built under the old setting) settles,
+ *     and while the last switch has not paid off, the next one must win by
+ *     more than it cost. */
 static void shadow_choose(policy *p)
 {
     struct policy_shadow *s = p->shadow;
     unsigned best = p->expert;
-    for (unsigned e = 0; e < POLICY_EXPERTS; e++)
-        if (s->c[e].score > s->c[best].score)
-            best = e;
-    double cur = s->c[p->expert].score;
-    if (best == p->expert || s->c[best].score <= cur * 1.01 + 1.0)
+    for (unsigned o = 0; o < POLICY_EXPERTS; o++)
+        if (s->c[TIE_ORDER[o]].score > s->c[best].score)
+            best = TIE_ORDER[o];
+    if (best == p->expert)
+        return;
+    double cur = s->c[p->expert].score, lead = s->c[best].score - cur;
+    unsigned i = best < p->expert ? best : p->expert, j = best ^ p->expert ^ i;
+    double settle = cur - s->live;
+    if (lead <= cur * 0.01 + 1.0 || lead * lead <= SWITCH_SIGMA * SWITCH_SIGMA * s->dis[i][j] ||
+        lead <= SWITCH_SETTLE * (settle > 0 ? settle : 0))
         return;
     p->expert = best;
     p->mode = EXPERTS[best];
@@ -655,7 +684,7 @@ static void shadow_choose(policy *p)
 }
 
 /* Every access of the live policy (an admit or a touch) under lru_lfu. */
-static void shadow_access(policy *p, uint64_t h)
+static void shadow_access(policy *p, uint64_t h, int live_hit)
 {
     if (p->fixed || p->kind != POLICY_LRU_LFU)
         return;
@@ -675,8 +704,15 @@ static void shadow_access(policy *p, uint64_t h)
     cap = cap < 1 ? 1 : cap > SHADOW_CAP ? SHADOW_CAP : cap;
     double window = 2.0 * (double)cap;
     double decay = 1.0 - 1.0 / (window < SHADOW_WINDOW ? SHADOW_WINDOW : window);
-    for (unsigned e = 0; e < POLICY_EXPERTS; e++)
-        s->c[e].score = s->c[e].score * decay + copy_access(&s->c[e], h, cap);
+    s->live = s->live * decay + live_hit;
+    int hit[POLICY_EXPERTS];
+    for (unsigned e = 0; e < POLICY_EXPERTS; e++) {
+        hit[e] = copy_access(&s->c[e], h, cap);
+        s->c[e].score = s->c[e].score * decay + hit[e];
+    }
+    for (unsigned i = 0; i < POLICY_EXPERTS; i++)
+        for (unsigned j = i + 1; j < POLICY_EXPERTS; j++)
+            s->dis[i][j] = s->dis[i][j] * decay + (hit[i] != hit[j]);
     if (++s->samples % SHADOW_EVERY == 0)
         shadow_choose(p);
 }
