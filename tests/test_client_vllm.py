@@ -82,10 +82,8 @@ def test_a_slot_of_another_model_is_refused(tmp_path):
     assert len(refused) == 5 and "model: expected 'org/model', found 'other/model'" in refused[0][1]
 
 
-torch = pytest.importorskip("torch")
-
-
 def test_agent_loads_the_chain_as_one_cache(tmp_path):
+    torch = pytest.importorskip("torch")
     tokens = list(range(1, 41))
     pairs = blocks_kv(40)
     save_blocks(tmp_path, tokens, pairs, 8, upto=4)
@@ -98,8 +96,31 @@ def test_agent_loads_the_chain_as_one_cache(tmp_path):
 
 
 def test_agent_refuses_another_models_blocks(tmp_path):
+    pytest.importorskip("torch")
     tokens = list(range(1, 41))
     save_blocks(tmp_path, tokens, blocks_kv(40), 8)
     with pytest.raises(kv.KVMismatch) as e:
         mv.load_prefix(tmp_path, tokens, model=dict(EXPECT, layers="30"), block=8)
     assert e.value.field == "layers" and e.value.found == "3"
+
+
+def test_pages_round_trip_in_the_cpu_backend_layout():
+    """vLLM's CPU cache [pages, H, P, 2D] seen as [pages, H, 2P, D]: a block
+    written into pages 5 and 2 comes back whole; other pages are untouched; a
+    layout of another backend is refused."""
+    torch = pytest.importorskip("torch")
+    P = 4
+    cache = torch.zeros(8, H, P, 2 * D)
+    view = mv.page_view(cache, P, H, D)
+    k = torch.randn(H, 2 * P, D)
+    v = torch.randn(H, 2 * P, D)
+    mv._to_pages(view, [5, 2], k, v, P)
+    got = mv._from_pages(view, [5, 2])                       # [2, H, 2P, D]
+    assert torch.equal(got[:, :, :P].transpose(0, 1).reshape(H, 2 * P, D), k)
+    assert torch.equal(got[:, :, P:].transpose(0, 1).reshape(H, 2 * P, D), v)
+    # the backend's own reading: keys are rows :P of each (page, head) tile
+    assert torch.equal(cache.view(8, H, 2 * P, D)[5, :, :P], k[:, :P])
+    assert int(torch.count_nonzero(cache[[0, 1, 3, 4, 6, 7]])) == 0
+    with pytest.raises(ValueError, match="unsupported paged KV layout"):
+        mv.page_view(torch.zeros(2, 8, P, H, D), P, H, D)
+    assert mv.layer_index("model.layers.17.self_attn.attn") == 17

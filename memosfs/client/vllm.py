@@ -206,6 +206,27 @@ def page_view(kv_layer: Any, block_size: int, kv_heads: int, head_dim: int) -> A
         f"[pages, {kv_heads}, {block_size}, {2 * head_dim}]")
 
 
+def _to_pages(view: Any, pages: list[int], k: Any, v: Any, P: int) -> None:
+    """Write keys and values [H, n, D] (n = len(pages) * P) into the pages of a
+    page_view, one page and head at a time: copies small enough that torch runs
+    them on the calling thread (no thread pool of its own beside the engine's)."""
+    for j, pg in enumerate(pages):
+        for h in range(view.shape[1]):
+            view[pg, h, :P].copy_(k[h, j * P:(j + 1) * P])
+            view[pg, h, P:].copy_(v[h, j * P:(j + 1) * P])
+
+
+def _from_pages(view: Any, pages: list[int]) -> Any:
+    """A copy of the given pages of a page_view: [len(pages), H, 2P, D]."""
+    import torch
+
+    out = torch.empty((len(pages),) + tuple(view.shape[1:]), dtype=view.dtype)
+    for j, pg in enumerate(pages):
+        for h in range(view.shape[1]):
+            out[j, h].copy_(view[pg, h])
+    return out
+
+
 def layer_index(name: str) -> int:
     """model.layers.7.self_attn.attn -> 7"""
     m = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
@@ -497,20 +518,14 @@ def _build_class():
                 if hi <= lo:
                     continue
                 # lo and hi are page aligned (starts are multiples of block_tokens)
-                pages = torch.tensor(spec.block_ids[lo // P:hi // P], dtype=torch.long)
-                npg = hi // P - lo // P
+                pages = spec.block_ids[lo // P:hi // P]
+                a = lo - piece.start
                 with safe_open(piece.path, framework="pt") as f:
                     for li, view in views.items():
-                        k = f.get_slice(f"layers.{li}.key")[:, :, lo - piece.start:
-                                                            hi - piece.start, :]
-                        v = f.get_slice(f"layers.{li}.value")[:, :, lo - piece.start:
-                                                              hi - piece.start, :]
+                        k = f.get_slice(f"layers.{li}.key")[:, :, a:a + hi - lo, :]
+                        v = f.get_slice(f"layers.{li}.value")[:, :, a:a + hi - lo, :]
                         nbytes += k.numel() * k.element_size() * 2
-                        # [1, H, n, D] -> [pages, H, P, D]
-                        k = k[0].reshape(self.kv_heads, npg, P, self.head_dim).transpose(0, 1)
-                        v = v[0].reshape(self.kv_heads, npg, P, self.head_dim).transpose(0, 1)
-                        view[pages, :, :P, :] = k.to(view.dtype)
-                        view[pages, :, P:, :] = v.to(view.dtype)
+                        _to_pages(view, pages, k[0].to(view.dtype), v[0].to(view.dtype), P)
             return nbytes
 
         def wait_for_layer_load(self, layer_name):
@@ -526,9 +541,9 @@ def _build_class():
                 view = self._kv[li] = page_view(kv_layer, self.page, self.kv_heads,
                                                 self.head_dim)
             for spec in meta.saves:
-                pages = torch.tensor(spec.block_ids, dtype=torch.long)
-                # a copy (index_select): the pages may be reused once the step is over
-                self._gathered.setdefault((spec.req_id, spec.name), {})[li] = view[pages]
+                # a copy: the pages may be reused once the step is over
+                self._gathered.setdefault((spec.req_id, spec.name), {})[li] = \
+                    _from_pages(view, spec.block_ids)
 
         def wait_for_save(self):
             meta = self._get_connector_metadata()
@@ -557,9 +572,15 @@ def _build_class():
                 pairs = []
                 for li in range(self.layers):
                     g = got[li]                                      # [pages, H, 2P, D]
-                    k = g[:, :, :P, :].transpose(0, 1).reshape(1, self.kv_heads, B, self.head_dim)
-                    v = g[:, :, P:, :].transpose(0, 1).reshape(1, self.kv_heads, B, self.head_dim)
-                    pairs.append((k, v))
+                    if g.dtype in (torch.float32, torch.float16):
+                        g = g.numpy()               # numpy: no thread pool beside vLLM's
+                        k = g[:, :, :P, :].transpose(1, 0, 2, 3)
+                        v = g[:, :, P:, :].transpose(1, 0, 2, 3)
+                    else:
+                        k = g[:, :, :P, :].transpose(0, 1)
+                        v = g[:, :, P:, :].transpose(0, 1)
+                    shape = (1, self.kv_heads, B, self.head_dim)
+                    pairs.append((k.reshape(shape), v.reshape(shape)))
                 path = os.path.join(self.path, spec.name)
                 kv.save_kv(path, pairs, model_id=self.model_id, prefix_hash=spec.name,
                            tokens=B, block=B,
@@ -567,7 +588,7 @@ def _build_class():
                                        "page_tokens": P})
                 dt = time.perf_counter() - t0
                 STATS["saves"] += 1
-                STATS["save_bytes"] += sum(k.numel() * k.element_size() * 2 for k, _ in pairs)
+                STATS["save_bytes"] += sum(int(k.nbytes) * 2 for k, _ in pairs)
                 STATS["save_s"] += dt
             return job
 
