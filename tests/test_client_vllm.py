@@ -105,9 +105,9 @@ def test_agent_refuses_another_models_blocks(tmp_path):
 
 
 def test_pages_round_trip_in_the_cpu_backend_layout():
-    """vLLM's CPU cache [pages, H, P, 2D] seen as [pages, H, 2P, D]: a block
-    written into pages 5 and 2 comes back whole; other pages are untouched; a
-    layout of another backend is refused."""
+    """vLLM's CPU cache [pages, H, P, 2D] seen as [pages, H, 2P, D], keys
+    transposed in each tile: a block written into pages 5 and 2 comes back whole;
+    other pages are untouched; a layout of another backend is refused."""
     torch = pytest.importorskip("torch")
     P = 4
     cache = torch.zeros(8, H, P, 2 * D)
@@ -116,10 +116,14 @@ def test_pages_round_trip_in_the_cpu_backend_layout():
     v = torch.randn(H, 2 * P, D)
     mv._to_pages(view, [5, 2], k, v, P)
     got = mv._from_pages(view, [5, 2])                       # [2, H, 2P, D]
-    assert torch.equal(got[:, :, :P].transpose(0, 1).reshape(H, 2 * P, D), k)
-    assert torch.equal(got[:, :, P:].transpose(0, 1).reshape(H, 2 * P, D), v)
-    # the backend's own reading: keys are rows :P of each (page, head) tile
-    assert torch.equal(cache.view(8, H, 2 * P, D)[5, :, :P], k[:, :P])
+    k2, v2 = mv._pages_to_kv(got, P)
+    assert torch.equal(k2[0], k) and torch.equal(v2[0], v)
+    k3, v3 = mv._pages_to_kv(got.numpy(), P)
+    assert np.array_equal(k3[0], k.numpy()) and np.array_equal(v3[0], v.numpy())
+    # the backend's own reading: a tile holds K^T [D, P], then V [P, D]
+    tile = cache[5].reshape(H, 2 * P * D)
+    assert torch.equal(tile[:, :P * D].reshape(H, D, P), k[:, :P].transpose(1, 2))
+    assert torch.equal(tile[:, P * D:].reshape(H, P, D), v[:, :P])
     assert int(torch.count_nonzero(cache[[0, 1, 3, 4, 6, 7]])) == 0
     with pytest.raises(ValueError, match="unsupported paged KV layout"):
         mv.page_view(torch.zeros(2, 8, P, H, D), P, H, D)

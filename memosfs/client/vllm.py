@@ -41,11 +41,14 @@ logs an error naming the slot and the field, recomputes instead, and does not
 overwrite it (`STATS["refused"]` counts them); `load_prefix` raises
 memosfs.client.kv.KVMismatch.
 
-Layouts.  vLLM's CPU attention backend keeps each layer's paged cache as
-[num_blocks, kv_heads, block_size, 2 * head_size], viewed by the backend as
-[num_blocks, kv_heads, 2 * block_size, head_size] with a page's keys in rows
-0..block_size-1 and its values in the next block_size rows; keys are stored after
-RoPE, as transformers' cache holds them.  Other layouts are refused at start.
+Layouts.  vLLM's CPU attention backend (CPU_ATTN, its "vec" kernels: fp32/fp16, or
+bf16 without AMX) keeps each layer's paged cache as [num_pages, kv_heads,
+page_tokens, 2 * head_size]; within each (page, head) tile the first
+page_tokens * head_size numbers are the keys transposed, [head_size, page_tokens],
+and the next ones the values, [page_tokens, head_size].  Keys are stored after
+RoPE, as transformers' cache holds them.  Another shape is refused when the caches
+are registered, and another kernel family (AMX's bf16 tiles, vec16) when the first
+layer is seen: the connector then logs why and stays off (no loads, no saves).
 
 This module imports without vLLM (the connector class is built on first use), so
 agents use `load_prefix` from the project's own environment.
@@ -73,6 +76,9 @@ PRODUCER = "vllm"
 # Counters of this process's connectors (scheduler and worker sides share them when
 # vLLM runs in one process, VLLM_ENABLE_V1_MULTIPROCESSING=0).
 STATS: dict[str, Any] = {}
+# Set (with "reason") when the worker finds a paged layout it cannot map; the
+# scheduler then matches nothing (one process: VLLM_ENABLE_V1_MULTIPROCESSING=0).
+DISABLED: dict[str, str] = {}
 
 
 def reset_stats() -> None:
@@ -206,14 +212,33 @@ def page_view(kv_layer: Any, block_size: int, kv_heads: int, head_dim: int) -> A
         f"[pages, {kv_heads}, {block_size}, {2 * head_dim}]")
 
 
+SUPPORTED_ISA = ("vec",)
+
+
 def _to_pages(view: Any, pages: list[int], k: Any, v: Any, P: int) -> None:
     """Write keys and values [H, n, D] (n = len(pages) * P) into the pages of a
-    page_view, one page and head at a time: copies small enough that torch runs
-    them on the calling thread (no thread pool of its own beside the engine's)."""
+    page_view (keys transposed, module doc), one page and head at a time: copies
+    small enough that torch runs them on the calling thread (no thread pool of its
+    own beside the engine's)."""
+    D = view.shape[-1]
     for j, pg in enumerate(pages):
         for h in range(view.shape[1]):
-            view[pg, h, :P].copy_(k[h, j * P:(j + 1) * P])
+            view[pg, h, :P].view(D, P).copy_(k[h, j * P:(j + 1) * P].t())
             view[pg, h, P:].copy_(v[h, j * P:(j + 1) * P])
+
+
+def _pages_to_kv(g: Any, P: int) -> tuple[Any, Any]:
+    """Copied pages [n_pages, H, 2P, D] (numpy or torch) -> keys, values
+    [1, H, n_pages * P, D] in transformers' layout."""
+    n, H, _, D = g.shape
+    k = g[:, :, :P, :].reshape(n, H, D, P)                  # K^T per tile
+    if hasattr(k, "permute"):
+        k = k.permute(1, 0, 3, 2)
+        v = g[:, :, P:, :].permute(1, 0, 2, 3)
+    else:
+        k = k.transpose(1, 0, 3, 2)
+        v = g[:, :, P:, :].transpose(1, 0, 2, 3)
+    return k.reshape(1, H, n * P, D), v.reshape(1, H, n * P, D)
 
 
 def _from_pages(view: Any, pages: list[int]) -> Any:
@@ -353,6 +378,7 @@ def _build_class():
             self._gathered: dict[tuple[str, str], dict[int, Any]] = {}
             self._writer: _Writer | None = None
             self._load_errors: set[int] = set()
+            self._isa: str | None = None
             log.info("memosfs connector: %s, %d-token slots, model %s", self.path,
                      self.block, self.model_id)
 
@@ -373,7 +399,7 @@ def _build_class():
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
             tokens = list(request.prompt_token_ids or [])
-            if len(tokens) < 2 or getattr(request, "mm_features", None):
+            if len(tokens) < 2 or getattr(request, "mm_features", None) or DISABLED:
                 return 0, False
             covered, pieces = self._plan(tokens)
             # vLLM computes at least the last prompt token; loads end on a page boundary.
@@ -480,12 +506,34 @@ def _build_class():
                                                             self.head_dim)
             return self._kv
 
+        def _layout_ok(self, forward_context) -> bool:
+            """The attention kernels' family, checked once (module doc)."""
+            if self._isa is None:
+                isas = {getattr(layer, "isa", None)
+                        for layer in forward_context.no_compile_layers.values()
+                        if getattr(layer, "kv_cache", None) is not None}
+                isas.discard(None)
+                self._isa = ",".join(sorted(isas)) or "unknown"
+                if self._isa not in SUPPORTED_ISA:
+                    DISABLED["reason"] = (
+                        f"vLLM's CPU attention uses the {self._isa!r} kernels, whose paged "
+                        f"layout memosfs.client.vllm does not map (it maps {SUPPORTED_ISA})")
+                    log.error("memosfs: connector off: %s; nothing is loaded or saved",
+                              DISABLED["reason"])
+            return self._isa in SUPPORTED_ISA
+
         def start_load_kv(self, forward_context, **kwargs):
             meta = self._get_connector_metadata()
-            if not isinstance(meta, MemosConnectorMetadata) or not meta.loads:
+            if not isinstance(meta, MemosConnectorMetadata):
+                return
+            P = self.page
+            if not self._layout_ok(forward_context):
+                for spec in meta.loads:                       # vLLM recomputes them
+                    self._load_errors.update(spec.block_ids[spec.start // P:spec.end // P])
+                return
+            if not meta.loads:
                 return
             views = self._views(forward_context)
-            P = self.page
             for spec in meta.loads:
                 t0 = time.perf_counter()
                 try:
@@ -533,7 +581,8 @@ def _build_class():
 
         def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
             meta = self._get_connector_metadata()
-            if not isinstance(meta, MemosConnectorMetadata) or not meta.saves:
+            if not isinstance(meta, MemosConnectorMetadata) or not meta.saves \
+                    or self._isa not in SUPPORTED_ISA:
                 return
             li = layer_index(layer_name)
             view = self._kv.get(li)
@@ -547,7 +596,8 @@ def _build_class():
 
         def wait_for_save(self):
             meta = self._get_connector_metadata()
-            if not isinstance(meta, MemosConnectorMetadata) or not meta.saves:
+            if not isinstance(meta, MemosConnectorMetadata) or not meta.saves \
+                    or self._isa not in SUPPORTED_ISA:
                 return
             if self._writer is None and self.save_mode == "async":
                 self._writer = _Writer()
@@ -574,13 +624,7 @@ def _build_class():
                     g = got[li]                                      # [pages, H, 2P, D]
                     if g.dtype in (torch.float32, torch.float16):
                         g = g.numpy()               # numpy: no thread pool beside vLLM's
-                        k = g[:, :, :P, :].transpose(1, 0, 2, 3)
-                        v = g[:, :, P:, :].transpose(1, 0, 2, 3)
-                    else:
-                        k = g[:, :, :P, :].transpose(0, 1)
-                        v = g[:, :, P:, :].transpose(0, 1)
-                    shape = (1, self.kv_heads, B, self.head_dim)
-                    pairs.append((k.reshape(shape), v.reshape(shape)))
+                    pairs.append(_pages_to_kv(g, P))
                 path = os.path.join(self.path, spec.name)
                 kv.save_kv(path, pairs, model_id=self.model_id, prefix_hash=spec.name,
                            tokens=B, block=B,
