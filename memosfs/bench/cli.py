@@ -17,6 +17,7 @@ import importlib
 BENCHES = (
     ("io", False),
     ("clients", False),         # torch, safetensors optional (patterns skipped)
+    ("engines", False),         # the engines optional (reported skipped)
     ("persist", False),
     ("policy", False),
     ("native", False),
