@@ -295,6 +295,19 @@ class OpsCore:
 
     # ---- calls into the store ----
 
+    def _answer(self, what: str, fn, *args):
+        """A fast twin's answer: fn(*args), -errno for a refusal, -EIO (and
+        the log says why) for anything else; the daemon never dies on a
+        request."""
+        try:
+            return fn(*args)
+        except pyfuse3.FUSEError as e:
+            return -e.errno
+        except Exception:
+            self._refused += 1
+            log.exception("%s failed; answering EIO", what)
+            return -errno.EIO
+
     def _run_now(self, coro):
         """A handler's coroutine that the checks say cannot wait: one send
         finishes it; -errno for a refusal."""

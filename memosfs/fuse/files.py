@@ -136,14 +136,7 @@ class FileOps(OpsCore):
         if h.hold is not None and not self.coherence.may_write(h.hold):
             return None
         self._writeback = None
-        try:
-            return self._write_now(h, off, buf, bool(writepage))
-        except pyfuse3.FUSEError as e:
-            return -e.errno
-        except Exception:
-            self._refused += 1
-            log.exception("write failed; answering EIO")
-            return -errno.EIO
+        return self._answer("write", self._write_now, h, off, buf, bool(writepage))
 
     def fast_read(self, fh: int, off: int, size: int):
         """read(fh, off, size) answered on the spot, or None.  A reader of a
@@ -152,20 +145,14 @@ class FileOps(OpsCore):
         h = self.handles.get(fh)
         if h is None or h.kind == "pseudo" or fh in self.fed.handles:
             return None
-        try:
-            if h.kind == "read" and h.decoded is None and isinstance(h.ref, _native.Ref) \
-                    and size >= VIEW_READ_MIN and not (h.hold is not None and h.hold.revoked):
-                views = _views(h.ref, off, size)
-                if views is not None:
+        if h.kind == "read" and h.decoded is None and isinstance(h.ref, _native.Ref) \
+                and size >= VIEW_READ_MIN and not (h.hold is not None and h.hold.revoked):
+            views = self._answer("read", _views, h.ref, off, size)
+            if views is not None:
+                if isinstance(views, list):
                     self._read_requests += 1
-                    return views
-            return self._read_now(h, off, size)
-        except pyfuse3.FUSEError as e:
-            return -e.errno
-        except Exception:
-            self._refused += 1
-            log.exception("read failed; answering EIO")
-            return -errno.EIO
+                return views
+        return self._answer("read", self._read_now, h, off, size)
 
     def _fair_share(self, h: Handle, node: Slot, d: "_native.Draft", end: int) -> None:
         """Before a draft grows to end bytes: the writer's uid stays within
@@ -342,14 +329,9 @@ class FileOps(OpsCore):
         if h.kind == "write" and h.node.changed and h.node.latest() is not h.node:
             return None
         self._flusher = (fh, pid)
-        try:
-            job = self._flush_now(fh, h)
-        except pyfuse3.FUSEError as e:
-            return -e.errno
-        except Exception:
-            self._refused += 1
-            log.exception("flush failed; answering EIO")
-            return -errno.EIO
+        job = self._answer("flush", self._flush_now, fh, h)
+        if isinstance(job, int):
+            return job
         if job is not None:
             trio.lowlevel.spawn_system_task(self.pusher.run, job)
         return 0

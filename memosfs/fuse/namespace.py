@@ -34,7 +34,7 @@ from typing import Optional
 import pyfuse3
 
 from memosfs import _native
-from memosfs.fuse.core import FastCtx, OpsCore, log, refuse, tgid_of
+from memosfs.fuse.core import FastCtx, OpsCore, refuse, tgid_of
 from memosfs.fuse.fedtree import FED_INO
 from memosfs.fuse.nodes import (
     AGENT, CTL, NAME_MAX, ROOT, SESSION, SLOT_DIRS, SUBDIR, Dir, Node, Pseudo, Slot, now_ns)
@@ -91,35 +91,23 @@ class NamespaceOps(OpsCore):
         parent = self.inodes.get(parent_inode)
         if not isinstance(parent, Dir):
             return None
-        ctx = FastCtx(uid, gid, pid)
-        try:
-            n = self._name(name)
-            if n in (".", ".."):
-                return None
-            node = parent.children.get(n)
-            if node is None and parent.level in SLOT_DIRS and self.store.remote is not None:
-                return None
-            return self._found(parent, node, ctx)
-        except pyfuse3.FUSEError as e:
-            return -e.errno
-        except Exception:
-            self._refused += 1
-            log.exception("lookup failed; answering EIO")
-            return -errno.EIO
+        return self._answer("lookup", self._lookup_now, parent, name, FastCtx(uid, gid, pid))
+
+    def _lookup_now(self, parent: Dir, name: bytes, ctx):
+        n = self._name(name)
+        if n in (".", ".."):
+            return None
+        node = parent.children.get(n)
+        if node is None and parent.level in SLOT_DIRS and self.store.remote is not None:
+            return None                 # (the remote tier may know it: the handler asks)
+        return self._found(parent, node, ctx)
 
     def fast_getattr(self, inode: int, uid: int, gid: int, pid: int):
         """getattr answered on the spot, or None (`.federated`, unknown inodes)."""
         node = self.inodes.get(inode) if inode < FED_INO else None
         if node is None:
             return None
-        try:
-            return self._attr(node, FastCtx(uid, gid, pid))
-        except pyfuse3.FUSEError as e:
-            return -e.errno
-        except Exception:
-            self._refused += 1
-            log.exception("getattr failed; answering EIO")
-            return -errno.EIO
+        return self._answer("getattr", self._attr, node, FastCtx(uid, gid, pid))
 
     def fast_truncate(self, inode: int, size: int, fh: int, uid: int, gid: int, pid: int):
         """setattr of the size alone answered on the spot (attributes or

@@ -130,6 +130,16 @@ static int fast_int(PyObject *cb, PyObject *r, fuse_req_t req);
 static void burst(void);
 static int answered;
 
+/* After a shim handler's fast attempt: note whether the request was answered
+ * here and, if so, take the client's next requests (burst).  Returns done. */
+static int finish(int done)
+{
+    answered = done;
+    if (done)
+        burst();
+    return done;
+}
+
 static void shim_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     const struct fuse_ctx *ctx = fuse_req_ctx(req);
@@ -151,11 +161,8 @@ static void shim_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
             PyErr_WriteUnraisable(flush_note_cb);
     }
     PyGILState_Release(g);
-    answered = done;
-    if (done) {
-        burst();
+    if (finish(done))
         return;
-    }
     pyfuse3_flush(req, ino, fi);
 }
 
@@ -168,11 +175,8 @@ static void shim_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
         done = fast_int(fast_release_cb, r, req);
         PyGILState_Release(g);
     }
-    answered = done;
-    if (done) {
-        burst();
+    if (finish(done))
         return;
-    }
     pyfuse3_release(req, ino, fi);
 }
 
@@ -370,11 +374,8 @@ static void shim_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t s
     PyGILState_STATE g = PyGILState_Ensure();
     int done = fast_write(req, buf, size, off, fi);
     PyGILState_Release(g);
-    answered = done;
-    if (done) {
-        burst();
+    if (finish(done))
         return;
-    }
     note_write(fi, off);
     pyfuse3_write(req, ino, buf, size, off, fi);
 }
@@ -389,11 +390,8 @@ static void shim_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *b
         done = fast_write(req, (const char *)b->mem + bufv->off, b->size - bufv->off, off, fi);
         PyGILState_Release(g);
     }
-    answered = done;
-    if (done) {
-        burst();
+    if (finish(done))
         return;
-    }
     note_write(fi, off);
     pyfuse3_write_buf(req, ino, bufv, off, fi);
 }
@@ -410,11 +408,8 @@ static void shim_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         n_fast_reads += done;
         PyGILState_Release(g);
     }
-    answered = done;
-    if (done) {
-        burst();
+    if (finish(done))
         return;
-    }
     pyfuse3_read(req, ino, size, off, fi);
 }
 
@@ -531,11 +526,8 @@ static void shim_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
         done = fast_entry(fast_getattr_cb, r, req, 0);
         PyGILState_Release(g);
     }
-    answered = done;
-    if (done) {
-        burst();
+    if (finish(done))
         return;
-    }
     pyfuse3_getattr(req, ino, fi);
 }
 
@@ -553,11 +545,8 @@ static void shim_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
         done = fast_entry(fast_lookup_cb, r, req, 1);
         PyGILState_Release(g);
     }
-    answered = done;
-    if (done) {
-        burst();
+    if (finish(done))
         return;
-    }
     pyfuse3_lookup(req, parent, name);
 }
 
@@ -583,11 +572,8 @@ static void shim_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int 
         done = fast_entry(fast_truncate_cb, r, req, 0);
         PyGILState_Release(g);
     }
-    answered = done;
-    if (done) {
-        burst();
+    if (finish(done))
         return;
-    }
     pyfuse3_setattr(req, ino, attr, to_set, fi);
 }
 
@@ -628,11 +614,8 @@ static void shim_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size
         PyGILState_Release(g);
     }
     n_fast_xattrs += done;
-    answered = done;
-    if (done) {
-        burst();
+    if (finish(done))
         return;
-    }
     pyfuse3_getxattr(req, ino, name, size);
 }
 
@@ -738,11 +721,8 @@ static void shim_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         n_fast_other += done;
         PyGILState_Release(g);
     }
-    answered = done;
-    if (done) {
-        burst();
+    if (finish(done))
         return;
-    }
     fuse_req_interrupt_func(req, shim_interrupted,
                             (void *)(intptr_t)fuse_req_ctx(req)->pid);
     pyfuse3_open(req, ino, fi);
@@ -785,11 +765,8 @@ static void shim_create(fuse_req_t req, fuse_ino_t parent, const char *name, mod
         n_fast_other += done;
         PyGILState_Release(g);
     }
-    answered = done;
-    if (done) {
-        burst();
+    if (finish(done))
         return;
-    }
     fuse_req_interrupt_func(req, shim_interrupted,
                             (void *)(intptr_t)fuse_req_ctx(req)->pid);
     pyfuse3_create(req, parent, name, mode, fi);
