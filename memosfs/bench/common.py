@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 from memosfs.testing.daemon import Daemon, is_mounted, memos_mount, read_stats  # noqa: F401
@@ -82,6 +83,35 @@ def nullfs_mount() -> Iterator[tuple[str | None, str]]:
             proc.kill()
             proc.wait()
         os.rmdir(d)
+
+
+@contextlib.contextmanager
+def engine_places(mount: str | None, prefix: str = "memosfs-engines-"
+                  ) -> Iterator[dict[str, Path]]:
+    """Folders for an engine's files, the same bytes in each: "tmpfs"
+    (/dev/shm, when there), "disk" ($TMPDIR) and "memosfs" (MNT/agent/session
+    of `mount`, or of a fresh mount of 512M made here and stopped after)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    shm = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm")) \
+        if os.path.isdir("/dev/shm") else None
+    d = None
+    try:
+        if mount is None:
+            d = Daemon(tmp / "mnt", tmp / "ssd", tmp / "log", {"capacity": "512M"})
+            mount = str(d.path)
+        session = Path(mount) / "agent" / "session"
+        session.mkdir(parents=True, exist_ok=True)
+        (tmp / "disk").mkdir()
+        places = {"disk": tmp / "disk", "memosfs": session}
+        if shm is not None:
+            places["tmpfs"] = shm
+        yield places
+    finally:
+        if d is not None:
+            d.stop(lazy=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if shm is not None:
+            shutil.rmtree(shm, ignore_errors=True)
 
 
 def write_file(path: str | os.PathLike, block: memoryview, size: int) -> float:

@@ -26,7 +26,6 @@ May call: memosfs.testing (the model's path, the daemon).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -34,15 +33,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from memosfs.testing import models
-from memosfs.testing.daemon import Daemon
+from memosfs.bench.common import engine_places
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where `make engines-llama` leaves llama-server (scripts/install-engines-llama.sh).
@@ -186,31 +184,9 @@ def run_worker(mode: str, path: Optional[str | os.PathLike] = None, n_tokens: in
 
 # ---------------------------------------------------------------- mounts and places
 
-@contextlib.contextmanager
-def _places(mount: Optional[str]) -> Iterator[dict[str, Path]]:
-    """Folders for the state file: tmpfs (/dev/shm), the local disk ($TMPDIR)
-    and a memosfs session (MNT/agent/session; a fresh mount unless given)."""
-    tmp = Path(tempfile.mkdtemp(prefix="memosfs-engines-"))
-    shm = Path(tempfile.mkdtemp(prefix="memosfs-engines-", dir="/dev/shm")) \
-        if os.path.isdir("/dev/shm") else None
-    d = None
-    try:
-        if mount is None:
-            d = Daemon(tmp / "mnt", tmp / "ssd", tmp / "log", {"capacity": "512M"})
-            mount = str(d.path)
-        session = Path(mount) / "agent" / "session"
-        session.mkdir(parents=True, exist_ok=True)
-        (tmp / "disk").mkdir()
-        places = {"disk": tmp / "disk", "memosfs": session}
-        if shm is not None:
-            places["tmpfs"] = shm
-        yield places
-    finally:
-        if d is not None:
-            d.stop(lazy=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if shm is not None:
-            shutil.rmtree(shm, ignore_errors=True)
+def _places(mount: Optional[str]):
+    """tmpfs, the local disk and a memosfs session (memosfs/bench/common.py)."""
+    return engine_places(mount, "memosfs-engines-")
 
 
 def bench_llamacpp(n_tokens: int = 1536, gen: int = 16, threads: int = 1,

@@ -31,19 +31,16 @@ May call: memosfs.testing (the daemon).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
-from memosfs.testing.daemon import Daemon
+from memosfs.bench.common import engine_places
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_HINT = "make engines-llama"
@@ -233,29 +230,9 @@ def vllm_integration_error() -> str:
 
 # ---------------------------------------------------------------- the benchmark
 
-@contextlib.contextmanager
-def _places(mount: Optional[str]) -> Iterator[dict[str, Path]]:
-    tmp = Path(tempfile.mkdtemp(prefix="memosfs-lmcache-"))
-    shm = Path(tempfile.mkdtemp(prefix="memosfs-lmcache-", dir="/dev/shm")) \
-        if os.path.isdir("/dev/shm") else None
-    d = None
-    try:
-        if mount is None:
-            d = Daemon(tmp / "mnt", tmp / "ssd", tmp / "log", {"capacity": "512M"})
-            mount = str(d.path)
-        session = Path(mount) / "agent" / "session"
-        session.mkdir(parents=True, exist_ok=True)
-        (tmp / "disk").mkdir()
-        places = {"disk": tmp / "disk", "memosfs": session}
-        if shm is not None:
-            places["tmpfs"] = shm
-        yield places
-    finally:
-        if d is not None:
-            d.stop(lazy=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if shm is not None:
-            shutil.rmtree(shm, ignore_errors=True)
+def _places(mount: Optional[str]):
+    """tmpfs, the local disk and a memosfs session (memosfs/bench/common.py)."""
+    return engine_places(mount, "memosfs-lmcache-")
 
 
 def bench_lmcache(n_tokens: int = 1536, mount: Optional[str] = None) -> dict:

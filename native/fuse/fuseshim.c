@@ -248,9 +248,11 @@ static int burst_depth;                        /* > 0 inside burst() */
 static struct fuse_buf burst_buf;
 static unsigned long long n_fast_writes, n_fast_reads, n_fast_xattrs, n_burst, n_declined;
 
-/* The callable's answer r (a new reference or NULL): 1 if the request was
- * answered, 0 if it goes to pyfuse3. */
-static int fast_answer(PyObject *cb, PyObject *r, fuse_req_t req, int is_read)
+/* The first reading of a callable's answer r (a new reference, or NULL if
+ * it raised), common to every kind of request: NULL -> EIO; None -> the
+ * request goes to pyfuse3; an int -> *v (r released).  Returns 1 answered
+ * (EIO), 0 declined, 2 an int in *v, -1 something else (r still held). */
+static int answer_kind(PyObject *cb, PyObject *r, fuse_req_t req, long *v)
 {
     if (!r) {
         PyErr_WriteUnraisable(cb);
@@ -262,21 +264,34 @@ static int fast_answer(PyObject *cb, PyObject *r, fuse_req_t req, int is_read)
         n_declined++;
         return 0;
     }
-    if (PyLong_Check(r)) {
-        long v = PyLong_AsLong(r);
-        Py_DECREF(r);
-        if (v == -1 && PyErr_Occurred()) {
-            PyErr_WriteUnraisable(cb);
-            fuse_reply_err(req, EIO);
-        } else if (v < 0) {
+    if (!PyLong_Check(r))
+        return -1;
+    *v = PyLong_AsLong(r);
+    Py_DECREF(r);
+    if (PyErr_Occurred()) {
+        PyErr_WriteUnraisable(cb);
+        *v = -EIO;
+    }
+    return 2;
+}
+
+/* The callable's answer r (a new reference or NULL): 1 if the request was
+ * answered, 0 if it goes to pyfuse3. */
+static int fast_answer(PyObject *cb, PyObject *r, fuse_req_t req, int is_read)
+{
+    long v;
+    int k = answer_kind(cb, r, req, &v);
+    if (k == 2) {
+        if (v < 0)
             fuse_reply_err(req, (int)-v);
-        } else if (is_read) {
+        else if (is_read)
             fuse_reply_err(req, EIO);          /* (a read answers bytes) */
-        } else {
+        else
             fuse_reply_write(req, (size_t)v);
-        }
         return 1;
     }
+    if (k >= 0)
+        return k;
     if (is_read && PyList_Check(r)) {
         /* views of a pinned version's pages: one writev from them (no copy
          * in the daemon) */
@@ -323,22 +338,12 @@ static int fast_answer(PyObject *cb, PyObject *r, fuse_req_t req, int is_read)
  * None to go to pyfuse3.  1 if answered. */
 static int fast_int(PyObject *cb, PyObject *r, fuse_req_t req)
 {
-    if (!r) {
-        PyErr_WriteUnraisable(cb);
-        fuse_reply_err(req, EIO);
-        return 1;
-    }
-    if (r == Py_None) {
-        Py_DECREF(r);
-        n_declined++;
-        return 0;
-    }
-    long v = PyLong_Check(r) ? PyLong_AsLong(r) : 1;
-    Py_DECREF(r);
-    if (PyErr_Occurred()) {
-        PyErr_WriteUnraisable(cb);
-        v = 1;
-    }
+    long v = 1;
+    int k = answer_kind(cb, r, req, &v);
+    if (k == 0 || k == 1)
+        return k;
+    if (k < 0)
+        Py_DECREF(r);                          /* (not an int: EIO) */
     fuse_reply_err(req, v <= 0 ? (int)-v : EIO);
     n_fast_other++;
     return 1;
@@ -477,27 +482,15 @@ static int entry_from(PyObject *a, struct fuse_entry_param *e)
  * None.  1 if the request was answered. */
 static int fast_entry(PyObject *cb, PyObject *r, fuse_req_t req, int lookup)
 {
-    if (!r) {
-        PyErr_WriteUnraisable(cb);
-        fuse_reply_err(req, EIO);
-        return 1;
-    }
-    if (r == Py_None) {
-        Py_DECREF(r);
-        n_declined++;
-        return 0;
-    }
-    if (PyLong_Check(r)) {
-        long v = PyLong_AsLong(r);
-        Py_DECREF(r);
-        if (PyErr_Occurred()) {
-            PyErr_WriteUnraisable(cb);
-            v = -EIO;
-        }
+    long v;
+    int k = answer_kind(cb, r, req, &v);
+    if (k == 2) {
         fuse_reply_err(req, v < 0 ? (int)-v : EIO);
         n_fast_other++;
         return 1;
     }
+    if (k >= 0)
+        return k;
     struct fuse_entry_param e;
     int rc = entry_from(r, &e);
     Py_DECREF(r);
