@@ -306,8 +306,8 @@ class WriteBackMixin:
 
     def _clean_ahead(self) -> None:
         """Write-back ahead of eviction: when memory is CLEAN_AHEAD_AT full,
-        the dirty versions eviction would take first (least recent first)
-        are written back now, on this thread, until what is dirty among
+        the dirty versions are written back now, longest dirty first (the
+        background writer's order), on this thread, until what is dirty among
         them would leave CLEAN_AHEAD_TO of memory for clean victims — so a
         writer that needs room finds clean victims and its request does not
         wait for the SSD.  Publishes of large versions wake this thread."""
@@ -315,8 +315,9 @@ class WriteBackMixin:
         cap = st["capacity"]
         if not cap or st["bytes_used"] < CLEAN_AHEAD_AT * cap:
             return
-        with self.lock:
-            dirty = [k for k in self._recency if k in self._dirty_since]
+        with self.lock:                         # (the dirty keys only, not every key)
+            since = dict(self._dirty_since)
+        dirty = sorted(since, key=since.__getitem__)
         budget = st["bytes_used"] - CLEAN_AHEAD_TO * cap
         for key in dirty:
             if budget <= 0 or self._stop.is_set():
