@@ -181,8 +181,8 @@ KNOBS: tuple[Knob, ...] = (
          "failures in a row"),
     Knob("writeback_delay_ms", "int", (0, 3_600_000), 1000,
          "a published (dirty) slot is written to the SSD tier this long after its "
-         "publish, by the background writer (sooner when memory is 75% full: the slots "
-         "eviction would take next are written back ahead of it)"),
+         "publish, by the background writer (sooner when memory is 75% full: dirty slots "
+         "are then written back ahead of eviction, longest dirty first)"),
     Knob("ssd_capacity", "size", (1 << 20, 1 << 50), 0,
          "bytes the SSD tier may hold (accepts 100G); beyond it, its least recently used "
          "slots go; 0 = as much as the disk has", zero=True),
