@@ -140,6 +140,10 @@ struct memos_cache {
  * version) to be released, when nothing is being evicted. */
 #define DEAD_WAIT_MS  1000
 
+/* Set by memos_set_nowait: this thread's allocations return MEMOS_EAGAIN
+ * where they would wait. */
+static __thread int tl_nowait;
+
 /* ---- private prototypes ---- */
 
 static void    *meta_alloc(memos_cache *c, size_t n);
@@ -594,6 +598,32 @@ int memos_evict_run(memos_cache *c)
     return n;
 }
 
+int memos_set_nowait(int on)
+{
+    int was = tl_nowait;
+    tl_nowait = on != 0;
+    return was;
+}
+
+int memos_wait_room(memos_cache *c, unsigned ms)
+{
+    lock(c);
+    int why = c->evicting > 0 ? 1 : c->st.dead_pinned > 0 ? 2 : 0;
+    if (why && ms) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += ms / 1000;
+        until.tv_nsec += (long)(ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&c->evicted, &c->lock, &until);
+    }
+    unlock(c);
+    return why;
+}
+
 typedef struct foreach_ctx {
     void (*fn)(void *ctx, memos_entry *e);   /* caller's function */
     void *ctx;                               /* its argument */
@@ -965,6 +995,8 @@ static int do_alloc(memos_cache *c, unsigned k, uint32_t gen, extent *out)
             int wait_dead = c->st.dead_pinned > 0 && waited_ms < DEAD_WAIT_MS;
             if (!wait_evict && !wait_dead)
                 return MEMOS_ENOMEM;
+            if (tl_nowait)
+                return MEMOS_EAGAIN;
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
             until.tv_nsec += 50 * 1000000L;

@@ -45,6 +45,7 @@
 #define MEMOS_EINVAL   (-4)  /* bad argument */
 #define MEMOS_ESYS     (-5)  /* the OS refused (mmap); errno says why */
 #define MEMOS_EBUSY    (-6)  /* the callback refused to let a victim go */
+#define MEMOS_EAGAIN   (-7)  /* room needs a wait and the thread does not wait */
 
 #define MEMOS_PAGE_SIZE        4096u
 #define MEMOS_BLOCK_SIZE       (128u * 1024u)
@@ -188,6 +189,17 @@ int memos_rename(memos_cache *c, const void *from, size_t flen,
 /* Run one eviction run now (up to evict_batch victims); returns the number
  * evicted (>= 0). */
 int memos_evict_run(memos_cache *c);
+/* Whether allocations made by the calling thread may wait for room (other
+ * threads' write-backs, replaced versions still pinned): with on != 0 they
+ * return MEMOS_EAGAIN instead, and nothing changes (a request loop that
+ * must not block waits in memos_wait_room on another thread, then tries
+ * again).  Per thread; returns the previous setting. */
+int memos_set_nowait(int on);
+/* Wait up to ms for room an allocation was told to wait for: returns 1
+ * after waiting for other threads' write-backs, 2 after waiting for
+ * replaced versions still pinned (none being written back), 0 at once
+ * when there is neither (an allocation would evict or fail now). */
+int memos_wait_room(memos_cache *c, unsigned ms);
 /* Call fn(ctx, entry) for every live entry, in LRU order, most recent first,
  * under the lock: fn must not call back into the cache. */
 void memos_foreach(memos_cache *c, void (*fn)(void *ctx, memos_entry *e),

@@ -20,6 +20,7 @@
  *     MEMOS_EINVAL  → ValueError(msg)
  *     MEMOS_ESYS    → OSError(errno, ...)
  *     MEMOS_EBUSY   → OSError(EBUSY, ...)
+ *     MEMOS_EAGAIN  → BlockingIOError (OSError EAGAIN, "memory tier busy: ...")
  *     ERR_CHECK     → AssertionError(reason)   (memos_check failed)
  *
  * The GIL.  Copies and checksums (crc32c, policy_simulate) over GIL_COPY_MIN
@@ -84,6 +85,8 @@ PyObject *memos_error(int rc, const char *what, PyObject *key)
         return raise_os(err ? err : EIO, "", what);
     case MEMOS_EBUSY:
         return raise_os(EBUSY, "busy: ", what);
+    case MEMOS_EAGAIN:
+        return raise_os(EAGAIN, "memory tier busy: ", what);
     case ERR_CHECK:
         PyErr_SetString(PyExc_AssertionError, what);
         return NULL;
@@ -224,6 +227,14 @@ static PyObject *mod_policy_simulate(PyObject *m, PyObject *args, PyObject *kw)
                          "shadow_bytes", (unsigned long long)st.shadow_bytes);
 }
 
+static PyObject *mod_set_nowait(PyObject *mod, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    return PyBool_FromLong(memos_set_nowait(on));
+}
+
 static PyMethodDef module_methods[] = {
     { "policy_simulate", (PyCFunction)(void (*)(void))mod_policy_simulate,
       METH_VARARGS | METH_KEYWORDS,
@@ -232,6 +243,9 @@ static PyMethodDef module_methods[] = {
     { "crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
       "crc32c(data, crc=0) -> int: CRC-32C (Castagnoli) of a contiguous buffer, "
       "continuing from crc" },
+    { "set_nowait", mod_set_nowait, METH_O,
+      "set_nowait(on) -> bool: whether the calling thread's allocations raise "
+      "BlockingIOError where they would wait for room (previous setting)" },
     { "tune_malloc", mod_tune_malloc, METH_NOARGS,
       "tune_malloc(): large bytes objects come from the heap, not one mmap each" },
     { NULL }

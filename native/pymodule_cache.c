@@ -335,6 +335,24 @@ static PyObject *Cache_evict_run(CacheObject *self, PyObject *noarg)
     return PyLong_FromLong(n);
 }
 
+static PyObject *Cache_wait_room(CacheObject *self, PyObject *arg)
+{
+    long ms = PyLong_AsLong(arg);
+    if (ms == -1 && PyErr_Occurred())
+        return NULL;
+    if (ms < 0 || ms > 60000)
+        return memos_error(MEMOS_EINVAL, "wait_room: 0..60000 ms", NULL);
+    if (cache_enter(self) < 0)
+        return NULL;
+    int why;
+    memos_cache *c = self->c;
+    Py_BEGIN_ALLOW_THREADS
+    why = memos_wait_room(c, (unsigned)ms);
+    Py_END_ALLOW_THREADS
+    cache_leave(self);
+    return PyLong_FromLong(why);
+}
+
 static PyObject *Cache_set_capacity(CacheObject *self, PyObject *arg)
 {
     long long n = PyLong_AsLongLong(arg);
@@ -659,6 +677,10 @@ static PyMethodDef Cache_methods[] = {
     { "remove", (PyCFunction)Cache_remove, METH_O, "remove(key) -> bool" },
     { "rename", (PyCFunction)Cache_rename, METH_VARARGS, "rename(old, new) -> bool" },
     { "evict_run", (PyCFunction)Cache_evict_run, METH_NOARGS, "evict_run() -> int" },
+    { "wait_room", (PyCFunction)Cache_wait_room, METH_O,
+      "wait_room(ms) -> int: wait (GIL released) for the room an allocation that "
+      "raised BlockingIOError was told to wait for: 1 write-backs, 2 pinned replaced "
+      "versions, 0 neither (try again now)" },
     { "set_capacity", (PyCFunction)Cache_set_capacity, METH_O, "set_capacity(n)" },
     { "set_evict_batch", (PyCFunction)Cache_set_evict_batch, METH_O, "set_evict_batch(n)" },
     { "set_quota", (PyCFunction)Cache_set_quota, METH_VARARGS,

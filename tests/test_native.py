@@ -634,6 +634,65 @@ def test_allocation_waits_for_a_replaced_version_to_be_unpinned():
     c.close()
 
 
+def test_a_thread_that_does_not_wait_is_told_to_and_waits_elsewhere():
+    """With set_nowait on, an allocation that would wait for room (a
+    replaced version still pinned, another thread's write-back) raises
+    BlockingIOError and changes nothing; wait_room says what it waits for
+    (2: a pinned replaced version, 1: a write-back, 0: neither) and returns
+    once room came, and the allocation then succeeds."""
+    c = N.Cache(2 * MiB, 4)
+    old = put(c, b"a/s/x", b"o" * (1536 * KiB))
+    put(c, b"a/s/x", b"n" * (256 * KiB)).release()      # old: dead, pinned
+    d = c.draft()
+    d.write(0, b"d" * (64 * KiB))
+    assert N.set_nowait(True) is False
+    try:
+        with pytest.raises(BlockingIOError):
+            d.write(0, b"z" * (1536 * KiB))
+        assert d.size == 64 * KiB and d.read(0, 4) == b"dddd"    # unchanged
+        assert c.stats()["alloc_waits"] == 0
+        timer = threading.Timer(0.1, old.release)
+        timer.start()
+        why = c.wait_room(5000)
+        timer.join()
+        assert why == 2
+        assert d.write(0, b"z" * (1536 * KiB)) == 1536 * KiB   # room came
+    finally:
+        assert N.set_nowait(False) is True
+    assert c.wait_room(10) == 0                             # nothing to wait for
+    d.free()
+    c.check()
+    c.close()
+
+    # another thread's write-back: the victim's callback holds its pages
+    started, go = threading.Event(), threading.Event()
+
+    def slow_writeback(ref):
+        started.set()
+        go.wait(5)
+        return True
+
+    c = N.Cache(2 * MiB, 1, on_evict=slow_writeback)
+    put(c, b"a/s/v", b"v" * (1536 * KiB)).release()
+    other = threading.Thread(target=lambda: put(c, b"a/s/w", b"w" * (1536 * KiB)).release())
+    other.start()
+    assert started.wait(5)                                  # v is being written back
+    N.set_nowait(True)
+    try:
+        d = c.draft()
+        with pytest.raises(BlockingIOError):
+            d.write(0, b"q" * (1024 * KiB))
+        assert d.size == 0
+        threading.Timer(0.1, go.set).start()
+        assert c.wait_room(5000) == 1
+    finally:
+        N.set_nowait(False)
+    other.join()
+    d.free()
+    c.check()
+    c.close()
+
+
 def test_prefault_stays_ahead_of_the_allocated_pages():
     """prefault(ahead) faults in superblocks in allocation order, at most
     `ahead` beyond the allocated pages, each once; then 0 until allocation

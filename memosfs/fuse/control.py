@@ -189,6 +189,8 @@ class FilesystemStats(Record):
     page_cache_pushes: int = counter("pushes of a slot into the kernel's page cache")
     requests_refused: int = counter("requests answered with an error the log explains")
     private_writers: int = counter("retried whole-slot writers given a draft of their own")
+    room_waits: int = counter("waits (50 ms at most), in a worker thread, of a write for a full memory "
+                              "tier to make room (the loop serves other requests meanwhile)")
     fast_requests: int = counter("reads, writes and getxattrs answered on the fast path "
                                  "(the C shim's synchronous callback; fast_path)")
     burst_requests: int = counter("of those, taken while waiting for the client's next "
@@ -327,6 +329,7 @@ class ControlTree:
             read_requests=r["read_requests"],
             page_cache_pushed_bytes=r["page_cache_pushed_bytes"],
             page_cache_pushes=r["page_cache_pushes"], requests_refused=r["requests_refused"],
-            private_writers=r["private_writers"], fast_requests=r["fast_requests"],
+            private_writers=r["private_writers"], room_waits=r["room_waits"],
+            fast_requests=r["fast_requests"],
             burst_requests=r["burst_requests"],
             uptime_s=round(time.monotonic() - self._started, 3))

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 import pyfuse3
 import trio
 
+from memosfs import _native
 from memosfs.fuse.nodes import (
     FIXED_LOOKUPS, NAME_MAX, Dir, Handle, Node, Pseudo, Slot, now_ns)
 
@@ -105,6 +106,19 @@ def physical_memory() -> int:
         return 0
 
 
+ROOM_WAIT_S = 30.0              # how long a request waits for other threads' write-backs
+                                # to make room in a full memory tier (then ENOSPC)
+ROOM_DEAD_WAIT_S = 1.0          # ... for replaced versions that readers still pin
+ROOM_POLL_MS = 50               # one wait for room, in a worker thread
+
+
+class NeedRoom(Exception):
+    """A store call on the request loop found the memory tier full of
+    versions other threads are writing back (or replaced versions still
+    pinned): nothing changed, and the request waits for room in a worker
+    thread (`_with_room`) rather than blocking the loop, then runs again."""
+
+
 class Refused(pyfuse3.FUSEError):
     """A FUSEError whose reason has been logged."""
 
@@ -132,6 +146,9 @@ class OpsCore:
     fed: "FedTree"
     control: "ControlTree"
     trio_token: object          # set when serving: other threads post here
+    _room_ok = False            # in a section that may raise NeedRoom (see _native_call)
+    _running_now = False        # inside _run_now (a fast twin's coroutine)
+    _room_waits = 0             # waits for room made off the loop
     mountpoint: str             # set by start_kernel_notifications
     _refresher: "Refresher"
     _next_ino: int
@@ -298,41 +315,98 @@ class OpsCore:
     def _answer(self, what: str, fn, *args):
         """A fast twin's answer: fn(*args), -errno for a refusal, -EIO (and
         the log says why) for anything else; the daemon never dies on a
-        request."""
+        request.  None when the memory tier must make room first (NeedRoom:
+        the request goes to its handler, which waits off the loop)."""
+        self._room_ok = True
         try:
             return fn(*args)
+        except NeedRoom:
+            return None
         except pyfuse3.FUSEError as e:
             return -e.errno
         except Exception:
             self._refused += 1
             log.exception("%s failed; answering EIO", what)
             return -errno.EIO
+        finally:
+            self._room_ok = False
 
     def _run_now(self, coro):
         """A handler's coroutine that the checks say cannot wait: one send
-        finishes it; -errno for a refusal."""
+        finishes it; -errno for a refusal; None when it must wait for room
+        after all (nothing changed: the request goes to its handler)."""
+        self._running_now = True
         try:
             coro.send(None)
         except StopIteration as done:
             return done.value
+        except NeedRoom:
+            return None
         except pyfuse3.FUSEError as e:
             return -e.errno
+        finally:
+            self._running_now = False
         # it waited after all: the checks missed a way to wait (a bug)
         coro.close()
         self._refused += 1
         log.error("internal check failed: a handler waited on the fast path; answering EIO")
         return -errno.EIO
 
+    async def _with_room(self, fn, *args, node: Optional[Slot] = None):
+        """fn(*args) on the loop, where the store calls it makes do not wait
+        for room (NeedRoom): the wait happens in a worker thread, the loop
+        serves other requests meanwhile (the closes that unpin what a full
+        memory tier holds), then fn runs again.  ENOSPC after ROOM_WAIT_S
+        (ROOM_DEAD_WAIT_S when only pinned replaced versions would free
+        room); `node` is then marked as having had a write refused."""
+        waited = dead = 0.0
+        while True:
+            self._room_ok = True
+            try:
+                return fn(*args)
+            except NeedRoom:
+                pass
+            finally:
+                self._room_ok = False
+            if self._running_now:
+                raise NeedRoom()        # (from a fast twin: its handler runs it)
+            if waited >= ROOM_WAIT_S or dead >= ROOM_DEAD_WAIT_S:
+                self._refused += 1
+                if node is not None:
+                    node.write_failed = True
+                raise refuse(errno.ENOSPC, "memory tier full: no room after %.1f s of waiting "
+                             "for write-backs and pinned versions", waited,
+                             level=logging.WARNING)
+            self._room_waits += 1
+            t0 = time.monotonic()
+            why = await self._off_loop(self.store.cache.wait_room, ROOM_POLL_MS)
+            spent = time.monotonic() - t0
+            waited += spent
+            if why == 2:
+                dead += spent
+            elif why == 0:
+                await trio.sleep(0)     # the room came meanwhile: try again now
+
     def _native_call(self, fn, *args):
-        """Call into the store; its OSErrors become the caller's errno."""
+        """Call into the store; its OSErrors become the caller's errno.  In a
+        section that can run again (`_answer`, `_with_room`) an allocation
+        that would wait for room raises NeedRoom instead."""
+        nowait = self._room_ok
+        if nowait:
+            was = _native.set_nowait(True)
         try:
             return fn(*args)
         except OSError as e:
+            if nowait and isinstance(e, BlockingIOError):
+                raise NeedRoom() from None
             self._refused += 1
             raise refuse(e.errno or errno.EIO, "%s", e, level=logging.WARNING) from None
         except ValueError as e:
             self._refused += 1
             raise refuse(errno.EINVAL, "%s", e, level=logging.WARNING) from None
+        finally:
+            if nowait:
+                _native.set_nowait(was)
 
     async def _off_loop(self, fn, *args):
         """Run blocking store work (SSD I/O) in a worker thread while the loop

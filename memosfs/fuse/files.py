@@ -103,7 +103,7 @@ class FileOps(OpsCore):
         writeback, self._writeback = self._writeback == (fh, off), None
         if h.hold is not None:
             await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))
-        return self._write_now(h, off, buf, writeback)
+        return await self._with_room(self._write_now, h, off, buf, writeback, node=h.node)
 
     def _write_now(self, h: Handle, off: int, buf, writeback: bool) -> int:
         """The write, once the handle may write (coherence granted)."""
@@ -260,9 +260,7 @@ class FileOps(OpsCore):
         if (h is not None and h.kind == "write") or node.writers:
             if h is not None and h.hold is not None:
                 await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))
-            d = self._ensure_draft(node)
-            self._draft_call(node, d.truncate, size)
-            self._changed(node)
+            await self._with_room(self._truncate_draft, node, size, node=node)
             return
         base = self._native_call(self.store.load, node.key) if node.version else None
         try:
@@ -282,6 +280,11 @@ class FileOps(OpsCore):
         if job is not None:
             trio.lowlevel.spawn_system_task(self.pusher.run, job)
 
+    def _truncate_draft(self, node: Slot, size: int) -> None:
+        d = self._ensure_draft(node)
+        self._draft_call(node, d.truncate, size)
+        self._changed(node)
+
     def _write_note(self, fh: int, off: int, writepage: int) -> None:
         """From memosfs._fuseshim, just before write(fh, off): whether the
         kernel writes back cached pages (their offset holds, O_APPEND or not)."""
@@ -298,17 +301,17 @@ class FileOps(OpsCore):
         copy publishes nothing.  Returns once the new version is in the
         kernel page cache too."""
         h = self.handles[fh]
-        job = self._flush_now(fh, h)
+        note, self._flusher = self._flusher, None
+        job = await self._with_room(self._flush_now, fh, h, note)
         if job is not None:
             try:
                 await self.pusher.run(job)
             except Exception:           # a push failure is the push's problem
                 log.warning("page-cache push of %s failed", h.node.name, exc_info=True)
 
-    def _flush_now(self, fh: int, h: Handle) -> Optional[tuple]:
-        """flush's work: the publish (if due); returns the page-cache push
-        to run, if any."""
-        note, self._flusher = self._flusher, None
+    def _flush_now(self, fh: int, h: Handle, note: Optional[tuple[int, int]]) -> Optional[tuple]:
+        """flush's work: the publish (if due; `note` is who closes); returns
+        the page-cache push to run, if any."""
         if h.kind != "write" or not h.node.changed:
             return None
         if note is not None and note[0] == fh and note[1] != h.opener \
@@ -328,10 +331,11 @@ class FileOps(OpsCore):
             return None
         if h.kind == "write" and h.node.changed and h.node.latest() is not h.node:
             return None
-        self._flusher = (fh, pid)
-        job = self._answer("flush", self._flush_now, fh, h)
-        if isinstance(job, int):
-            return job
+        self._flusher = None
+        done = self._answer("flush", lambda: (self._flush_now(fh, h, (fh, pid)),))
+        if done is None or isinstance(done, int):
+            return done                 # (None: room must be made first, by the handler)
+        job, = done
         if job is not None:
             trio.lowlevel.spawn_system_task(self.pusher.run, job)
         return 0
@@ -355,7 +359,7 @@ class FileOps(OpsCore):
             return
         node = h.node
         if h.kind == "write" and node.changed:
-            job = self._publish(h)
+            job = await self._with_room(self._publish, h)
             if job is not None:
                 # not awaited: the kernel holds this inode's lock during fsync,
                 # and the push's attribute refresh may wait on a lock held by

@@ -140,6 +140,7 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
                 "read_requests": self._read_requests,
                 "requests_refused": self._refused,
                 "private_writers": self._private_writers,
+                "room_waits": self._room_waits,
                 "fast_requests": sum(fast[k] for k in ("fast_writes", "fast_reads",
                                                            "fast_xattrs", "fast_other")),
                 "burst_requests": fast["burst_requests"],

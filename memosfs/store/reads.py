@@ -127,10 +127,16 @@ class ReadMixin:
 
     def _promote_entry(self, key: bytes, entry: SSDEntry, prefetched: bool = False):
         """One try at promoting `entry`; _RACED if a newer version replaced
-        its file meanwhile (a failed check is then no corruption: try again)."""
+        its file meanwhile (a failed check is then no corruption: try again).
+        Memory that would have to wait for room (other threads' write-backs)
+        is not waited for: the version is served from its file instead."""
         draft = self.cache.draft()
         try:
-            self.ssd.load_into(entry, draft)
+            was = _native.set_nowait(True)
+            try:
+                self.ssd.load_into(entry, draft)
+            finally:
+                _native.set_nowait(was)
         except CorruptSlot as e:
             draft.free()
             if self.ssd.get(key) is not entry:
@@ -139,7 +145,7 @@ class ReadMixin:
             return None
         except OSError as e:
             draft.free()
-            if e.errno not in (errno.ENOSPC, errno.EFBIG):
+            if e.errno not in (errno.ENOSPC, errno.EFBIG, errno.EAGAIN):
                 raise
             # memory cannot take it now: serve it from its file
             try:
