@@ -75,18 +75,31 @@ def test_snapshot_and_supersede(fs):
 
 
 def test_keep_cache_only_for_the_cached_version(fs):
+    """Readers keep the inode's pages only when they are the version's: the
+    writers' pages are, when every write went through them into the version
+    they published; a version made any other way drops them."""
     fs.mkdirs("a/s")
     fs.write("a/s/x", b"v1")
     fi1 = fs.open_read("a/s/x")
-    assert not fi1.keep_cache                 # the writer's pages are dropped once
+    assert fi1.keep_cache                     # the writer's pages hold v1
     fs.call("release", fi1.fh)
     fi2 = fs.open_read("a/s/x")
     assert fi2.keep_cache                     # same version: pages are valid
     fs.call("release", fi2.fh)
     fs.write("a/s/x", b"v2")
     fi3 = fs.open_read("a/s/x")
-    assert not fi3.keep_cache                 # the writers' pages are not trusted
+    assert fi3.keep_cache                     # the writers' pages are v2's
     fs.call("release", fi3.fh)
+    # a write refused on the way: the kernel's pages are not the version's
+    ino = fs.lookup("a/s/x")
+    fw = fs.call("open", ino, os.O_WRONLY | os.O_TRUNC, CTX)
+    assert fs.errno_of(fs.call, "write", fw.fh, 0, b"z" * (64 << 20)) == errno.EFBIG
+    fs.call("write", fw.fh, 0, b"v3")
+    fs.call("flush", fw.fh)
+    fs.call("release", fw.fh)
+    fi = fs.open_read("a/s/x")
+    assert not fi.keep_cache and fs.call("read", fi.fh, 0, 10) == b"v3"
+    fs.call("release", fi.fh)
     attr = pyfuse3.EntryAttributes()
     attr.st_size = 1
     fields = type("Fields", (), {f: False for f in (

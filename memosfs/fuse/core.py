@@ -374,6 +374,7 @@ class OpsCore:
                 self._refused += 1
                 if node is not None:
                     node.write_failed = True
+                    node.pages_trusted = False
                 raise refuse(errno.ENOSPC, "memory tier full: no room after %.1f s of waiting "
                              "for write-backs and pinned versions", waited,
                              level=logging.WARNING)

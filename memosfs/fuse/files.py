@@ -220,6 +220,7 @@ class FileOps(OpsCore):
             return self._native_call(fn, *args)
         except pyfuse3.FUSEError:
             node.write_failed = True
+            node.pages_trusted = False
             raise
 
     def _ensure_draft(self, node: Slot) -> "_native.Draft":
@@ -435,10 +436,18 @@ class FileOps(OpsCore):
         self._release_base(node)
         node.changed = node.write_failed = False
         with PUSH_LOCK:
-            # the writers' pages are not trusted to be the published version
-            # (the kernel may have kept pages of several drafts): only a push
-            # of it (flush) makes this inode's pages a version's
-            if not (clean and node.version and node.cache_version == node.version):
+            # The writers' pages are the published version's when every write
+            # since the first writer's open (which dropped the pages) went
+            # through this inode's page cache into the draft they published
+            # here last, and nothing else changed the version since (no
+            # refused write, no private draft, no dropped pages, no publish
+            # from another inode): readers then keep them.  Otherwise only a
+            # push of the version makes this inode's pages a version's.
+            if clean and node.version and node.pages_trusted \
+                    and node.pages_version == node.version \
+                    and node.successor is None and not node.detached:
+                node.cache_version = node.version
+            elif not (clean and node.version and node.cache_version == node.version):
                 node.cache_version = -2
         self._forget_attrs(node)
         if not node.version and not node.detached and node.parent is not None:

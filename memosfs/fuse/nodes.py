@@ -200,6 +200,10 @@ class Slot(Node):
         self.draft_mtime_ns = 0         # mtime the writers see (and the next publish sets)
         self.write_failed = False       # a write was refused since the last publish
         self.cache_version = -1         # version the kernel may hold pages of (PUSH_LOCK)
+        self.pages_trusted = False      # since the first writer opened, the kernel's pages
+                                        # of this inode are the writers' draft's
+        self.pages_version = 0          # the version the writers of this inode published
+                                        # into it last (their pages hold it)
         self.successor: Optional[Slot] = None  # the inode that took our name
         self.pushing = 0                # page-cache pushes in flight (PUSH_LOCK)
         self.privates: dict[int, "Slot"] = {}  # tgid -> the draft of its own a

@@ -244,6 +244,7 @@ class OpenOps(OpsCore):
         # its fstat (SEEK_END, O_APPEND) reaches inode_node: answer with its draft
         shadow.private_of = inode_node
         inode_node.privates[tgid_of(ctx.pid)] = shadow
+        inode_node.pages_trusted = False    # its bytes go around these pages
         self._private_writers += 1
         log.info("%s: a retried writer got a draft of its own (direct I/O)", inode_node.name)
         return fi
@@ -455,6 +456,9 @@ class OpenOps(OpsCore):
             # readers of this inode read around it while a writer is open.
             fi.keep_cache = False
             node.cache_version = -2
+            if not node.writers:        # the open drops the pages: what follows is written
+                node.pages_trusted = True
+                node.pages_version = 0
             node.writers += 1
             node.writer_pids[h.opener] += 1
             node.pending.pop(pid, None)           # the writer sent here is in

@@ -95,7 +95,12 @@ class PublishOps(OpsCore):
                 parent.children[node.name] = node
                 current = node
         target = current if isinstance(current, Slot) else node
-        return self._published(target, ref, src.draft_mtime_ns or now_ns(), logical)
+        job = self._published(target, ref, src.draft_mtime_ns or now_ns(), logical)
+        if target is src and src.version == ref.version and logical is None:
+            src.pages_version = ref.version     # its writers' pages hold this version
+        else:
+            target.pages_trusted = False        # another inode's bytes under this one
+        return job
 
     def _settle_quota(self, key: bytes) -> None:
         """After a publish: an agent beyond its quota moves its own least

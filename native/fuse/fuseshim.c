@@ -703,6 +703,10 @@ static void shim_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
             fuse_reply_err(req, v < 0 ? (int)-v : EIO);
             done = 1;
         } else if (fileinfo_into(r, fi) == 0) {
+            /* a reader's close has nothing to publish: no FLUSH round trip
+             * (FOPEN_NOFLUSH; its RELEASE still comes) */
+            if ((fi->flags & O_ACCMODE) == O_RDONLY)
+                fi->noflush = 1;
             fuse_reply_open(req, fi);
             done = 1;
         } else {
