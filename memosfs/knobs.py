@@ -197,9 +197,11 @@ KNOBS: tuple[Knob, ...] = (
          "relative error ||x-x^||/||x|| above which a tensor stays at full precision; auto "
          "= 0.03 for int8 schemes, 0.12 for int4", "on the next publish", open_lo=True),
     _choice("page_cache_push", ("0", "1"), "1",
-            "1: copy each published version (of 1 MiB or more; one that writers published, of 4 MiB or more, once the last of them closes) into the kernel page cache, so local readers "
-            "and mmap find it without a request (as after a write on a local filesystem); "
-            "0: readers fetch from the daemon"),
+            "1: local readers and mmap find each published version in the kernel page cache "
+            "without a request (as after a write on a local filesystem): the pages its writers' "
+            "writes left there when they hold it, otherwise a copy pushed in (versions of 1 MiB "
+            "or more; one that writers published, of 4 MiB or more, once the last of them "
+            "closes); 0: readers fetch from the daemon"),
     _choice("fast_path", ("0", "1"), "1",
             "1: reads and writes on open slots (and getxattr, which the kernel sends before "
             "every write) are answered on the spot by the C shim's callback, without a "

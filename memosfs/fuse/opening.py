@@ -11,7 +11,12 @@ reader handles open on one inode's page cache read the same version*.  A
 publish while readers hold the inode therefore gives the name a fresh inode
 (the old one is "superseded" and keeps serving its readers their snapshot);
 a publish with no reader open updates the inode in place, and the next
-reader's open drops the stale pages (keep_cache off once).  A writer that
+reader's open drops the stale pages (keep_cache off once) -- unless they
+are the version's: the pages its writers' writes left, when every write
+since the first writer's open (which dropped the pages) went through them
+into the draft published there last (`Slot.pages_trusted`, files.py
+`_writer_gone`).  A reader's close sends no flush (FOPEN_NOFLUSH, set by
+the shim on a fast open).  A writer that
 cannot share the inode it opened (readers keep it, or another writer
 replaces the whole slot) gets ESTALE, which makes the kernel redo the
 lookup and retry the open once (`_send_back`); a retry that still cannot
