@@ -273,7 +273,13 @@ class OpenOps(OpsCore):
                 if retry and not inode_node.readers:
                     return self._open_private(inode_node, flags, ctx)
                 raise self._send_back(node, pid, flags, "the name is gone, readers keep it")
-            return self._open_slot(node, flags | os.O_TRUNC, None, ctx=ctx)
+            # on the inode the kernel opened (its fstat asks that one); a
+            # second whole-slot writer there gets a draft of its own: two
+            # O_TRUNC writers never share one (nor each other's size)
+            if inode_node.writers and flags & os.O_TRUNC \
+                    and tgid_of(pid) not in inode_node.writer_pids:
+                return self._open_private(inode_node, flags, ctx)
+            return self._open_slot(inode_node, flags | os.O_TRUNC, None, ctx=ctx)
         if not node.version and tgid_of(pid) not in node.writer_pids \
                 and (acc == os.O_RDONLY or not node.writers):
             raise refuse(errno.ENOENT, "open %s: not published yet", node.name,
