@@ -245,6 +245,13 @@ def test_workloads_are_seeded_and_sized():
     assert workloads.HELD_OUT in {f for f, _, _ in workloads.WORKLOADS.values()}
     with pytest.raises(KeyError):
         workloads.generate("nope")
+    # the unseen variants: every family once more, another stream each
+    assert {workloads.family_of(v) for v in workloads.VARIANTS} == \
+        {f for f, _, _ in workloads.WORKLOADS.values()}
+    assert workloads.expand(["loops", "variants"]) == ["loops", *workloads.VARIANTS]
+    assert not set(workloads.VARIANTS) & set(workloads.WORKLOADS)
+    v = workloads.generate("loops_v2")
+    assert v == workloads.generate("loops_v2") and v != workloads.generate("loops")
 
 
 def test_adaptive_hybrid_keeps_up_with_lru_where_recency_matters():
@@ -312,4 +319,8 @@ def test_bench_policy_suite_reports_every_policy_and_the_gaps(capsys, tmp_path):
         again = json.loads(capsys.readouterr().out)
         assert again["workloads"] == out["workloads"]
     assert main(["bench", "policy", "--suite", "--workloads", "bogus"]) == 2
+    assert main(["bench", "policy", "--suite", "--workloads", "zipf0.75_v2", "--sizes", "0.11",
+                 "--peers", "LRU", "--json"]) in (0, None)
+    v = json.loads(capsys.readouterr().out)["workloads"]["zipf0.75_v2"]
+    assert v["family"] == "zipf" and v["sizes"]["0.11"]["vs_lru"] > 0
     assert main(["bench", "policy", "--no-batch"]) == 2

@@ -69,7 +69,9 @@ def add_parsers(bsub) -> None:
     p.add_argument("--suite", action="store_true",
                    help="the robustness suite: every generated workload (plus --trace) at every size")
     p.add_argument("--workloads", default=",".join(workloads.WORKLOADS),
-                   help="suite workloads to run (default: all: %(default)s)")
+                   help="suite workloads to run (default: all: %(default)s); "
+                   "\"variants\" adds the unseen variants (another seed and parameter "
+                   "for each family: " + ",".join(workloads.VARIANTS) + ")")
     p.add_argument("--peer-cache", help="suite: JSON file keeping the peers' results between runs")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)),
                    help="cache sizes as fractions of the unique blocks (default %(default)s)")
@@ -285,7 +287,7 @@ def run_suite(names: list[str], sizes: list[float], peers: list[str],
     if trace:
         streams.append(("trace", "trace", trace))
     for name in names:
-        streams.append((name, workloads.WORKLOADS[name][0], name))
+        streams.append((name, workloads.family_of(name), name))
     out: dict = {"sizes": [f"{f:g}" for f in sizes], "held_out_family": workloads.HELD_OUT,
                  "workloads": {}}
     t0 = time.monotonic()
@@ -331,10 +333,11 @@ def run_suite(names: list[str], sizes: list[float], peers: list[str],
 
 
 def cmd_suite(args: argparse.Namespace, sizes: list[float], peers: list[str]) -> int:
-    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    bad = [w for w in names if w not in workloads.WORKLOADS]
+    names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
+    bad = [w for w in names if w not in workloads.WORKLOADS and w not in workloads.VARIANTS]
     if bad:
-        print(f"unknown workloads: {', '.join(bad)} (known: {', '.join(workloads.WORKLOADS)})",
+        known = list(workloads.WORKLOADS) + ["variants"] + list(workloads.VARIANTS)
+        print(f"unknown workloads: {', '.join(bad)} (known: {', '.join(known)})",
               file=sys.stderr)
         return 2
     out = run_suite(names, sizes, peers, args.trace, args.peer_cache)

@@ -228,11 +228,36 @@ WORKLOADS: dict[str, tuple[str, object, dict]] = {
     "shifting": ("shifting", shifting, {}),
 }
 
+# Unseen variants: each family again with another seed and a changed parameter,
+# made after the policy was tuned and never used to tune it; not in the default
+# suite (`bench policy --suite --workloads variants`, or by name).
+VARIANTS: dict[str, tuple[str, object, dict]] = {
+    "prefix_suffix_v2": ("prefix_suffix", prefix_suffix, {"seed": 111, "prompts": 500, "alpha": 0.8}),
+    "sessions_v2": ("sessions", sessions, {"seed": 112, "gap_mean": 1200.0}),
+    "loops_v2": ("loops", loops, {"seed": 113, "stretch": 1.3}),
+    "scan_hot_v2": ("scan_hot", scan_hot, {"seed": 114, "hot": 5000}),
+    "zipf0.75_v2": ("zipf", zipf, {"seed": 116, "alpha": 0.75}),
+    "shifting_v2": ("shifting", shifting, {"seed": 115, "step": 3000}),
+}
+
 # The family held out while the adaptive policy was tuned (reported last).
 HELD_OUT = "shifting"
 
 
 def generate(name: str) -> list[int]:
     """The named workload's key stream (KeyError for an unknown name)."""
-    _, fn, kw = WORKLOADS[name]
+    _, fn, kw = WORKLOADS[name] if name in WORKLOADS else VARIANTS[name]
     return fn(**kw)   # type: ignore[operator]
+
+
+def family_of(name: str) -> str:
+    """The generator family of a suite workload or variant (KeyError if unknown)."""
+    return (WORKLOADS[name] if name in WORKLOADS else VARIANTS[name])[0]
+
+
+def expand(names: list[str]) -> list[str]:
+    """Workload names with "variants" standing for every unseen variant."""
+    out: list[str] = []
+    for n in names:
+        out += list(VARIANTS) if n == "variants" else [n]
+    return out
