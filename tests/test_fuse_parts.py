@@ -251,3 +251,20 @@ def test_a_writer_on_an_inode_whose_name_moved_on_and_went_sees_its_size(make_ha
         h.call("flush", f.fh)
         h.call("release", f.fh)
     assert h.err("lookup", parent, b"x", Ctx()) == errno.ENOENT   # nothing published
+
+
+def test_a_slot_key_follows_every_move_above_it():
+    """A slot's key is kept between moves; a move of the slot or of any
+    directory above it gives the new key at once."""
+    s = session_dir()
+    d = Dir(20, "d", s, 0o755, 0, 0, SUBDIR)
+    s.children["d"] = d
+    x = Slot(21, "x", d, 0o644, 0, 0)
+    assert x.key == b"a/s/d/x" and x.key is x.key          # computed once, then kept
+    d.move("e", s)                                         # a directory above it
+    assert x.key == b"a/s/e/x"
+    other = Dir(22, "t", s.parent, 0o755, 0, 0, SESSION)
+    x.move("y", other)
+    assert x.key == b"a/t/y"
+    s.parent.move("b", s.parent.parent)                    # the agent
+    assert x.key == b"b/t/y" and Slot(23, "z", d, 0o644, 0, 0).key == b"b/s/e/z"

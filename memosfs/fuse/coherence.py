@@ -523,9 +523,10 @@ class Coherence:
             if cause == "ack":
                 for hold in self.holds.get((key, agent), ()):
                     hold.invalidated = False
-            self.trace.emit("CACHE_COHERENCE", **{
-                "key": key.decode("utf-8", "replace"), "agent": agent_name(agent),
-                "from": frm, "to": to, "cause": cause})
+            if self.trace.enabled:
+                self.trace.emit("CACHE_COHERENCE", **{
+                    "key": key.decode("utf-8", "replace"), "agent": agent_name(agent),
+                    "from": frm, "to": to, "cause": cause})
             ev = self._changed.pop(key, None)
             if ev is not None:
                 ev.set()

@@ -333,7 +333,7 @@ class NamespaceOps(OpsCore):
                 self.store.remove(target.key)
             self._detach(target, "replaced")
         del src_dir.children[old]
-        node.name, node.parent = new, dst_dir
+        node.move(new, dst_dir)
         dst_dir.children[new] = node
         for slot, key in old_keys:
             if slot.version:

@@ -63,6 +63,12 @@ def _unhex_map(m: Any) -> dict[bytes, bytes]:
     return {bytes.fromhex(k): bytes.fromhex(v) for k, v in m.items()}
 
 
+# Bumped by every move of a node (Node.move): a slot's cached key is good while
+# the generation it was computed in is the current one (a move of a directory
+# changes the keys of everything below it).
+_moves = [0]
+
+
 class Node:
     """An inode: a directory, a slot, or a control-plane pseudo-file."""
 
@@ -70,7 +76,7 @@ class Node:
                  uid: int, gid: int) -> None:
         now = now_ns()
         self.ino = ino                  # inode number, never reused while mounted
-        self.name = name                # current name in parent
+        self.name = name                # current name in parent (changed by move() only)
         self.parent = parent            # None for the root and for detached nodes
         self.mode = mode                # S_IFMT | permission bits
         self.uid = uid
@@ -80,6 +86,11 @@ class Node:
         self.handles = 0                # open handles
         self.detached: Optional[str] = None  # why it left the tree, if it did
         self.xattrs: dict[bytes, bytes] = {}  # user.* attributes set by users
+
+    def move(self, name: str, parent: Optional["Dir"]) -> None:
+        """Give the node a new name and parent (a rename): every cached key goes."""
+        self.name, self.parent = name, parent
+        _moves[0] += 1
 
     def size(self) -> int:
         return 0
@@ -209,6 +220,8 @@ class Slot(Node):
         self.privates: dict[int, "Slot"] = {}  # tgid -> the draft of its own a
                                         # retried writer of this inode got (_open_private)
         self.private_of: Optional[Slot] = None  # (such a draft's node) the inode it is for
+        self._key = b""                 # `key`, as of move generation _key_moves
+        self._key_moves = -1
 
     # ---- metadata kept by the tiers ----
 
@@ -242,12 +255,17 @@ class Slot(Node):
 
     @property
     def key(self) -> bytes:
+        """agent/session/.../name, as the store knows it (kept until a move)."""
+        if self._key_moves == _moves[0]:
+            return self._key
         parts = [self.name]
         d = self.parent
         while d is not None and d.level != ROOT:
             parts.append(d.name)
             d = d.parent
-        return "/".join(reversed(parts)).encode("utf-8", "surrogateescape")
+        self._key = "/".join(reversed(parts)).encode("utf-8", "surrogateescape")
+        self._key_moves = _moves[0]
+        return self._key
 
     def latest(self) -> "Slot":
         """The inode that holds this slot's name now (itself, or the end of
