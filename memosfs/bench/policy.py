@@ -334,7 +334,7 @@ def run_suite(names: list[str], sizes: list[float], peers: list[str],
 
 def cmd_suite(args: argparse.Namespace, sizes: list[float], peers: list[str]) -> int:
     names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
-    bad = [w for w in names if w not in workloads.WORKLOADS and w not in workloads.VARIANTS]
+    bad = [w for w in names if not workloads.known(w)]
     if bad:
         known = list(workloads.WORKLOADS) + ["variants"] + list(workloads.VARIANTS)
         print(f"unknown workloads: {', '.join(bad)} (known: {', '.join(known)})",

@@ -244,15 +244,24 @@ VARIANTS: dict[str, tuple[str, object, dict]] = {
 HELD_OUT = "shifting"
 
 
+def _spec(name: str) -> tuple[str, object, dict]:
+    """(family, generator, kwargs) of a suite workload or variant (KeyError if unknown)."""
+    return WORKLOADS[name] if name in WORKLOADS else VARIANTS[name]
+
+
+def known(name: str) -> bool:
+    return name in WORKLOADS or name in VARIANTS
+
+
 def generate(name: str) -> list[int]:
     """The named workload's key stream (KeyError for an unknown name)."""
-    _, fn, kw = WORKLOADS[name] if name in WORKLOADS else VARIANTS[name]
+    _, fn, kw = _spec(name)
     return fn(**kw)   # type: ignore[operator]
 
 
 def family_of(name: str) -> str:
     """The generator family of a suite workload or variant (KeyError if unknown)."""
-    return (WORKLOADS[name] if name in WORKLOADS else VARIANTS[name])[0]
+    return _spec(name)[0]
 
 
 def expand(names: list[str]) -> list[str]:
