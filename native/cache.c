@@ -582,7 +582,7 @@ int memos_rename(memos_cache *c, const void *from, size_t flen,
         unlock(c);
         return MEMOS_ENOMEM;
     }
-    policy_rekey(&e->pnode, th);
+    policy_rekey(&c->pol, &e->pnode, th);
     tenant_link(c, e);
     free((void *)saved.key);
     unlock(c);

@@ -45,30 +45,34 @@ typedef struct ghost_slot {
     uint64_t seq;                       /* (insertion seq << 1) | ring */
 } ghost_slot;
 
-/* lru_lfu: one setting of the hybrid, an "expert" the adaptation picks from
- * (policy.c explains).  The live policy runs the expert its shadow scores
- * best; each shadow copy runs one expert alone. */
+/* lru_lfu's settings of its own two-segment hybrid (policy.c: HYBRIDS), run
+ * as members of the bank and by the simulation name "lru_lfu@i". */
 typedef struct policy_expert {
     double  pfrac;                      /* probation target share, fixed; < 0: adaptive (ghost rule) */
     uint8_t lru;                        /* 1: victims in recency order (plain LRU) */
     uint8_t gadmit;                     /* ghost hit -> protected: 0 never, 1 always, 2 while protected has room, 3 or in place of a cold one */
 } policy_expert;
 
-#define POLICY_EXPERTS 6                /* lru_lfu's candidate settings (policy.c: EXPERTS) */
+#define POLICY_EXPERTS 6                /* hybrid settings "lru_lfu@0..5" (policy.c: HYBRIDS) */
+#define POLICY_BANK_MAX 12              /* members of lru_lfu's bank (policy.c: BANK) */
+#define POLICY_BANK_VERSION 2           /* lru_lfu's dump format (1: the segments-and-ghosts one) */
 
-struct policy_shadow;                   /* policy.c: sampled copies of the cache, one per expert */
+struct policy_bank;                     /* policy.c: the published policies lru_lfu follows */
 
 typedef struct policy_stats {
     uint64_t ghost_hits_recency;        /* admits found in the probation ghost */
     uint64_t ghost_hits_frequency;      /* admits found in the protected ghost */
     uint64_t ghost_entries;             /* hashes in both ghosts */
-    uint64_t probation;                 /* nodes in probation (lru_lfu) */
-    uint64_t protected_;                /* nodes in protected (lru_lfu) */
+    uint64_t probation;                 /* nodes in probation (lru_lfu@i); lru_lfu: outsiders */
+    uint64_t protected_;                /* nodes in protected (lru_lfu@i) */
     double   recency;                   /* probation target / nodes, 0..1 (lru 1, lfu 0) */
-    uint32_t expert;                    /* lru_lfu: the setting in force (index in EXPERTS) */
-    uint32_t shadow_shift;              /* lru_lfu: shadow samples 1 key hash in 2^shift */
-    uint64_t expert_switches;           /* lru_lfu: times the setting changed */
-    uint64_t shadow_bytes;              /* lru_lfu: memory of the shadow copies */
+    uint32_t expert;                    /* lru_lfu: the bank member followed (index in BANK) */
+    uint32_t shadow_shift;              /* (always 0: the bank sees every key) */
+    uint64_t expert_switches;           /* lru_lfu: times the member followed changed */
+    uint64_t shadow_bytes;              /* lru_lfu: memory of the bank (every member, the map) */
+    uint32_t bank_n;                    /* lru_lfu: members */
+    uint64_t bank_hits[POLICY_BANK_MAX];/* lru_lfu: each member's hits since the bank started */
+    uint64_t bank_accesses;             /* lru_lfu: accesses the bank has seen */
 } policy_stats;
 
 typedef struct policy {
@@ -87,13 +91,14 @@ typedef struct policy {
     int              oom;               /* a ghost allocation failed: ghosts stay as they are */
     policy_evictable_fn evictable;      /* victim filter, may be NULL */
     void            *ctx;               /* argument of evictable */
-    policy_expert    mode;              /* lru_lfu: the setting in force */
-    unsigned         expert;            /* lru_lfu: its index in EXPERTS (or the fixed one) */
-    uint64_t         switches;          /* lru_lfu: setting changes */
-    struct policy_shadow *shadow;       /* lru_lfu: the scoring copies (malloc, lazily); NULL: fixed */
-    int              fixed;             /* 1: no shadow, the mode never changes (a shadow copy, a test) */
+    policy_expert    mode;              /* lru_lfu@i: the hybrid setting */
+    unsigned         expert;            /* lru_lfu@i: its index in HYBRIDS; lru_lfu: the member followed */
+    uint64_t         switches;          /* lru_lfu: changes of the member followed */
+    struct policy_bank *bank;           /* lru_lfu: the members (malloc, lazily; policy.c) */
+    int              fixed;             /* 1: a hybrid setting alone (lru_lfu@i), no bank */
     uint64_t         full;              /* lru_lfu: count when victims were last asked for (the cache full) */
     uint64_t         batch;             /* lru_lfu: victims last asked for at once */
+    unsigned         restore_leader;    /* lru_lfu: the member a restore asked for (+1; 0: none) */
 } policy;
 
 int    policy_init(policy *p, const char *name, policy_evictable_fn fn, void *ctx); /* MEMOS_OK, MEMOS_EINVAL */
@@ -103,23 +108,27 @@ void   policy_admit(policy *p, policy_node *n, uint64_t hash);
 void   policy_touch(policy *p, policy_node *n);
 void   policy_remove(policy *p, policy_node *n);
 void   policy_note_evict(policy *p, policy_node *n); /* before policy_remove of a victim */
-void   policy_rekey(policy_node *n, uint64_t hash);  /* the entry was renamed */
+void   policy_rekey(policy *p, policy_node *n, uint64_t hash);  /* the entry was renamed */
 size_t policy_victims(policy *p, policy_node **out, size_t n);
 void   policy_foreach(policy *p, void (*fn)(void *ctx, policy_node *n), void *ctx); /* MRU first */
 uint64_t policy_count(const policy *p);
 void   policy_get_stats(const policy *p, policy_stats *out);
 int    policy_check(const policy *p, char *why, size_t whylen); /* MEMOS_OK, MEMOS_EINVAL */
 
-/* lru_lfu only: run expert `i` of EXPERTS for good, with no shadow (MEMOS_OK,
- * MEMOS_EINVAL).  policy_simulate takes it as the name "lru_lfu@i". */
+/* lru_lfu only: run hybrid setting `i` of HYBRIDS for good, with no bank
+ * (MEMOS_OK, MEMOS_EINVAL).  policy_simulate takes it as the name "lru_lfu@i". */
 int    policy_fix_expert(policy *p, unsigned i);
-/* The setting of expert `i` (NULL past the last). */
+/* The hybrid setting `i` (NULL past the last). */
 const policy_expert *policy_expert_at(unsigned i);
+/* The name of bank member `i` ("LRU", "ARC", ..., "lru_lfu@1"; NULL past the
+ * last).  policy_simulate runs member i alone as "ref:NAME". */
+const char *policy_bank_name(unsigned i);
 
 /* Replay `n` keys through a cache of `capacity` unit-size blocks run by the
  * named policy (lookup; a miss inserts, evicting `batch` victims when full),
- * with the same policy_* calls the cache makes.  Returns the hits, or -1
- * (MEMOS_EINVAL name / capacity 0, or no memory). */
+ * with the same policy_* calls the cache makes.  "ref:NAME" replays bank
+ * member NAME alone (its own cache of `capacity` blocks, no policy_* calls).
+ * Returns the hits, or -1 (MEMOS_EINVAL name / capacity 0, or no memory). */
 long long policy_simulate(const char *name, const uint64_t *keys, size_t n,
                           size_t capacity, unsigned batch, policy_stats *st);
 
@@ -133,7 +142,9 @@ long long policy_simulate(const char *name, const uint64_t *keys, size_t n,
  * policy_restore_ghosts, then policy_restore_finish, which checks the whole
  * (MEMOS_EINVAL: the caller must throw the policy away and start afresh). */
 
-unsigned policy_dump_lists(const policy *p);        /* second lists: lru 0, lfu POLICY_LEVELS, lru_lfu 2 */
+unsigned policy_dump_lists(const policy *p);        /* second lists: lru 0, lfu POLICY_LEVELS, lru_lfu@i 2, lru_lfu 0 */
+unsigned policy_dump_rings(const policy *p);        /* ghost rings: lru_lfu@i 2, else 0 */
+unsigned policy_dump_bank(const policy *p);         /* lru_lfu: POLICY_BANK_VERSION, else 0 */
 /* Nodes of list `list` (-1: recency, MRU first; else second list `list`,
  * front first) into out[0..max); returns how many the list holds. */
 size_t   policy_dump_list(const policy *p, int list, policy_node **out, size_t max);

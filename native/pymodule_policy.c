@@ -246,7 +246,7 @@ static PyObject *po_rekey(PolicyObject *self, PyObject *args)
         return NULL;
     if (!n)
         Py_RETURN_FALSE;
-    policy_rekey(&n->pn, hash);
+    policy_rekey(&self->p, &n->pn, hash);
     Py_RETURN_TRUE;
 }
 
@@ -334,13 +334,16 @@ static PyObject *po_stats(PolicyObject *self, PyObject *noarg)
         return NULL;
     policy_stats st;
     policy_get_stats(&self->p, &st);
-    return Py_BuildValue("{sKsKsKsKsKsdsK}", "ghost_hits_recency",
+    const char *lead = st.bank_n ? policy_bank_name(st.expert) : NULL;
+    return Py_BuildValue("{sKsKsKsKsKsdsKsssKsK}", "ghost_hits_recency",
                          (unsigned long long)st.ghost_hits_recency, "ghost_hits_frequency",
                          (unsigned long long)st.ghost_hits_frequency, "ghost_entries",
                          (unsigned long long)st.ghost_entries, "probation",
                          (unsigned long long)st.probation, "protected",
                          (unsigned long long)st.protected_, "recency", st.recency, "count",
-                         (unsigned long long)policy_count(&self->p));
+                         (unsigned long long)policy_count(&self->p), "follows", lead ? lead : "",
+                         "switches", (unsigned long long)st.expert_switches, "bank_bytes",
+                         (unsigned long long)st.shadow_bytes);
 }
 
 static PyObject *po_check(PolicyObject *self, PyObject *noarg)
@@ -391,7 +394,7 @@ static PyObject *po_dump(PolicyObject *self, PyObject *noarg)
     }
     if (!(ghosts = PyList_New(0)))
         goto out;
-    for (unsigned r = 0; r < 2 && self->p.kind == POLICY_LRU_LFU; r++) {
+    for (unsigned r = 0; r < policy_dump_rings(&self->p); r++) {
         uint64_t clock;
         size_t len = policy_dump_ghosts(&self->p, r, NULL, NULL, 0, &clock);
         gh = malloc((len ? len : 1) * sizeof *gh);
@@ -429,7 +432,8 @@ static PyObject *po_dump(PolicyObject *self, PyObject *noarg)
     }
     uint64_t hits[2];
     double pfrac = policy_dump_balance(&self->p, hits);
-    out = Py_BuildValue("{sssdsIsKsKsOsOsO}", "policy", self->p.name, "pfrac", pfrac,
+    out = Py_BuildValue("{sssdsIsIsKsKsOsOsO}", "policy", self->p.name, "pfrac", pfrac,
+                        "bank", policy_dump_bank(&self->p),
                         "expert", policy_dump_expert(&self->p),
                         "ghost_hits_recency", (unsigned long long)hits[0],
                         "ghost_hits_frequency", (unsigned long long)hits[1],
@@ -473,6 +477,17 @@ static PyObject *restore_body(PolicyObject *self, PyObject *state)
     if (!nodes || !PyList_Check(nodes) || !lists || !PyList_Check(lists) || !ghosts ||
         !PyList_Check(ghosts) || !pf || !PyFloat_Check(pf) || !g0 || !g1)
         return bad("missing or mistyped fields");
+    /* lru_lfu's state since the bank (POLICY_BANK_VERSION): its entries in
+     * recency order and the member it followed; an older one (segments,
+     * ghost rings) is not this policy's state any more */
+    PyObject *bk = PyDict_GetItemString(state, "bank");     /* (borrowed; older files lack it) */
+    unsigned long long bank = 0;
+    if (bk && !get_u64(bk, &bank))
+        return bad("the bank version is not a number");
+    if (bank != policy_dump_bank(&self->p))
+        return bad(policy_dump_bank(&self->p)
+                       ? "an lru_lfu state of an older format (segments and ghost rings)"
+                       : "a state of another format");
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
         PyObject *t = PyList_GET_ITEM(nodes, i);
         unsigned long long id, hash, freq, ref;
@@ -516,7 +531,7 @@ static PyObject *restore_body(PolicyObject *self, PyObject *state)
                 return bad("a list names an unknown id, one twice, or one on the wrong list");
         }
     }
-    if (PyList_GET_SIZE(ghosts) != (self->p.kind == POLICY_LRU_LFU ? 2 : 0))
+    if ((unsigned)PyList_GET_SIZE(ghosts) != policy_dump_rings(&self->p))
         return bad("wrong number of ghost rings");
     for (Py_ssize_t r = 0; r < PyList_GET_SIZE(ghosts); r++) {
         PyObject *g = PyList_GET_ITEM(ghosts, r);
@@ -666,8 +681,65 @@ static PyTypeObject PolicyType = {
     .tp_as_sequence = &po_seq,
 };
 
+/* policy_bank(keys, capacity, evict_batch=1): lru_lfu's replay of a buffer of
+ * uint64 block ids (as policy_simulate) with what its bank saw: each
+ * member's hits over the same stream (each member at the capacity less the
+ * batch), the member followed at the end and the switches. */
+static PyObject *mod_policy_bank(PyObject *m, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "keys", "capacity", "evict_batch", NULL };
+    Py_buffer view;
+    long long capacity;
+    int batch = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*L|i:policy_bank", kwlist, &view, &capacity,
+                                     &batch))
+        return NULL;
+    if (view.len % 8 || capacity <= 0 || capacity > (1LL << 29) || batch <= 0 || batch > 4096) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "keys must be uint64s, capacity in 1..2**29, "
+                                          "evict_batch in 1..4096");
+        return NULL;
+    }
+    policy_stats st;
+    long long hits;
+    Py_BEGIN_ALLOW_THREADS
+    hits = policy_simulate("lru_lfu", view.buf, (size_t)view.len / 8, (size_t)capacity,
+                           (unsigned)batch, &st);
+    Py_END_ALLOW_THREADS
+    Py_ssize_t n = view.len / 8;
+    PyBuffer_Release(&view);
+    if (hits < 0)
+        return PyErr_NoMemory();
+    PyObject *members = PyDict_New();
+    for (unsigned e = 0; members && e < st.bank_n; e++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(st.bank_hits[e]);
+        if (!v || PyDict_SetItemString(members, policy_bank_name(e), v) < 0) {
+            Py_XDECREF(v);
+            Py_CLEAR(members);
+            break;
+        }
+        Py_DECREF(v);
+    }
+    if (!members)
+        return NULL;
+    const char *lead = policy_bank_name(st.expert);
+    return Py_BuildValue("{sLsnsNsssKsK}", "hits", hits, "lookups", n, "members", members,
+                         "leader", lead ? lead : "", "switches",
+                         (unsigned long long)st.expert_switches, "bytes",
+                         (unsigned long long)st.shadow_bytes);
+}
+
+static PyMethodDef policy_functions[] = {
+    { "policy_bank", (PyCFunction)(void (*)(void))mod_policy_bank, METH_VARARGS | METH_KEYWORDS,
+      "policy_bank(keys, capacity, evict_batch=1) -> dict: lru_lfu's replay with its bank's "
+      "figures (each member's hits, the member followed, switches, bytes)" },
+    { NULL, NULL, 0, NULL },
+};
+
 int pym_policy_register(PyObject *m)
 {
+    if (PyModule_AddFunctions(m, policy_functions) < 0)
+        return -1;
     if (PyType_Ready(&PolicyType) < 0)
         return -1;
     Py_INCREF(&PolicyType);

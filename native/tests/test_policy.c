@@ -1,9 +1,11 @@
 /*
  * test_policy.c — unit tests of policy.c: LRU order, victims skipping
  * pinned nodes, remove, foreach order, the LFU variant, a randomized run
- * against a reference recency array; the lru_lfu hybrid: segments, ghosts,
- * the aging clock, adaptation, pinned nodes, live switches, bounded ghosts,
- * and the block simulation on scan-polluted and shifting workloads.
+ * against a reference recency array; the two-segment hybrid (lru_lfu@i):
+ * segments, ghosts, the aging clock, pinned nodes; lru_lfu (the bank of
+ * published policies it follows): live switches, pinned nodes, deletions
+ * and renames, its memory, and the block simulation on scan-polluted,
+ * shifting, recency and loop workloads.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -159,6 +161,7 @@ static void test_hybrid_segments(void)
     policy p;
     CHECK_EQ(policy_init(&p, NULL, evictable, NULL), MEMOS_OK);
     CHECK(strcmp(p.name, "lru_lfu") == 0);
+    CHECK_EQ(policy_fix_expert(&p, 1), MEMOS_OK);    /* the ghost rule alone */
     obj o[4];
     memset(o, 0, sizeof o);
     for (int i = 0; i < 4; i++) {
@@ -190,6 +193,7 @@ static void test_hybrid_ghosts(void)
 {
     policy p;
     policy_init(&p, "lru_lfu", evictable, NULL);
+    policy_fix_expert(&p, 1);
     enum { N = 40 };
     static obj o[N];
     memset(o, 0, sizeof o);
@@ -226,7 +230,7 @@ static void test_hybrid_ghosts(void)
     CHECK(st.ghost_hits_frequency == 1 && st.recency < before);
     check_ok(&p);
     /* renaming rekeys: the ghost is recorded under the new hash */
-    policy_rekey(&o[9].pn, 0);         /* hash 0 is normalised */
+    policy_rekey(&p, &o[9].pn, 0);     /* hash 0 is normalised */
     CHECK_EQ(o[9].pn.hash, 1);
     policy_destroy(&p);
 }
@@ -235,6 +239,7 @@ static void test_hybrid_pinned_never_victims(void)
 {
     policy p;
     policy_init(&p, "lru_lfu", evictable, NULL);
+    policy_fix_expert(&p, 1);
     obj o[6];
     memset(o, 0, sizeof o);
     for (int i = 0; i < 6; i++) {
@@ -290,6 +295,8 @@ static void test_random_all_policies(void)
             policy_admit(&p, &o[i].pn, (uint64_t)i * 7919 + 1);
         } else if (rand() % 10 == 0) {
             policy_remove(&p, &o[i].pn);
+        } else if (rand() % 50 == 0) {
+            policy_rekey(&p, &o[i].pn, (uint64_t)step * 104729 + 3);   /* renamed */
         } else {
             policy_touch(&p, &o[i].pn);
         }
@@ -356,9 +363,27 @@ static void test_simulate_shifting(void)
     CHECK(hyb > lfu);
 }
 
+/* The best of the bank's members alone, over keys at capacity cap. */
+static long long best_member(const uint64_t *keys, size_t n, size_t cap, const char **who)
+{
+    long long best = -1;
+    for (unsigned e = 0; policy_bank_name(e); e++) {
+        char name[32];
+        snprintf(name, sizeof name, "ref:%s", policy_bank_name(e));
+        long long h = policy_simulate(name, keys, n, cap, 1, NULL);
+        CHECK(h >= 0);
+        if (h > best) {
+            best = h;
+            if (who)
+                *who = policy_bank_name(e);
+        }
+    }
+    return best;
+}
+
 /* A working set of 100 keys sliding forward one key every 5 accesses,
- * through 80 blocks: recency is all that matters.  The adaptive hybrid
- * must end within 0.2 points of LRU (the issue-18 goal). */
+ * through 80 blocks: recency is all that matters.  lru_lfu must end within
+ * 0.2 points of LRU and of its best member. */
 static void test_adaptive_recency_stream(void)
 {
     enum { N = 200000 };
@@ -369,16 +394,19 @@ static void test_adaptive_recency_stream(void)
     long long lru = policy_simulate("lru", keys, N, 80, 1, NULL);
     policy_stats st;
     long long hyb = policy_simulate("lru_lfu", keys, N, 80, 1, &st);
-    long long fixed1 = policy_simulate("lru_lfu@1", keys, N, 80, 1, NULL);
-    fprintf(stderr, "  recency stream: lru %lld, adaptive %lld (expert %u), ghost rule alone %lld\n",
-            lru, hyb, st.expert, fixed1);
+    const char *who = "";
+    long long best = best_member(keys, N, 80, &who);
+    fprintf(stderr, "  recency stream: lru %lld, lru_lfu %lld (follows %s), best member %lld (%s)\n",
+            lru, hyb, policy_bank_name(st.expert), best, who);
     CHECK(hyb * 1000 >= lru * 1000 - 2LL * N);     /* >= LRU - 0.2 points */
-    CHECK_EQ(st.expert, 0u);                        /* it ends on plain LRU */
+    CHECK(hyb * 1000 >= best * 1000 - 2LL * N);
+    CHECK_EQ(st.bank_n, 11u);
+    CHECK_EQ(st.bank_hits[0], (uint64_t)lru);       /* member 0 is LRU, alone at the same size */
 }
 
 /* A loop 10% larger than the cache, with one-time noise: LRU hits nothing,
- * the adaptive hybrid finds the LIRS-like setting; and a scan-polluted hot
- * set (frequency matters). */
+ * lru_lfu follows a member that keeps part of the loop; and a scan-polluted
+ * hot set (frequency matters). */
 static void test_adaptive_frequency_streams(void)
 {
     enum { N = 200000 };
@@ -388,32 +416,28 @@ static void test_adaptive_frequency_streams(void)
         keys[i] = lcg(&s) % 10 == 0 ? cold++ : (uint64_t)(j++ % 1100);
     long long lru = policy_simulate("lru", keys, N, 1000, 1, NULL);
     long long hyb = policy_simulate("lru_lfu", keys, N, 1000, 1, NULL);
-    fprintf(stderr, "  loop: lru %lld, adaptive %lld\n", lru, hyb);
+    long long best = best_member(keys, N, 1000, NULL);
+    fprintf(stderr, "  loop: lru %lld, lru_lfu %lld, best member %lld\n", lru, hyb, best);
     CHECK(hyb > lru + N / 2);                       /* more than 50 points better */
+    CHECK(hyb * 1000 >= best * 1000 - 2LL * N);
     s = 1;
     cold = 1u << 30;
     for (int i = 0; i < N; i++)
         keys[i] = lcg(&s) % 3 == 0 ? lcg(&s) % 400 : cold++;
     lru = policy_simulate("lru", keys, N, 540, 1, NULL);
     hyb = policy_simulate("lru_lfu", keys, N, 540, 1, NULL);
-    long long best = 0;
-    for (unsigned e = 0; policy_expert_at(e); e++) {
-        char name[16];
-        snprintf(name, sizeof name, "lru_lfu@%u", e);
-        long long h = policy_simulate(name, keys, N, 540, 1, NULL);
-        best = h > best ? h : best;
-    }
-    fprintf(stderr, "  scan-polluted: lru %lld, adaptive %lld, best setting %lld\n", lru, hyb, best);
+    best = best_member(keys, N, 540, NULL);
+    fprintf(stderr, "  scan-polluted: lru %lld, lru_lfu %lld, best member %lld\n", lru, hyb, best);
     CHECK(hyb > lru * 3 / 2);
-    CHECK(hyb * 1000 >= best * 1000 - 5LL * N);     /* within 0.5 points of its best setting */
+    CHECK(hyb * 1000 >= best * 1000 - 2LL * N);     /* within 0.2 points of its best member */
 }
 
-/* Loops that change every 15,000 accesses (one 10% larger than the cache,
+/* Loops that change every 14,500 accesses (one 10% larger than the cache,
  * the others fitting or thrashing), with one-time noise: within a lap the
- * copies' scores swing, and every switch costs the live cache laps to
- * settle.  The switching rule (a lead beyond 3 standard errors and beyond
- * the live cache's lag) keeps the adaptive policy within half a point of
- * its best setting alone, with few switches. */
+ * members' hits swing, and every switch costs the live cache a turnover.
+ * This is where following costs most (1.3 points under the best member
+ * alone when written, with 5 switches; docs/benchmarks.md): it must stay
+ * within 2 points of it, far above LRU, with few switches. */
 static void test_adaptive_switching_loops(void)
 {
     enum { N = 150000, PHASE = 14500 };
@@ -426,20 +450,15 @@ static void test_adaptive_switching_loops(void)
     }
     policy_stats st;
     long long hyb = policy_simulate("lru_lfu", keys, N, 540, 1, &st);
-    long long best = 0;
-    for (unsigned e = 0; policy_expert_at(e); e++) {
-        char name[16];
-        snprintf(name, sizeof name, "lru_lfu@%u", e);
-        long long h = policy_simulate(name, keys, N, 540, 1, NULL);
-        best = h > best ? h : best;
-    }
-    fprintf(stderr, "  switching loops: adaptive %lld (%llu switches), best setting %lld\n",
+    long long best = best_member(keys, N, 540, NULL);
+    fprintf(stderr, "  switching loops: lru_lfu %lld (%llu switches), best member %lld\n",
             hyb, (unsigned long long)st.expert_switches, best);
-    CHECK(hyb * 1000 >= best * 1000 - 5LL * N);     /* within 0.5 points of its best setting */
-    CHECK(st.expert_switches <= 10);                /* the rule before this one: 25 */
+    CHECK(hyb * 1000 >= best * 1000 - 20LL * N);    /* within 2 points of its best member */
+    CHECK(hyb > policy_simulate("lru", keys, N, 540, 1, NULL) * 2);
+    CHECK(st.expert_switches <= 10);
 }
 
-/* The same keys give the same hits, setting and switches. */
+/* The same keys give the same hits, leader and switches. */
 static void test_adaptive_deterministic(void)
 {
     enum { N = 100000 };
@@ -453,14 +472,19 @@ static void test_adaptive_deterministic(void)
     CHECK_EQ(h1, h2);
     CHECK_EQ(a.expert, b.expert);
     CHECK_EQ(a.expert_switches, b.expert_switches);
-    CHECK(a.expert_switches > 0 && a.shadow_bytes > 0);
+    CHECK(a.shadow_bytes > 0);
+    for (unsigned e = 0; e < a.bank_n; e++)
+        CHECK_EQ(a.bank_hits[e], b.bank_hits[e]);
     CHECK_EQ(policy_simulate("lru_lfu@6", keys, 10, 600, 1, NULL), -1);
     CHECK_EQ(policy_simulate("lru@1", keys, 10, 600, 1, NULL), -1);
+    CHECK_EQ(policy_simulate("ref:bogus", keys, 10, 600, 1, NULL), -1);
+    CHECK_EQ(policy_simulate("ref:LRU", keys, 10, 0, 1, NULL), -1);
 }
 
-/* A live policy over 9000 nodes (the shadow samples 1 in 4), pinned ones
- * and removals: every structure, the shadow copies included, stays sound. */
-static void test_adaptive_live_with_shadow(void)
+/* A live policy over 9000 nodes, pinned ones, deletions and renames: every
+ * structure (the members alone and synced, the map) stays sound; the bank's
+ * memory stays within its stated bound (policy.c: 4 KiB an entry). */
+static void test_adaptive_live_bank(void)
 {
     enum { M = 12000, CAP = 9000 };
     static obj o[M];
@@ -474,7 +498,12 @@ static void test_adaptive_live_with_shadow(void)
         obj *x = &o[k];
         x->id = k;
         if (x->pn.linked) {
-            policy_touch(&p, &x->pn);
+            if (lcg(&s) % 100 == 0) {
+                policy_remove(&p, &x->pn);          /* deleted */
+                live--;
+            } else {
+                policy_touch(&p, &x->pn);
+            }
             continue;
         }
         while (live >= CAP) {
@@ -482,6 +511,7 @@ static void test_adaptive_live_with_shadow(void)
             size_t got = policy_victims(&p, v, 4);
             CHECK(got > 0);
             for (size_t j = 0; j < got; j++) {
+                CHECK(!((obj *)v[j])->pinned);
                 policy_note_evict(&p, v[j]);
                 policy_remove(&p, v[j]);
                 live--;
@@ -495,8 +525,9 @@ static void test_adaptive_live_with_shadow(void)
     }
     policy_stats st;
     policy_get_stats(&p, &st);
-    CHECK_EQ(st.shadow_shift, 2u);
-    CHECK(st.shadow_bytes > 0 && st.shadow_bytes < 8u << 20);
+    CHECK_EQ(st.bank_n, 11u);
+    CHECK(st.bank_accesses > 0);
+    CHECK(st.shadow_bytes > 0 && st.shadow_bytes < 4096ull * CAP);
     check_ok(&p);
     CHECK_EQ(policy_select(&p, "lru"), MEMOS_OK);
     CHECK_EQ(policy_select(&p, "lru_lfu"), MEMOS_OK);
@@ -520,7 +551,7 @@ int main(void)
     RUN(test_adaptive_recency_stream);
     RUN(test_adaptive_frequency_streams);
     RUN(test_adaptive_deterministic);
-    RUN(test_adaptive_live_with_shadow);
+    RUN(test_adaptive_live_bank);
     RUN(test_adaptive_switching_loops);
     return DONE("test_policy");
 }

@@ -2,7 +2,9 @@
  * test_policy_state.c — unit tests of policy.c's state dump and restore (the
  * SSD tier's policy): a restored policy passes policy_check, holds the same
  * lists, ghosts and balance, and picks the same victims as the one dumped,
- * now and after the same future; damaged restores are refused.
+ * now and after the same future (lru, lfu, a hybrid setting); lru_lfu comes
+ * back with its entries in the same order and the member it followed, its
+ * bank started anew from them; damaged restores are refused.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +74,7 @@ static int copy_state(const policy *p, obj *po, policy *q, obj *qo)
             if (policy_restore_place(q, &qo[((obj *)v[i])->id].pn, l) != MEMOS_OK)
                 return MEMOS_EINVAL;
     }
-    for (unsigned r = 0; r < 2 && policy_dump_lists(p) == 2; r++) {
+    for (unsigned r = 0; r < policy_dump_rings(p); r++) {
         uint64_t clock, *h = malloc(8 * N * sizeof *h);
         uint8_t *live = malloc(8 * N);
         size_t len = policy_dump_ghosts(p, r, h, live, 8 * N, &clock);
@@ -112,7 +114,8 @@ static void same_state(const policy_stats *a, const policy_stats *b)
     CHECK_EQ(a->expert, b->expert);
 }
 
-static void roundtrip(const char *name)
+/* fixed >= 0: the hybrid setting lru_lfu@fixed */
+static void roundtrip(const char *name, int fixed)
 {
     static obj po[N], qo[N];
     memset(po, 0, sizeof po);
@@ -122,6 +125,12 @@ static void roundtrip(const char *name)
     policy p, q;
     CHECK_EQ(policy_init(&p, name, NULL, NULL), MEMOS_OK);
     CHECK_EQ(policy_init(&q, name, NULL, NULL), MEMOS_OK);
+    if (fixed >= 0) {
+        CHECK_EQ(policy_fix_expert(&p, (unsigned)fixed), MEMOS_OK);
+        CHECK_EQ(policy_fix_expert(&q, (unsigned)fixed), MEMOS_OK);
+    }
+    int bank = policy_dump_bank(&p) != 0;
+    CHECK_EQ(bank, strcmp(name, "lru_lfu") == 0 && fixed < 0);
     churn(&p, po, 20000, 1234);
     CHECK_EQ(policy_check(&p, why, sizeof why), MEMOS_OK);
     int rc = copy_state(&p, po, &q, qo);
@@ -131,14 +140,30 @@ static void roundtrip(const char *name)
     policy_stats a, b;
     policy_get_stats(&p, &a);
     policy_get_stats(&q, &b);
-    same_state(&a, &b);
-    same_victims(&p, &q, 40);
-    /* the same further workload: the restored policy stays sound (its
-     * shadow copies started anew, so its later switches may differ) */
+    if (bank) {
+        /* the same entries in the same order, following the same member */
+        policy_node *va[N], *vb[N];
+        size_t na = policy_dump_list(&p, -1, va, N), nb = policy_dump_list(&q, -1, vb, N);
+        CHECK_EQ(na, nb);
+        for (size_t i = 0; i < na && i < nb; i++)
+            CHECK_EQ(((obj *)va[i])->id, ((obj *)vb[i])->id);
+        policy_node *v[4];
+        size_t want = policy_count(&q) < 4 ? (size_t)policy_count(&q) : 4;
+        CHECK_EQ(policy_victims(&q, v, 4), want);   /* (its bank starts here) */
+        policy_get_stats(&q, &b);
+        CHECK_EQ(a.expert, b.expert);
+        CHECK_EQ(policy_dump_rings(&q), 0u);
+        CHECK_EQ(policy_dump_lists(&q), 0u);
+    } else {
+        same_state(&a, &b);
+        same_victims(&p, &q, 40);
+    }
+    /* the same further workload: the restored policy stays sound (lru_lfu's
+     * bank started anew, so its later choices may differ) */
     churn(&p, po, 5000, 999);
     churn(&q, qo, 5000, 999);
     CHECK_EQ(policy_check(&q, why, sizeof why), MEMOS_OK);
-    if (strcmp(name, "lru_lfu") != 0) {
+    if (!bank) {
         same_victims(&p, &q, 60);
         policy_get_stats(&p, &a);
         policy_get_stats(&q, &b);
@@ -154,6 +179,7 @@ static void test_refusals(void)
     memset(o, 0, sizeof o);
     policy q;
     CHECK_EQ(policy_init(&q, "lru_lfu", NULL, NULL), MEMOS_OK);
+    CHECK_EQ(policy_fix_expert(&q, 1), MEMOS_OK);
     policy_restore_node(&q, &o[0].pn, 1, 0, 0);
     policy_restore_node(&q, &o[1].pn, 2, 3, 1);
     CHECK_EQ(policy_restore_place(&q, &o[0].pn, 0), MEMOS_OK);
@@ -172,15 +198,36 @@ static void test_refusals(void)
     CHECK_EQ(policy_restore_place(&l, &o[2].pn, 3), MEMOS_OK);
     CHECK_EQ(policy_restore_finish(&l, 0.5, hits, why, sizeof why), MEMOS_OK);
     policy_destroy(&l);
+    /* lru_lfu keeps no segments or ghost rings: an older dump's are refused */
+    static obj b[2];
+    memset(b, 0, sizeof b);
+    policy k;
+    CHECK_EQ(policy_init(&k, "lru_lfu", NULL, NULL), MEMOS_OK);
+    CHECK_EQ(policy_dump_bank(&k), (unsigned)POLICY_BANK_VERSION);
+    policy_restore_node(&k, &b[0].pn, 11, 2, 1);
+    CHECK_EQ(policy_restore_place(&k, &b[0].pn, 0), MEMOS_EINVAL);
+    CHECK_EQ(policy_restore_ghosts(&k, 0, h, live, 1, 1), MEMOS_EINVAL);
+    CHECK_EQ(policy_restore_expert(&k, 99), MEMOS_EINVAL);
+    CHECK_EQ(policy_restore_expert(&k, 2), MEMOS_OK);           /* ARC */
+    CHECK_EQ(policy_restore_finish(&k, 0.5, hits, why, sizeof why), MEMOS_OK);
+    policy_node *v[1];
+    CHECK_EQ(policy_victims(&k, v, 1), 1);
+    policy_stats st;
+    policy_get_stats(&k, &st);
+    CHECK_EQ(st.expert, 2u);
+    CHECK_EQ(policy_check(&k, why, sizeof why), MEMOS_OK);
+    policy_destroy(&k);
 }
 
-static void test_roundtrip_lru_lfu(void) { roundtrip("lru_lfu"); }
-static void test_roundtrip_lru(void) { roundtrip("lru"); }
-static void test_roundtrip_lfu(void) { roundtrip("lfu"); }
+static void test_roundtrip_lru_lfu(void) { roundtrip("lru_lfu", -1); }
+static void test_roundtrip_hybrid(void) { roundtrip("lru_lfu", 1); }
+static void test_roundtrip_lru(void) { roundtrip("lru", -1); }
+static void test_roundtrip_lfu(void) { roundtrip("lfu", -1); }
 
 int main(void)
 {
     RUN(test_roundtrip_lru_lfu);
+    RUN(test_roundtrip_hybrid);
     RUN(test_roundtrip_lru);
     RUN(test_roundtrip_lfu);
     RUN(test_refusals);
