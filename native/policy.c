@@ -9,13 +9,67 @@
  *              least.  It gives memos_foreach its order and is the victim
  *              order of "lru".
  *
- * A second list, through fprev/fnext, depends on the policy:
+ *   lfu        a second list, through fprev/fnext: POLICY_LEVELS lists; a
+ *              node sits in level = bit length of its touch count (capped).
+ *              Victims: rarest level first, oldest first.
  *
- *   lfu        POLICY_LEVELS lists; a node sits in level = bit length of its
- *              touch count (capped): level 0 never touched, 1 once, 2 two or
- *              three times...  Victims: rarest level first, oldest first.
+ *   lru_lfu    follows a bank of policies (issue 29): the published ones
+ *              its peers are (bench policy) and three settings of a hybrid
+ *              of its own, each run in full beside the cache.
  *
- *   lru_lfu    two segments, after ARC, 2Q and S3-FIFO:
+ * ---- lru_lfu: the bank ----
+ *
+ * No published policy wins everywhere (LRU where recency is all, LIRS on
+ * loops larger than the cache, W-TinyLFU and S3-FIFO on skewed popularity,
+ * ARC in between), and a policy that approximates them (issue 18's hybrid
+ * with sampled copies) falls short of the one it approximates.  So lru_lfu
+ * runs the policies themselves and follows one.  BANK lists eleven members:
+ * LRU, LFU, ARC (Megiddo and Modha, FAST 2003), 2Q (Johnson and Shasha,
+ * VLDB 1994), S3-FIFO (Yang et al., SOSP 2023, as libCacheSim runs it),
+ * SIEVE (Zhang et al., NSDI 2024), LIRS (Jiang and Zhang, SIGMETRICS 2002),
+ * W-TinyLFU (Einziger, Friedman and Manes, ACM ToS 2017, in Caffeine's
+ * layout), and the hybrid's settings 1, 2 and 5 ("lru_lfu@i", below), which
+ * beat every published one on some streams.  Each is written step for step
+ * as memosfs/testing/refpolicies.py has it (the tests replay both and ask
+ * for equal hits; the bench replays the C ones as "ref:NAME").
+ *
+ * Every member runs twice, over the key hashes of the live entries (unit
+ * size: a member counts entries, not bytes):
+ *   alone   its own cache of the live cache's size (the count when victims
+ *           were last asked for), seeing every access (policy_admit: a miss,
+ *           policy_touch: a hit): its hits are what the policy would have
+ *           hit on this stream — the scores;
+ *   synced  over the live entries themselves: it sees every access, every
+ *           eviction (as if it had evicted that entry: into its ghosts) and
+ *           every deletion, and never evicts on its own; asked, it names the
+ *           entries it would evict next, in its order (x_victims).
+ * The live cache's victims are its leader's synced choices (the first that
+ * may go; then the least recently used).  Following another member changes
+ * who chooses, not what the cache holds, and the new leader's bookkeeping
+ * (ghosts, frequencies, segments, LIRS's stack) has followed the live
+ * entries all along.  A synced member followed from the start picks what
+ * it picks alone (tested, all but ARC and 2Q, whose choice alone depends on
+ * the key about to come in, unknown when the cache asks for room).
+ *
+ * The switching rule (bank_choose): a switch is not free — the live entries
+ * were chosen by the old leader, and until they turn over the new one does
+ * not hit as it does alone — so the rule is rent or buy.  The start member
+ * (BANK_START, lru_lfu@2) leads until the cache has seen BANK_FIRST x its
+ * size accesses, then the member with the most hits so far; from there on,
+ * each member's gain over the leader since the last switch must pass what a
+ * switch costs (measured: over BANK_MEASURE x the size accesses after each
+ * switch, what the new leader hit alone less what the live cache hit; the
+ * estimate starts at 1% of the size and is then the mean of itself and the
+ * last measure) and BANK_Z standard errors of a sum of correlated steps
+ * (the gains of each BANK_EVERY-access period, squared: a request's blocks
+ * hit or miss together).  Everything is a function of the access sequence:
+ * the replay is deterministic.  Where it falls short (docs/benchmarks.md):
+ * streams whose best member changes phase after phase (loops, shifting
+ * popularity), where every switch costs a turnover.
+ *
+ * ---- the hybrid (lru_lfu@i, and lru_lfu when the bank cannot be had) ----
+ *
+ * Two segments, after ARC, 2Q and S3-FIFO:
  *
  *        admit ──► probation (FIFO) ──hit──► protected (LRU + aging clock)
  *                     │ evict                     │ evict (ref == 0)
@@ -25,102 +79,40 @@
  *                     └──── an admit whose key hash is in a ghost goes
  *                           straight to protected ◄┘
  *
- *     A hit in probation promotes to protected (ref = 0); a hit in protected
- *     moves the node to the front and adds 1 to its 2-bit `ref` (max 3).
- *     Victims come from probation while it holds more than its target
- *     (pfrac × count), else from protected: its oldest node with ref == 0;
- *     a node with ref > 0 passed on the way loses 1 and goes back to the
- *     front (a clock: frequency that ages, so old popularity fades).
+ * A hit in probation promotes to protected (ref = 0); a hit in protected
+ * moves the node to the front and adds 1 to its 2-bit `ref` (max 3).
+ * Victims come from probation while it holds more than its target (pfrac ×
+ * count), else from protected: its oldest node with ref == 0; a node with
+ * ref > 0 passed on the way loses 1 and goes back to the front (a clock:
+ * frequency that ages).  HYBRIDS lists six settings (policy_expert): 0 LRU,
+ * 1 the ghost rule (pfrac starts at 0.5 and moves by 1/count on each ghost
+ * hit among the W = count/4 most recent insertions of its ring: ghost 0 up,
+ * ghost 1 down, clamped to [0.01, 0.9]), 2 pfrac 0.1, 3 pfrac 0.01 with
+ * ghost hits admitted to protected only while it has room, 4 pfrac 0.3, 5
+ * pfrac 0.01 where a recent ghost hit may also take the place of a cold
+ * protected node (LIRS-like on loops).  Ghosts remember key hashes only:
+ * two FIFO rings of (hash, seq) and one open-addressing table hash → (seq,
+ * ring), about 48 bytes per ghost, at most 3 × count.
  *
- *     Settings ("experts").  What the hybrid does is set by a
- *     policy_expert: pfrac, the probation target as a share of count (fixed,
- *     or moved by the ghost rule below); lru, victims in plain recency
- *     order; gadmit, where a ghost hit is admitted:
- *       1  protected;
- *       2  protected while it has room (count - target, less one batch of
- *          victims, the most last asked for, so a batch eviction still
- *          finds them in probation), else probation;
- *       3  as 2, or, for a ghost evicted within the last `count` evictions of
- *          its ring, in place of the first ref-0 node met in up to 2 clock
- *          steps over protected's oldest (it goes back to probation; a node
- *          with ref > 0 loses one and goes to the front); it enters with
- *          ref 1, and victims come from probation first whatever its size.
- *          LIRS-like: a loop larger than the cache keeps its protected part,
- *          and a new working set still displaces a stale one.
- *     EXPERTS lists six: 0 LRU, 1 the ghost rule (ARC-like), 2 pfrac 0.1
- *     (S3-FIFO-like), 3 pfrac 0.01 gadmit 2, 4 pfrac 0.3, 5 pfrac 0.01
- *     gadmit 3.
+ * Memory.  48 bytes per entry (policy_node).  lru_lfu's bank, for caches up
+ * to BANK_MAX_LIVE (65,536) entries: about 290 KB fixed plus 2.9-4.2 KB per
+ * entry measured (22 members' nodes, tables, ghosts and sketches, with the
+ * slack of arrays that grow by doubling; policy_stats shadow_bytes): at
+ * most about 300 MB at the limit.  A cache with more entries (or a bank
+ * that cannot be allocated) drops the bank for good and runs the ghost rule
+ * alone (48 bytes + ghosts per entry).  Per member: LRU, LFU, SIEVE,
+ * W-TinyLFU (+ a sketch of 16 x size bytes) keep no ghosts; ARC keeps at
+ * most `size` of them, 2Q half that, S3-FIFO 0.9 x size, LIRS's stack at most
+ * 2 x size entries; a hybrid member the hybrid's.
  *
- *     Ghost rule (expert 1).  pfrac starts at 0.5 and moves by 1/count on
- *     each ghost hit that a slightly larger segment would have turned into a
- *     hit: a key found in ghost g among its W = count/4 most recent
- *     insertions.  Ghost 0 → probation too small → pfrac up; ghost 1 →
- *     protected too small → pfrac down; clamped to [0.01, 0.9].
- *
- *     Adaptation: shadow simulation (issue 18).  No setting wins everywhere
- *     (LRU on recency-bound streams, small probation on Zipf, LIRS-like on
- *     loops, the ghost rule on the Mooncake trace), so the policy runs every
- *     candidate on a sample of the keys and uses the one that hits most.
- *     The shadow holds one copy of the cache per expert, each a fixed policy
- *     of its own over unit-size nodes.  Keys are sampled spatially (SHARDS):
- *     a key hash is in when its remix is divisible by 2^shift, and every
- *     copy holds size / 2^shift nodes, where size is the cache's count when
- *     full (the count when victims were last asked for, or the count if
- *     larger, so a batch of evictions does not shrink the copies).  shift
- *     starts at 0 (small caches: full copies, exact) and goes up by one
- *     whenever size / 2^shift would pass SHADOW_CAP (4096) nodes; the sample
- *     then halves (a subset: the copies drop the keys no longer sampled).
- *     Every admit and touch of the live policy is one access of the stream:
- *     if sampled, each copy looks the key up (a hit: touch; a miss: evict to
- *     its capacity, admit), and its score decays by 1 - 1/max(1024, 2 ×
- *     copy capacity) and adds the hit.  Every 32 sampled accesses the live
- *     policy takes the best-scoring expert (exact ties: the LIRS-like 3 and 5
- *     first, LRU last) if its lead over the one in force passes three tests:
- *       - more than 1% + 1 (near-ties stay);
- *       - more than 3 standard errors (SWITCH_SIGMA): two copies' scores
- *         differ only on the accesses where one hit and the other missed
- *         (a decayed count kept per pair); were neither better, each would
- *         go either way, so a fluctuation leads by about the square root of
- *         that count (a sign test).  Within a lap of a loop, or between
- *         settings that hit different keys about as often, the scores swing
- *         by more than 1% without either being better;
- *       - more than 1.25 times (SWITCH_SETTLE) what the live cache still
- *         trails the copy of the setting in force (the live policy's own
- *         hits on the sampled accesses, decayed alike): that lag is the
- *         measured cost of the switches so far, paid while the live state
- *         built under the old setting settles; a new switch must win more.
- *     A switch changes `mode` (and pfrac: the expert's fixed one, or its
- *     copy's adapted one) and nothing else — segments, refs and ghosts stay,
- *     so it is O(1) and the next victims follow the new setting.  It starts
- *     with expert 1.  On the suite (bench policy --suite) this rule took the
- *     loops at 2.7% of the keys from 13 switches to 1 (gap to LIRS -3.8 →
- *     -0.1 points), and the shifting popularity at 5.5%, where the settings
- *     alone are within 1% of each other, from 36 to 4 (gap to LRU -0.57 →
- *     -0.09).  Everything is a function of the
- *     access sequence: the replay is deterministic.  policy_fix_expert (and
- *     the simulation name "lru_lfu@i") runs one expert alone, no shadow.
- *
- *     Ghosts remember key hashes only, independent of the freed entries: two
- *     FIFO rings of (hash, seq) and one open-addressing table hash → (seq,
- *     ring).  A ghost hit deletes the table slot and leaves its ring slot
- *     stale (recognised by its seq when it reaches the tail).  About 48
- *     bytes per ghost, at most 3 × count live ghosts (6 × count ring slots).
- *
- * Memory.  48 bytes per entry (policy_node, unchanged) plus the ghosts
- * (at most 3 × count live, about 48 bytes each) plus the shadow, a fixed
- * cost whatever the cache's size: six copies of at most 4,096 nodes, each
- * at most about 1.2 MB with its table and ghosts (7.3 MB in all; 4.3 MB
- * measured on the Mooncake trace at 49k blocks: policy_stats shadow_bytes),
- * allocated on the first access; if that fails, the setting in force stays
- * for good.
- *
- * Cost: admit, touch and remove are O(1); a victim is O(skipped) (pinned
- * nodes, and at most 3 clock passes per protected node); ghost upkeep is
- * amortized O(1).  Segments count entries, not bytes.  Under lru_lfu an
- * admit or touch also feeds the shadow: for a sampled key, one lookup and
- * O(1) policy work in each of the six copies, and 15 pair counts (about
- * 1.2 us an access measured for a cache under 4,096 entries, where every
- * key is sampled; 0.2 us at 20k entries).
+ * Cost.  admit, touch and remove are O(1) for lru and lfu; a victim is
+ * O(skipped).  Under lru_lfu an admit or touch is one access of each of the
+ * 22 members (O(1) each: a table lookup and list moves; W-TinyLFU 8 sketch
+ * counters) and every BANK_EVERY accesses an O(members) look at the scores:
+ * 1.2-5.8 us an access measured on the bench's machine (bench policy,
+ * 900-49,000 entries; the larger the cache, the more of it misses the CPU
+ * caches).  A victim is O(1) plus the synced leader's walk (pinned entries,
+ * CLOCK passes).  An eviction or deletion is one step in each synced member.
  *
  * Victims are filtered by the owner's evictable() predicate (the cache skips
  * pinned, sticky, evicting and just-refused entries) and are not removed
@@ -128,10 +120,12 @@
  * that it really evicts.
  *
  * Invariants (policy_check): the recency list is well linked and holds
- * `count` nodes, each marked linked; under lfu each node is on the level list
- * its freq says; under lru_lfu each node is on the segment its seg says and
- * the segment counts add up to count; every ghost in the table is live in
- * its ring.
+ * `count` nodes, each marked linked; under lfu each node is on the level
+ * list its freq says; under a hybrid setting each node is on the segment its
+ * seg says, the segment counts add up and every ghost in the table is live
+ * in its ring; under lru_lfu every live node is in the map, each member
+ * alone holds at most its capacity, each synced member holds the live
+ * entries, and each member's table, lists and counts agree.
  *
  * Locking: none here; the cache lock guards every call.
  */
@@ -151,7 +145,8 @@
 #define PFRAC_MAX       0.9
 #define GHOST_MIN       16u     /* ring capacity floor */
 #define HYBRID_START    1u      /* lru_lfu@i: the ghost rule, the hybrid before any evidence */
-#define BANK_START      10u     /* lru_lfu: the member followed before any evidence (lru_lfu@5) */
+#define BANK_START      9u      /* lru_lfu: the member followed before any evidence (lru_lfu@2) */
+#define BANK_MAX_LIVE   (1u << 16)  /* more live entries than this: the bank goes (its memory) */
 #define DEMOTE_STEPS    2u      /* gadmit 3: clock steps one ghost hit may take */
 #define SWITCH_SIGMA    3.0     /* a switch needs a lead of this many standard errors */
 #define SWITCH_SETTLE   1.25    /* ... and of this many times the live cache's lag behind its leader */
@@ -327,8 +322,10 @@ void policy_admit(policy *p, policy_node *n, uint64_t hash)
     n->seg = 0;
     n->fprev = n->fnext = NULL;
     if (bank_ready(p)) {
-        if (map_put(p->bank, n) != MEMOS_OK) {
-            to_fixed(p, HYBRID_START);      /* no memory: the ghost rule alone */
+        if (p->count > BANK_MAX_LIVE || map_put(p->bank, n) != MEMOS_OK) {
+            /* too many entries for the bank's memory, or no memory: the
+             * ghost rule alone (n joins as every other node, protected) */
+            to_fixed(p, HYBRID_START);
             return;
         }
         bank_access(p, n->hash, 0);
@@ -1059,6 +1056,7 @@ int policy_restore_expert(policy *p, unsigned i)
         if (!policy_bank_name(i))
             return MEMOS_EINVAL;
         p->restore_leader = i + 1;
+        p->expert = i;
         return MEMOS_OK;
     }
     if (i >= POLICY_EXPERTS)
@@ -2770,7 +2768,7 @@ static void x_evicted(expert *x, uint64_t key)
 #define BANK_Z          2.0     /* a lead must pass this many standard errors (sign test) */
 #define BANK_COST0      0.01    /* what a switch costs before one was measured, x the cache size */
 #define BANK_MEASURE    2.0     /* a switch's cost is measured over this many x the cache size accesses */
-#define BANK_MAX_LIVE   (1u << 17)  /* more live entries than this: the bank goes (memory) */
+#define BANK_FIRST      2.0     /* the first choice, after this many x the cache size accesses */
 #define BANK_WARM_USES  3u      /* a warm start replays an entry at most 1 + this many times */
 
 struct policy_bank {
@@ -2781,7 +2779,8 @@ struct policy_bank {
     uint64_t accesses, live_hits;
     /* since the last switch */
     uint64_t sw_at, sw_live, sw_hits[BANK_N];  /* accesses, live hits, each member's hits then */
-    uint64_t sw_dis[BANK_N];                /* accesses each member and the leader disagreed on */
+    int64_t  blk[BANK_N];                   /* each member's gain over the leader in this period */
+    double   sq[BANK_N];                    /* sum of the squared gains of the periods since the switch */
     double   cost;                          /* what a switch costs (hits), learnt from the last ones */
     int      measuring, measured;           /* the last switch's cost is being / was ever measured */
     policy  *p;                             /* the live policy */
@@ -2880,7 +2879,8 @@ static void bank_switch(policy *p, unsigned e)
     b->sw_live = b->live_hits;
     for (unsigned k = 0; k < BANK_N; k++) {
         b->sw_hits[k] = b->hits[k];
-        b->sw_dis[k] = 0;
+        b->blk[k] = 0;
+        b->sq[k] = 0;
     }
     b->measuring = 1;
 }
@@ -2888,30 +2888,51 @@ static void bank_switch(policy *p, unsigned e)
 /* Ties go to the first of this order. */
 static const unsigned BANK_TIE[BANK_N] = { 10, 6, 2, 8, 4, 7, 3, 9, 5, 1, 0 };
 
-/* Rent or buy.  Since the last switch, each member has gained some hits
- * over the leader (possibly fewer than none); the live cache switches to the
- * one whose gain most exceeds what a switch costs, if that gain is also
- * more than BANK_Z standard errors of a sign test (the accesses where the
- * two disagreed: were neither better, each would go either way).  What a
- * switch costs is measured: over BANK_MEASURE x the cache size accesses
- * after a switch, the hits the new leader made alone less those the live
- * cache made (not below 0); the estimate is the first measure, then the
- * mean of the last estimate and the new measure; before any,
- * BANK_COST0 x the cache size. */
+/* The choice.  Until the cache has seen BANK_FIRST x its size accesses, the
+ * start member leads (before the first eviction, every member holds the
+ * same); then, once, the member with the most hits so far.  From there on,
+ * rent or buy: since the last switch, each member has gained some hits over
+ * the leader (possibly fewer than none); the live cache switches to the
+ * one whose gain most exceeds what a switch costs, if that gain also passes
+ * BANK_Z standard errors.  The error is that of a sum of correlated steps:
+ * the gains of the BANK_EVERY-access periods since the switch, squared and
+ * summed (a request's blocks hit or miss together, so single accesses are
+ * not independent; for independent ones this is the sign test over the
+ * accesses where the two disagree).  What a switch costs is measured: over
+ * BANK_MEASURE x the cache size accesses after a switch, the hits the new
+ * leader made alone less those the live cache made (not below 0); the
+ * estimate starts at BANK_COST0 x the cache size and is then the mean of
+ * itself and each new measure. */
 static void bank_choose(policy *p)
 {
     struct policy_bank *b = p->bank;
     unsigned cur = p->expert;
     double size = (double)(b->cap == XUNLIMITED ? p->count : b->cap);
+    for (unsigned e = 0; e < BANK_N; e++) {
+        b->sq[e] += (double)b->blk[e] * (double)b->blk[e];
+        b->blk[e] = 0;
+    }
+    if (!b->measured) {
+        if (b->cap == XUNLIMITED || (double)b->accesses < BANK_FIRST * size)
+            return;
+        unsigned top = cur;
+        for (unsigned o = 0; o < BANK_N; o++)
+            if (b->hits[BANK_TIE[o]] > b->hits[top] && !b->x[BANK_TIE[o]].dead && !b->y[BANK_TIE[o]].dead)
+                top = BANK_TIE[o];
+        b->cost = BANK_COST0 * size;
+        b->measured = 1;
+        bank_switch(p, top);            /* (the baselines of the gains start here) */
+        if (top == cur)
+            p->switches--;
+        b->measuring = 0;
+        return;
+    }
     uint64_t lead_gain = b->hits[cur] - b->sw_hits[cur];
     if (b->measuring && (double)(b->accesses - b->sw_at) >= BANK_MEASURE * size) {
         double c = (double)lead_gain - (double)(b->live_hits - b->sw_live);
-        c = c > 0 ? c : 0;
-        b->cost = b->measured ? 0.5 * (b->cost + c) : c;
-        b->measured = 1;
+        b->cost = 0.5 * (b->cost + (c > 0 ? c : 0));
         b->measuring = 0;
     }
-    double cost = b->measured ? b->cost : BANK_COST0 * size;
     unsigned pick = BANK_N;
     double margin = 0;
     for (unsigned o = 0; o < BANK_N; o++) {
@@ -2919,9 +2940,9 @@ static void bank_choose(policy *p)
         if (e == cur || b->x[e].dead || b->y[e].dead)
             continue;
         double gain = (double)(b->hits[e] - b->sw_hits[e]) - (double)lead_gain;
-        if (gain > 0 && gain * gain > BANK_Z * BANK_Z * (double)b->sw_dis[e] && gain > cost + 1.0 &&
-            gain - cost > margin) {
-            margin = gain - cost;
+        if (gain > 0 && gain * gain > BANK_Z * BANK_Z * b->sq[e] && gain > b->cost + 1.0 &&
+            gain - b->cost > margin) {
+            margin = gain - b->cost;
             pick = e;
         }
     }
@@ -2945,7 +2966,7 @@ static void bank_access(policy *p, uint64_t h, int live_hit)
     }
     lead_hit = hit[p->expert];
     for (unsigned e = 0; e < BANK_N; e++)
-        b->sw_dis[e] += hit[e] != lead_hit;
+        b->blk[e] += hit[e] - lead_hit;
     b->live_hits += (uint64_t)live_hit;
     if (++b->accesses % BANK_EVERY == 0)
         bank_choose(p);

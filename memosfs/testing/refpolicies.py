@@ -279,19 +279,26 @@ class SIEVE:
         self.q: list[int] = []          # index 0 = tail (oldest); the head is the end
         self.visited: dict[int, bool] = {}
         self.hand = 0                   # index into q; moves towards the head
+        self.laps = 0                   # times the hand went past the head, back to the tail
 
     def access(self, x: int) -> bool:
         if x in self.visited:
             self.visited[x] = True
             return True
         if len(self.q) >= self.cap:
-            i = self.hand if self.hand < len(self.q) else 0
+            i = self.hand
             while self.visited[self.q[i]]:
                 self.visited[self.q[i]] = False
-                i = i + 1 if i + 1 < len(self.q) else 0
+                i += 1
+                if i == len(self.q):
+                    i = 0
+                    self.laps += 1
             del self.visited[self.q[i]]
             del self.q[i]               # O(n): a reference, not a fast cache
-            self.hand = i if i < len(self.q) else 0   # the next one towards the head, or the tail
+            self.hand = i               # the next one towards the head (past it: the tail)
+            if i == len(self.q):
+                self.hand = 0
+                self.laps += 1
         self.q.append(x)
         self.visited[x] = False
         return False

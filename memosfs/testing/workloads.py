@@ -216,6 +216,128 @@ def zipf(n: int = 150_000, keys: int = 30_000, alpha: float = 0.9, seed: int = 1
     return [perm[r] for r in rnd.choices(range(keys), cum_weights=cum, k=n)]
 
 
+def _geometric(rnd: random.Random, mean: float) -> int:
+    """1, 2, ... with the given mean."""
+    k, p = 1, 1.0 / mean
+    while rnd.random() > p:
+        k += 1
+    return k
+
+
+def tool_loops(n: int = 160_000, prompts: int = 8, tools: int = 5, agents_alpha: float = 1.0,
+               steps_mean: float = 12.0, concurrent: int = 24, result_max: int = 3,
+               seed: int = 21) -> list[int]:
+    """Agents in tool-call loops over shared system prompts.
+
+    An agent run starts from one of `prompts` system prompts (Zipf
+    `agents_alpha`, 6-24 blocks each) followed by one of `tools` tool-schema
+    blocks sets (2-8 blocks, shared by every agent that uses the same tools),
+    so the first part of every chain is shared across runs.  Each step of a
+    run re-reads its whole chain (prompt, tools, every earlier step) and
+    appends the model's call and the tool's result (1..`result_max` new
+    blocks); a run takes a geometric number of steps (mean `steps_mean`).
+    `concurrent` runs are in flight, steps interleaved at random, so a run's
+    chain comes back after a few dozen other steps (seconds, not minutes):
+    long chains re-read often, a shared head read by all, a tail read once.
+    """
+    rnd = random.Random(seed)
+    ids = _Ids(1)
+    cum = _zipf_cum(prompts, agents_alpha)
+    plist = [ids.take(rnd.randint(6, 24)) for _ in range(prompts)]
+    tlist = [ids.take(rnd.randint(2, 8)) for _ in range(tools)]
+    runs: list[list[int]] = []
+    left: list[int] = []
+    out: list[int] = []
+    while len(out) < n:
+        while len(runs) < concurrent:
+            p = rnd.choices(range(prompts), cum_weights=cum)[0]
+            runs.append(list(plist[p]) + list(tlist[(p + rnd.randrange(2)) % tools]))
+            left.append(_geometric(rnd, steps_mean))
+        i = rnd.randrange(len(runs))
+        out += runs[i]
+        runs[i] += ids.take(rnd.randint(1, result_max))
+        left[i] -= 1
+        if left[i] == 0:
+            runs.pop(i)
+            left.pop(i)
+    return out[:n]
+
+
+def rag_docs(n: int = 160_000, docs: int = 3_000, doc_alpha: float = 0.9, k_min: int = 3,
+             k_max: int = 6, prompts: int = 3, seed: int = 22) -> list[int]:
+    """Retrieval-augmented requests over shared documents in varying order.
+
+    A corpus of `docs` documents (2-8 blocks each) whose KV is cached per
+    document, so a document's blocks are the same whatever its place in the
+    prompt (position-independent reuse, as a document store of KV would keep
+    them).  A request reads one of `prompts` system prompts (4 blocks), then
+    k_min..k_max documents drawn by Zipf(`doc_alpha`) popularity in the order
+    the retriever ranked them (shuffled: the same documents come back in
+    another order), then its query (1-2 new blocks, never read again).
+    Reuse is by document frequency, in bursts of a few blocks.
+    """
+    rnd = random.Random(seed)
+    ids = _Ids(1)
+    sys_prompts = [ids.take(4) for _ in range(prompts)]
+    corpus = [ids.take(rnd.randint(2, 8)) for _ in range(docs)]
+    order = list(range(docs))
+    rnd.shuffle(order)
+    cum = _zipf_cum(docs, doc_alpha)
+    out: list[int] = []
+    while len(out) < n:
+        out += sys_prompts[rnd.randrange(prompts)]
+        picked: list[int] = []
+        for d in rnd.choices(range(docs), cum_weights=cum, k=rnd.randint(k_min, k_max)):
+            if order[d] not in picked:
+                picked.append(order[d])
+        rnd.shuffle(picked)
+        for d in picked:
+            out += corpus[d]
+        out += ids.take(rnd.randint(1, 2))
+    return out[:n]
+
+
+def shared_prefix(n: int = 160_000, prefix: int = 60, turns_mean: float = 3.0,
+                  new_max: int = 8, gap_mean: float = 20.0, seed: int = 23) -> list[int]:
+    """Many short sessions under one long shared prefix.
+
+    Every request starts with the same `prefix` blocks (a long system prompt,
+    a repository or a manual loaded as context), then its session's own
+    blocks.  Sessions are short: a geometric number of turns (mean
+    `turns_mean`), each appending 2..`new_max` blocks and coming back after
+    an exponential gap of `gap_mean` requests.  The prefix is read by every
+    request: at small sizes it does not fit and is a loop over the cache, at
+    larger ones it is the hot set; session blocks are read a few times and
+    forgotten.
+    """
+    rnd = random.Random(seed)
+    ids = _Ids(1)
+    head = ids.take(prefix)
+    due: list[tuple[int, int]] = []
+    chains: dict[int, list[int]] = {}
+    left: dict[int, int] = {}
+    sid = itertools.count()
+    out: list[int] = []
+    req = 0
+    while len(out) < n:
+        if due and due[0][0] <= req:
+            _, s = heapq.heappop(due)
+        else:
+            s = next(sid)
+            chains[s] = []
+            left[s] = _geometric(rnd, turns_mean)
+        out += head
+        out += chains[s]
+        chains[s] += ids.take(rnd.randint(2, new_max))
+        left[s] -= 1
+        if left[s]:
+            heapq.heappush(due, (req + 1 + int(rnd.expovariate(1.0 / gap_mean)), s))
+        else:
+            del chains[s], left[s]
+        req += 1
+    return out[:n]
+
+
 # name -> (family, generator, kwargs).  The suite runs them in this order.
 WORKLOADS: dict[str, tuple[str, object, dict]] = {
     "prefix_suffix": ("prefix_suffix", prefix_suffix, {}),
@@ -240,17 +362,38 @@ VARIANTS: dict[str, tuple[str, object, dict]] = {
     "shifting_v2": ("shifting", shifting, {"seed": 115, "step": 3000}),
 }
 
-# The family held out while the adaptive policy was tuned (reported last).
+# Agent workloads (issue 29), written after lru_lfu's switching rule was
+# settled and never used to tune it: the three families, and a variant of
+# each (another seed, a parameter changed).  Not in the default suite
+# (`bench policy --suite --workloads agents`, or by name); reported last and
+# apart.
+AGENTS: dict[str, tuple[str, object, dict]] = {
+    "tool_loops": ("tool_loops", tool_loops, {}),
+    "rag_docs": ("rag_docs", rag_docs, {}),
+    "shared_prefix": ("shared_prefix", shared_prefix, {}),
+    "tool_loops_v2": ("tool_loops", tool_loops, {"seed": 121, "concurrent": 64, "steps_mean": 20.0}),
+    "rag_docs_v2": ("rag_docs", rag_docs, {"seed": 122, "docs": 8_000, "doc_alpha": 0.7}),
+    "shared_prefix_v2": ("shared_prefix", shared_prefix, {"seed": 123, "prefix": 300,
+                                                          "gap_mean": 60.0}),
+}
+
+# The family held out while the issue-18 policy was tuned (reported last).
 HELD_OUT = "shifting"
+# Families held out from the issue-29 tuning (every agent family).
+HELD_OUT_29 = frozenset(f for f, _, _ in AGENTS.values())
 
 
 def _spec(name: str) -> tuple[str, object, dict]:
-    """(family, generator, kwargs) of a suite workload or variant (KeyError if unknown)."""
-    return WORKLOADS[name] if name in WORKLOADS else VARIANTS[name]
+    """(family, generator, kwargs) of a suite workload, variant or agent
+    workload (KeyError if unknown)."""
+    for table in (WORKLOADS, VARIANTS, AGENTS):
+        if name in table:
+            return table[name]
+    raise KeyError(name)
 
 
 def known(name: str) -> bool:
-    return name in WORKLOADS or name in VARIANTS
+    return name in WORKLOADS or name in VARIANTS or name in AGENTS
 
 
 def generate(name: str) -> list[int]:
@@ -265,8 +408,9 @@ def family_of(name: str) -> str:
 
 
 def expand(names: list[str]) -> list[str]:
-    """Workload names with "variants" standing for every unseen variant."""
+    """Workload names with "variants" standing for every unseen variant and
+    "agents" for every agent workload."""
     out: list[str] = []
     for n in names:
-        out += list(VARIANTS) if n == "variants" else [n]
+        out += list(VARIANTS) if n == "variants" else list(AGENTS) if n == "agents" else [n]
     return out
