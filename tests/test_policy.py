@@ -220,6 +220,20 @@ def test_bench_policy_on_a_tiny_trace(tmp_path, capsys):
         assert row["Belady"] >= max(v for k, v in row.items() if k != "Belady")
 
 
+def test_bench_check_peers_says_where_libcachesim_parts():
+    pytest.importorskip("libcachesim")
+    from memosfs.bench import policy as bench
+    out = bench.check_peers({"zipf": workloads.generate("zipf0.9"),
+                             "loops": workloads.generate("loops")}, fracs=(0.05,), n=3000)
+    assert "W-TinyLFU" in out["differs"] and set(out["differs"]) <= set(bench.REFERENCE_PEERS)
+    for rows in out["streams"].values():
+        peers = rows["0.05"]["peers"]
+        for name, r in peers.items():
+            if name not in bench.REFERENCE_PEERS:
+                assert r["first_difference"] is None and r["ref_pct"] == r["lib_pct"], name
+        assert "paper_pct" in peers["S3-FIFO"] and "laps" in peers["SIEVE"]
+
+
 def test_batch_cost_measures_evicting_puts():
     r = policy_sim.batch_cost(16, 300)
     assert r["evict_batch"] == 16 and r["evicting_puts"] > 0
@@ -344,3 +358,13 @@ def test_bench_policy_suite_reports_every_policy_and_the_gaps(capsys, tmp_path):
     v = json.loads(capsys.readouterr().out)["workloads"]["zipf0.75_v2"]
     assert v["family"] == "zipf" and v["sizes"]["0.11"]["vs_lru"] > 0
     assert main(["bench", "policy", "--no-batch"]) == 2
+    # the agent workloads: held out from the tuning, reported last
+    assert main(["bench", "policy", "--suite", "--workloads", "rag_docs,zipf0.6", "--sizes", "0.11",
+                 "--peers", "LRU", "--json"]) in (0, None)
+    out = json.loads(capsys.readouterr().out)
+    assert list(out["workloads"]) == ["zipf0.6", "rag_docs"]
+    assert out["workloads"]["rag_docs"]["held_out"] and not out["workloads"]["zipf0.6"]["held_out"]
+    assert out["bounds"] == {"vs_best_peer": -0.2, "vs_lru": 0.0}
+    missed = set(out["goals_missed"]) | set(out["goals_missed_held_out"])
+    assert out["all_goals_met"] == (not missed)
+    assert not {m for m in out["goals_missed"] if m.startswith("rag_docs")}

@@ -2,7 +2,8 @@
 published ones on a real trace, and the cost of an eviction batch.
 
     memosfs bench policy --trace FILE [--sizes 0.005,0.027,...] [--json]
-    memosfs bench policy --suite [--trace FILE] [--workloads a,b] [--json]
+    memosfs bench policy --suite [--trace FILE] [--workloads a,b|variants|agents] [--json]
+    memosfs bench policy --check-peers [--trace FILE] [--json]
 
 Trace formats: Mooncake JSONL (one request a line, `hash_ids` its blocks in
 order) or a plain file with one key a line (CSV: the first field; a header
@@ -12,12 +13,21 @@ is a lookup; a miss is followed by an insert.  Keys are renumbered densely.
 Ours: the policy code of the mount (native/policy.c), driven over unit-size
 blocks by `_native.policy_simulate` (capacity in blocks, one victim per run
 unless stated, like the simulators it is compared with; `lru_lfu_batch16`
-is the mount's default batch).  Peers: libCacheSim (PyPI `libcachesim`)
-LRU, LFU, ARC, LIRS, 2Q, S3-FIFO, SIEVE, W-TinyLFU and Belady (the oracle:
-each request carries its next access time).  Sizes are fractions of the
-unique blocks.  Goal (issue 6): at every size, ours within 0.5 points of the
-best non-oracle peer or above it, and >= 1.23x LRU wherever a peer reaches
-that.
+is the mount's default batch).
+
+Peers: the published policies LRU, LFU, ARC, LIRS, 2Q, S3-FIFO, SIEVE and
+W-TinyLFU, from libCacheSim (PyPI `libcachesim`) where it runs the published
+algorithm, and from our reference implementation (memosfs/testing/
+refpolicies.py; the same code runs in C as `ref:NAME`, tested equal) where
+it does not: LIRS and W-TinyLFU (REFERENCE_PEERS says why; their
+libCacheSim figures are reported beside, as "LIRS (libCacheSim)").
+`--check-peers` replays every reference beside libCacheSim on short
+streams and says where they part, and checks SIEVE against LFU.  Belady
+(libCacheSim, each request carrying its next access time) is the oracle.
+
+Goal (issue 29): at every size, lru_lfu >= the best peer - 0.2 points and
+>= LRU, and >= 1.23x LRU wherever a peer reaches that (issue 6).  Sizes are
+fractions of the unique blocks.
 
 Batch: puts of 64 KiB slots into a full 32 MiB cache through the native API,
 evict_batch 16 vs 24: puts per second, and P50/P99 latency of all puts and
@@ -25,17 +35,19 @@ of the puts that ran an eviction.
 
 Suite (--suite): the seeded generators of memosfs/testing/workloads.py (and
 the --trace file, if given, as workload "trace"), each at every size, against
-the same peers; per workload and size: every hit ratio, the best non-oracle
-peer, our gap to it and to LRU, and the issue-18 goal (>= best peer - 0.5
-points, >= LRU - 0.2 points, >= 1.23x LRU where a peer reaches it).  Peers
-run through libCacheSim's process_trace over an oracleGeneral file, with a
-hash table sized to the stream (same results as one request at a time, an
-order of magnitude faster); --peer-cache FILE keeps
-their results between runs (the streams are deterministic).
+the same peers; per workload and size: every hit ratio, the best peer, our
+gap to it and to LRU, and the goal.  The agent workloads (--workloads
+agents) were written after lru_lfu's switching rule was settled: they are
+reported last and apart (held_out).  libCacheSim's peers run through
+process_trace over an oracleGeneral file, with a hash table sized to the
+stream (same results as one request at a time, an order of magnitude
+faster); --peer-cache FILE keeps their results between runs (the streams are
+deterministic).
 
 The trace loader and the batch measurement live in memosfs/testing/policy_sim.py
 (the tests use them too).  May call: memosfs._native, memosfs.testing.policy_sim,
-memosfs.testing.workloads, libcachesim (the peers, optional).
+memosfs.testing.refpolicies, memosfs.testing.workloads, libcachesim (the
+peers, optional).
 """
 
 from __future__ import annotations
@@ -49,34 +61,51 @@ import struct
 import sys
 import tempfile
 import time
-from typing import Iterable
+from typing import Iterable, Optional
 
 from memosfs import _native
-from memosfs.testing import workloads
+from memosfs.testing import refpolicies, workloads
 from memosfs.testing.policy_sim import batch_cost, load_trace, next_access
 
 SIZES = (0.005, 0.027, 0.055, 0.11, 0.27)
 PEERS = ("LRU", "LFU", "ARC", "LIRS", "2Q", "S3-FIFO", "SIEVE", "W-TinyLFU")
 OURS = ("lru_lfu", "lru", "lfu")
-GOAL_POINTS = 0.5
+GOAL_POINTS = 0.2           # lru_lfu >= best peer - this many points
+GOAL_LRU_POINTS = 0.0       # ... and >= LRU - this many (never below LRU)
 GOAL_RATIO = 1.23
-GOAL_LRU_POINTS = 0.2
+
+# Where libCacheSim (0.3.5) does not run the published algorithm, the goal's
+# peer is the reference (`--check-peers` shows the first access where they part).
+REFERENCE_PEERS = {
+    "LIRS": "a hit on a resident HIR block that is not in the stack S demotes the bottom "
+            "LIR block and evicts a resident HIR block (the cache drops to size - 1); "
+            "Jiang and Zhang's LIRS only moves the block to the top of S and the end of Q",
+    "W-TinyLFU": "the window is not kept at 1% (a window victim that wins its contest "
+                 "moves to the main cache and the next one contests again, so the window "
+                 "empties), window hits do not count in the sketch, the candidate is "
+                 "counted again at every contest, and below 100 blocks the window has no "
+                 "room (0 hits); the reference is Caffeine's layout with the paper's sketch",
+}
 
 
 def add_parsers(bsub) -> None:
-    p = bsub.add_parser("policy", help="eviction policy hit ratios vs libCacheSim, evict_batch cost")
+    p = bsub.add_parser("policy", help="eviction policy hit ratios vs published peers, evict_batch cost")
     p.add_argument("--trace", help="Mooncake JSONL, or one key a line (CSV); required without --suite")
     p.add_argument("--suite", action="store_true",
                    help="the robustness suite: every generated workload (plus --trace) at every size")
     p.add_argument("--workloads", default=",".join(workloads.WORKLOADS),
                    help="suite workloads to run (default: all: %(default)s); "
                    "\"variants\" adds the unseen variants (another seed and parameter "
-                   "for each family: " + ",".join(workloads.VARIANTS) + ")")
+                   "for each family: " + ",".join(workloads.VARIANTS) + "); \"agents\" the "
+                   "agent workloads held out from tuning (" + ",".join(workloads.AGENTS) + ")")
+    p.add_argument("--check-peers", action="store_true",
+                   help="replay every reference policy beside libCacheSim on short streams "
+                   "(and SIEVE beside LFU); with --trace, on that trace too")
     p.add_argument("--peer-cache", help="suite: JSON file keeping the peers' results between runs")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)),
                    help="cache sizes as fractions of the unique blocks (default %(default)s)")
     p.add_argument("--peers", default=",".join(PEERS) + ",Belady",
-                   help="libCacheSim policies to run (default: all)")
+                   help="peers to run (default: all)")
     p.add_argument("--no-batch", action="store_true", help="skip the evict_batch 16 vs 24 run")
     p.add_argument("--puts", type=int, default=20000, help="puts per evict_batch run")
     p.add_argument("--json", action="store_true", help="print JSON only")
@@ -97,127 +126,36 @@ def _lcs_classes():
             "W-TinyLFU": lcs.WTinyLFU, "Belady": lcs.Belady}, lcs
 
 
-def peer(name: str, keys: list[int], capacity: int, nxt: list[int] | None) -> float:
-    classes, lcs = _lcs_classes()
-    cache = classes[name](capacity)
-    req = lcs.Request()
-    req.obj_size = 1
-    hits = 0
-    never = 1 << 62
-    for i, k in enumerate(keys):
-        req.obj_id = k
-        req.clock_time = i
-        if nxt is not None:
-            req.next_access_vtime = nxt[i] if nxt[i] >= 0 else never
-        hits += cache.get(req)
-    return 100.0 * hits / len(keys) if keys else 0.0
+def _have_lcs() -> bool:
+    try:
+        _lcs_classes()
+        return True
+    except ImportError:
+        return False
+
+
+def lib_name(p: str) -> str:
+    """The column of libCacheSim's figure for a peer replaced by the reference."""
+    return f"{p} (libCacheSim)"
 
 
 def judge(row: dict[str, float]) -> dict:
-    """The issue's goal at one size."""
+    """The goals at one size: best peer, gaps, goal_met (issue 29's bounds)."""
     peers = {k: v for k, v in row.items() if k in PEERS}
-    out: dict = {}
+    ours_ = row["lru_lfu"]
+    lru = peers.get("LRU", row["lru"])
+    out: dict = {"vs_lru": round(ours_ - lru, 2)}
     if not peers:
         return out
     best = max(peers, key=peers.get)
-    ours_ = row["lru_lfu"]
-    lru = peers.get("LRU") or row["lru"]
-    need_ratio = any(v >= GOAL_RATIO * lru for v in peers.values())
-    out["best_peer"] = best
-    out["vs_best_peer"] = round(ours_ - peers[best], 2)
-    out["x_lru"] = round(ours_ / lru, 3) if lru else None
-    out["ratio_goal_applies"] = need_ratio
-    out["goal_met"] = (ours_ >= peers[best] - GOAL_POINTS and
-                       (not need_ratio or ours_ >= GOAL_RATIO * lru))
+    need_ratio = any(v >= GOAL_RATIO * lru for v in peers.values()) and lru > 0
+    out.update(best_peer=best, best_peer_pct=peers[best], vs_best_peer=round(ours_ - peers[best], 2),
+               x_lru=round(ours_ / lru, 3) if lru else None, ratio_goal_applies=need_ratio)
+    out["goal_met"] = (ours_ >= peers[best] - GOAL_POINTS - 1e-9 and
+                       ours_ >= lru - GOAL_LRU_POINTS - 1e-9 and
+                       (not need_ratio or ours_ >= GOAL_RATIO * lru - 1e-9))
     return out
 
-
-def hit_ratios(keys: list[int], sizes: Iterable[float], peers: list[str]) -> dict:
-    n = len(keys)
-    unique = len(set(keys))
-    buf = array.array("Q", keys).tobytes()
-    nxt = next_access(keys) if "Belady" in peers else None
-    have_lcs = True
-    try:
-        _lcs_classes()
-    except ImportError:
-        have_lcs = False
-    table = {}
-    for f in sizes:
-        cap = max(1, round(unique * f))
-        row: dict[str, float] = {}
-        for p in OURS:
-            row[p] = round(ours(buf, n, cap, p), 2)
-        row["lru_lfu_batch16"] = round(ours(buf, n, cap, "lru_lfu", 16), 2)
-        if have_lcs:
-            for p in peers:
-                row[p] = round(peer(p, keys, cap, nxt if p == "Belady" else None), 2)
-        table[f"{f:g}"] = {"blocks": cap, "hit_ratio_pct": row, **judge(row)}
-    out = {"accesses": n, "unique_blocks": unique,
-           "ceiling_pct": round(100.0 * (n - unique) / n, 2) if n else 0.0,
-           "sizes": table}
-    if not have_lcs:
-        out["peers_missing"] = "libcachesim is not installed (pip install libcachesim)"
-    else:
-        out["all_goals_met"] = all(v.get("goal_met", False) for v in table.values())
-    return out
-
-
-# ---- evict_batch cost ----
-
-def batch_compare(puts: int, batches=(16, 24), rounds: int = 3) -> dict:
-    """Alternate the batches `rounds` times (noisy machines); keep the median."""
-    runs: dict[int, list[dict]] = {b: [] for b in batches}
-    for _ in range(rounds):
-        for b in batches:
-            runs[b].append(batch_cost(b, puts))
-    out = {}
-    for b, rs in runs.items():
-        rs.sort(key=lambda r: r["ops_per_s"])
-        out[str(b)] = rs[len(rs) // 2]
-    return out
-
-
-# ---- command ----
-
-def cmd_bench_policy(args: argparse.Namespace) -> int:
-    sizes = [float(x) for x in args.sizes.split(",") if x.strip()]
-    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    known = set(PEERS) | {"Belady"}
-    bad = [p for p in peers if p not in known]
-    if bad:
-        print(f"unknown peers: {', '.join(bad)} (known: {', '.join(sorted(known))})",
-              file=sys.stderr)
-        return 2
-    if args.suite:
-        return cmd_suite(args, sizes, peers)
-    if not args.trace:
-        print("bench policy: --trace is required without --suite", file=sys.stderr)
-        return 2
-    keys = load_trace(args.trace)
-    out = {"trace": args.trace, **hit_ratios(keys, sizes, peers)}
-    if not args.no_batch:
-        out["evict_batch"] = batch_compare(args.puts)
-    if args.json:
-        print(json.dumps(out))
-        return 0
-    cols = list(OURS) + ["lru_lfu_batch16"] + peers
-    print(f"{out['accesses']} accesses, {out['unique_blocks']} unique blocks, "
-          f"ceiling {out['ceiling_pct']}%")
-    print("size   blocks " + " ".join(f"{c:>9}" for c in cols) + "  goal")
-    for f, row in out["sizes"].items():
-        hr = row["hit_ratio_pct"]
-        print(f"{f:<6} {row['blocks']:>6} " +
-              " ".join(f"{hr.get(c, float('nan')):>9.2f}" for c in cols) +
-              f"  {row.get('goal_met', '-')}")
-    if "evict_batch" in out:
-        for b, r in out["evict_batch"].items():
-            print(f"evict_batch {b}: {r['ops_per_s']} puts/s, p99 {r['p99_us']} us, "
-                  f"evicting p99 {r['evicting_p99_us']} us")
-    return 0
-
-
-# ---- the robustness suite ----
 
 def _peer_file(keys: list[int], nxt: list[int]) -> str:
     """The stream as a libCacheSim oracleGeneral file (a temporary file)."""
@@ -229,8 +167,8 @@ def _peer_file(keys: list[int], nxt: list[int]) -> str:
     return path
 
 
-def suite_peers(keys: list[int], caps: list[int], peers: list[str]) -> dict[int, dict[str, float]]:
-    """Every peer's hit ratio at every capacity (process_trace, C speed)."""
+def lib_peers(keys: list[int], caps: list[int], peers: list[str]) -> dict[int, dict[str, float]]:
+    """Every libCacheSim peer's hit ratio at every capacity (process_trace, C speed)."""
     classes, lcs = _lcs_classes()
     nxt = next_access(keys)
     path = _peer_file(keys, nxt)
@@ -250,46 +188,224 @@ def suite_peers(keys: list[int], caps: list[int], peers: list[str]) -> dict[int,
         os.unlink(path)
 
 
-def judge_suite(row: dict[str, float]) -> dict:
-    """The issue-18 goals at one size of one workload."""
-    peers = {k: v for k, v in row.items() if k in PEERS}
-    ours_ = row["lru_lfu"]
-    lru = peers.get("LRU", row["lru"])
-    out: dict = {"vs_lru": round(ours_ - lru, 2)}
-    if not peers:
-        return out
-    best = max(peers, key=peers.get)
-    need_ratio = any(v >= GOAL_RATIO * lru for v in peers.values()) and lru > 0
-    out.update(best_peer=best, best_peer_pct=peers[best], vs_best_peer=round(ours_ - peers[best], 2),
-               x_lru=round(ours_ / lru, 3) if lru else None, ratio_goal_applies=need_ratio)
-    out["goal_met"] = (ours_ >= peers[best] - GOAL_POINTS - 1e-9 and
-                       ours_ >= lru - GOAL_LRU_POINTS - 1e-9 and
-                       (not need_ratio or ours_ >= GOAL_RATIO * lru))
+def cell(buf: bytes, n: int, cap: int, peers: list[str], lib: dict[str, float]) -> dict:
+    """One workload at one size: our policies, the peers, the goal."""
+    row: dict[str, float] = {p: round(ours(buf, n, cap, p), 2) for p in OURS}
+    row["lru_lfu_batch16"] = round(ours(buf, n, cap, "lru_lfu", 16), 2)
+    bank = _native.policy_bank(buf, cap)
+    for p in peers:
+        if p in REFERENCE_PEERS:
+            row[p] = round(ours(buf, n, cap, "ref:" + p), 2)
+            if p in lib:
+                row[lib_name(p)] = lib[p]
+        elif p in lib:
+            row[p] = lib[p]
+    out = {"blocks": cap, "hit_ratio_pct": row, **judge(row),
+           "follows": bank["leader"], "switches": bank["switches"],
+           "bank_bytes_per_block": round(bank["bytes"] / cap)}
     return out
 
+
+def hit_ratios(keys: list[int], sizes: Iterable[float], peers: list[str]) -> dict:
+    n = len(keys)
+    unique = len(set(keys))
+    buf = array.array("Q", keys).tobytes()
+    have_lcs = _have_lcs()
+    caps = [max(1, round(unique * f)) for f in sizes]
+    libs = lib_peers(keys, caps, peers) if have_lcs else {}
+    table = {}
+    for f, cap in zip(sizes, caps):
+        table[f"{f:g}"] = cell(buf, n, cap, peers, libs.get(cap, {}))
+    out = {"accesses": n, "unique_blocks": unique,
+           "ceiling_pct": round(100.0 * (n - unique) / n, 2) if n else 0.0,
+           "sizes": table}
+    if not have_lcs:
+        out["peers_missing"] = ("libcachesim is not installed (pip install libcachesim): "
+                                "only the reference peers (" + ", ".join(REFERENCE_PEERS) + ")")
+    out["all_goals_met"] = all(v.get("goal_met", False) for v in table.values())
+    return out
+
+
+# ---- evict_batch cost ----
+
+def batch_compare(puts: int, batches=(16, 24), rounds: int = 3) -> dict:
+    """Alternate the batches `rounds` times (noisy machines); keep the median."""
+    runs: dict[int, list[dict]] = {b: [] for b in batches}
+    for _ in range(rounds):
+        for b in batches:
+            runs[b].append(batch_cost(b, puts))
+    out = {}
+    for b, rs in runs.items():
+        rs.sort(key=lambda r: r["ops_per_s"])
+        out[str(b)] = rs[len(rs) // 2]
+    return out
+
+
+# ---- the peers against the references ----
+
+def check_peers(streams: dict[str, list[int]], fracs=(0.027, 0.11), n: int = 20_000) -> dict:
+    """Each reference beside libCacheSim over the first n accesses of each
+    stream at each size: the hits of both, and the first access where they
+    part (None: they agree on every access).  SIEVE beside LFU: whether they
+    hit alike, and how many laps SIEVE's hand made."""
+    classes, lcs = _lcs_classes()
+    out: dict = {"accesses": n, "streams": {}, "differs": {}}
+    for name, keys in streams.items():
+        ids: dict[int, int] = {}
+        keys = [ids.setdefault(k, len(ids)) for k in keys[:n]]
+        unique = len(ids)
+        rows = {}
+        for f in fracs:
+            cap = max(100, round(unique * f))   # (libCacheSim's S3-FIFO and W-TinyLFU need 100)
+            row = {}
+            for p in PEERS:
+                ref = (refpolicies.S3FIFO(cap, libcachesim=True) if p == "S3-FIFO"
+                       else refpolicies.POLICIES[p](cap))
+                lib = classes[p](cap, hashpower=max(12, (2 * unique).bit_length()))
+                req = lcs.Request()
+                req.obj_size = 1
+                hr = hl = 0
+                first = None
+                for i, k in enumerate(keys):
+                    req.obj_id = k
+                    req.clock_time = i
+                    a = ref.access(k)
+                    b = lib.get(req)
+                    hr += a
+                    hl += b
+                    if first is None and a != b:
+                        first = i
+                row[p] = {"ref_pct": round(100.0 * hr / len(keys), 2),
+                          "lib_pct": round(100.0 * hl / len(keys), 2), "first_difference": first}
+                if first is not None:
+                    out["differs"].setdefault(p, []).append(f"{name}@{f:g}")
+            paper = refpolicies.S3FIFO(cap)
+            row["S3-FIFO"]["paper_pct"] = round(100.0 * sum(paper.access(k) for k in keys) / len(keys), 2)
+            sv, lf = refpolicies.SIEVE(cap), refpolicies.LFU(cap)
+            same = True
+            for k in keys:
+                same &= sv.access(k) == lf.access(k)
+            row["SIEVE"].update(laps=sv.laps, hits_as_lfu=same)
+            rows[f"{f:g}"] = {"blocks": cap, "peers": row}
+        out["streams"][name] = rows
+    out["reference_peers"] = REFERENCE_PEERS
+    return out
+
+
+def sieve_vs_lfu(keys: list[int], sizes: Iterable[float]) -> dict:
+    """SIEVE (reference) beside LFU over a whole stream: hit ratios and laps."""
+    ids: dict[int, int] = {}
+    keys = [ids.setdefault(k, len(ids)) for k in keys]
+    out = {}
+    for f in sizes:
+        cap = max(1, round(len(ids) * f))
+        sv, lf = refpolicies.SIEVE(cap), refpolicies.LFU(cap)
+        hs = hl = 0
+        for k in keys:
+            hs += sv.access(k)
+            hl += lf.access(k)
+        out[f"{f:g}"] = {"blocks": cap, "sieve_pct": round(100.0 * hs / len(keys), 2),
+                         "lfu_pct": round(100.0 * hl / len(keys), 2), "laps": sv.laps}
+    return out
+
+
+# ---- command ----
+
+def cmd_bench_policy(args: argparse.Namespace) -> int:
+    sizes = [float(x) for x in args.sizes.split(",") if x.strip()]
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    known = set(PEERS) | {"Belady"}
+    bad = [p for p in peers if p not in known]
+    if bad:
+        print(f"unknown peers: {', '.join(bad)} (known: {', '.join(sorted(known))})",
+              file=sys.stderr)
+        return 2
+    if args.check_peers:
+        return cmd_check_peers(args)
+    if args.suite:
+        return cmd_suite(args, sizes, peers)
+    if not args.trace:
+        print("bench policy: --trace is required without --suite", file=sys.stderr)
+        return 2
+    keys = load_trace(args.trace)
+    out = {"trace": args.trace, **hit_ratios(keys, sizes, peers)}
+    if not args.no_batch:
+        out["evict_batch"] = batch_compare(args.puts)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    cols = list(OURS) + ["lru_lfu_batch16"] + peers
+    print(f"{out['accesses']} accesses, {out['unique_blocks']} unique blocks, "
+          f"ceiling {out['ceiling_pct']}%")
+    print("size   blocks " + " ".join(f"{c:>9}" for c in cols) + "  follows      goal")
+    for f, row in out["sizes"].items():
+        hr = row["hit_ratio_pct"]
+        print(f"{f:<6} {row['blocks']:>6} " +
+              " ".join(f"{hr.get(c, float('nan')):>9.2f}" for c in cols) +
+              f"  {row['follows']:<12} {row.get('goal_met', '-')}")
+    for p in REFERENCE_PEERS:
+        print(f"{p}: the reference's figures (libCacheSim's: "
+              + ", ".join(f"{r['hit_ratio_pct'].get(lib_name(p), float('nan')):.2f}"
+                          for r in out["sizes"].values()) + ")")
+    if "evict_batch" in out:
+        for b, r in out["evict_batch"].items():
+            print(f"evict_batch {b}: {r['ops_per_s']} puts/s, p99 {r['p99_us']} us, "
+                  f"evicting p99 {r['evicting_p99_us']} us")
+    return 0
+
+
+def cmd_check_peers(args: argparse.Namespace) -> int:
+    if not _have_lcs():
+        print("bench policy --check-peers needs libcachesim (pip install libcachesim)",
+              file=sys.stderr)
+        return 2
+    streams = {name: workloads.generate(name) for name in ("zipf0.9", "loops", "shifting", "sessions")}
+    if args.trace:
+        streams["trace"] = load_trace(args.trace)
+    out = check_peers(streams)
+    if args.trace:
+        out["sieve_vs_lfu_trace"] = sieve_vs_lfu(load_trace(args.trace), SIZES)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"first {out['accesses']} accesses of each stream; ref / libCacheSim hit ratio, "
+          "* where they part (first access)")
+    for name, rows in out["streams"].items():
+        for f, r in rows.items():
+            cells = []
+            for p, v in r["peers"].items():
+                mark = "" if v["first_difference"] is None else f"*{v['first_difference']}"
+                cells.append(f"{p} {v['ref_pct']:.2f}/{v['lib_pct']:.2f}{mark}")
+            print(f"{name:10} {f:6} {r['blocks']:>6}  " + "  ".join(cells))
+    for p, why in out["reference_peers"].items():
+        print(f"{p}: the goal uses the reference: {why}")
+    return 0
+
+
+# ---- the robustness suite ----
 
 def _digest(keys: list[int]) -> str:
     return hashlib.sha1(array.array("Q", keys).tobytes()).hexdigest()[:16]
 
 
 def run_suite(names: list[str], sizes: list[float], peers: list[str],
-              trace: str | None = None, peer_cache: str | None = None) -> dict:
+              trace: Optional[str] = None, peer_cache: Optional[str] = None) -> dict:
     cache: dict = {}
     if peer_cache and os.path.exists(peer_cache):
         with open(peer_cache) as f:
             cache = json.load(f)
-    try:
-        _lcs_classes()
-        have_lcs = True
-    except ImportError:
-        have_lcs = False
+    have_lcs = _have_lcs()
     streams: list[tuple[str, str, object]] = []
     if trace:
         streams.append(("trace", "trace", trace))
     for name in names:
         streams.append((name, workloads.family_of(name), name))
-    out: dict = {"sizes": [f"{f:g}" for f in sizes], "held_out_family": workloads.HELD_OUT,
-                 "workloads": {}}
+    # held out from the tuning: reported last
+    streams.sort(key=lambda s: s[1] in workloads.HELD_OUT_29)
+    out: dict = {"sizes": [f"{f:g}" for f in sizes],
+                 "held_out_families": sorted(workloads.HELD_OUT_29),
+                 "bounds": {"vs_best_peer": -GOAL_POINTS, "vs_lru": -GOAL_LRU_POINTS},
+                 "reference_peers": REFERENCE_PEERS, "workloads": {}}
     t0 = time.monotonic()
     for name, family, src in streams:
         keys = load_trace(src) if name == "trace" else workloads.generate(src)   # type: ignore[arg-type]
@@ -303,28 +419,25 @@ def run_suite(names: list[str], sizes: list[float], peers: list[str],
         if have_lcs:
             want = [c for c in caps if any(f"{dig}/{c}/{p}" not in cache for p in peers)]
             if want:
-                for c, row in suite_peers(keys, want, peers).items():
+                for c, row in lib_peers(keys, want, peers).items():
                     for p, v in row.items():
                         cache[f"{dig}/{c}/{p}"] = v
             got = {c: {p: cache[f"{dig}/{c}/{p}"] for p in peers} for c in caps}
         table = {}
         for f, cap in zip(sizes, caps):
-            row = {p: round(ours(buf, n, cap, p), 2) for p in OURS}
-            row["lru_lfu_batch16"] = round(ours(buf, n, cap, "lru_lfu", 16), 2)
-            row.update(got.get(cap, {}))
-            table[f"{f:g}"] = {"blocks": cap, "hit_ratio_pct": row, **judge_suite(row)}
+            table[f"{f:g}"] = cell(buf, n, cap, peers, got.get(cap, {}))
         out["workloads"][name] = {
             "family": family, "accesses": n, "unique_blocks": unique,
             "ceiling_pct": round(100.0 * (n - unique) / n, 2) if n else 0.0,
-            "held_out": family == workloads.HELD_OUT, "sizes": table}
-    if have_lcs:
-        out["all_goals_met"] = all(r.get("goal_met", False) for w in out["workloads"].values()
-                                   for r in w["sizes"].values())
-        bad = [(w, f) for w, v in out["workloads"].items() for f, r in v["sizes"].items()
-               if not r.get("goal_met", False)]
-        out["goals_missed"] = [f"{w}@{f}" for w, f in bad]
-    else:
-        out["peers_missing"] = "libcachesim is not installed (pip install libcachesim)"
+            "held_out": family in workloads.HELD_OUT_29, "sizes": table}
+    bad = [(w, f, v["held_out"]) for w, v in out["workloads"].items() for f, r in v["sizes"].items()
+           if not r.get("goal_met", False)]
+    out["all_goals_met"] = not bad
+    out["goals_missed"] = [f"{w}@{f}" for w, f, h in bad if not h]
+    out["goals_missed_held_out"] = [f"{w}@{f}" for w, f, h in bad if h]
+    if not have_lcs:
+        out["peers_missing"] = ("libcachesim is not installed (pip install libcachesim): "
+                                "only the reference peers (" + ", ".join(REFERENCE_PEERS) + ")")
     out["wall_s"] = round(time.monotonic() - t0, 1)
     if peer_cache and have_lcs:
         with open(peer_cache, "w") as f:
@@ -336,7 +449,8 @@ def cmd_suite(args: argparse.Namespace, sizes: list[float], peers: list[str]) ->
     names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
     bad = [w for w in names if not workloads.known(w)]
     if bad:
-        known = list(workloads.WORKLOADS) + ["variants"] + list(workloads.VARIANTS)
+        known = (list(workloads.WORKLOADS) + ["variants"] + list(workloads.VARIANTS) +
+                 ["agents"] + list(workloads.AGENTS))
         print(f"unknown workloads: {', '.join(bad)} (known: {', '.join(known)})",
               file=sys.stderr)
         return 2
@@ -344,13 +458,18 @@ def cmd_suite(args: argparse.Namespace, sizes: list[float], peers: list[str]) ->
     if args.json:
         print(json.dumps(out))
         return 0
-    print("workload       size   ours    LRU  best peer          gap best  gap LRU  goal")
+    print("workload          size   ours    LRU  best peer          gap best  gap LRU  follows      goal")
+    held = False
     for name, w in out["workloads"].items():
+        if w["held_out"] and not held:
+            held = True
+            print("-- held out from the tuning (issue 29):")
         for f, r in w["sizes"].items():
             hr = r["hit_ratio_pct"]
             bp = f"{r.get('best_peer', '-')} {r.get('best_peer_pct', float('nan')):.2f}"
-            print(f"{name + (' *' if w['held_out'] else ''):<14} {f:<6} {hr['lru_lfu']:6.2f} "
-                  f"{hr['lru']:6.2f}  {bp:<18} {r.get('vs_best_peer', float('nan')):+7.2f} "
-                  f"{r['vs_lru']:+8.2f}  {r.get('goal_met', '-')}")
-    print(f"* held out while tuning; {out['wall_s']} s")
+            print(f"{name:<17} {f:<6} {hr['lru_lfu']:6.2f} "
+                  f"{hr.get('LRU', hr['lru']):6.2f}  {bp:<18} {r.get('vs_best_peer', float('nan')):+7.2f} "
+                  f"{r['vs_lru']:+8.2f}  {r['follows']:<12} {r.get('goal_met', '-')}")
+    print(f"missed: {', '.join(out['goals_missed']) or 'none'}; held out: "
+          f"{', '.join(out['goals_missed_held_out']) or 'none'}; {out['wall_s']} s")
     return 0
