@@ -2902,7 +2902,8 @@ static const unsigned BANK_TIE[BANK_N] = { 10, 6, 2, 8, 4, 7, 3, 9, 5, 1, 0 };
  * BANK_MEASURE x the cache size accesses after a switch, the hits the new
  * leader made alone less those the live cache made (not below 0); the
  * estimate starts at BANK_COST0 x the cache size and is then the mean of
- * itself and each new measure. */
+ * itself and each new measure (a switch made before the last one's measure
+ * is complete folds in what that one cost so far). */
 static void bank_choose(policy *p)
 {
     struct policy_bank *b = p->bank;
@@ -2950,6 +2951,13 @@ static void bank_choose(policy *p)
         for (unsigned o = 0; o < BANK_N && pick == BANK_N; o++)
             if (!b->x[BANK_TIE[o]].dead && !b->y[BANK_TIE[o]].dead)
                 pick = BANK_TIE[o];
+    if (pick != BANK_N && b->measuring) {
+        /* switching again before the last switch's cost was measured: what
+         * it cost so far counts (an underestimate) */
+        double c = (double)lead_gain - (double)(b->live_hits - b->sw_live);
+        if (c > 0)
+            b->cost = 0.5 * (b->cost + c);
+    }
     if (pick != BANK_N)
         bank_switch(p, pick);
 }

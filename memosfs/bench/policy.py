@@ -134,6 +134,12 @@ def _have_lcs() -> bool:
         return False
 
 
+# Below these sizes libCacheSim 0.3.5 cannot run a peer: its S3-FIFO stops
+# the process ("Invalid cache size configuration"), its W-TinyLFU has no window
+# (no hits).  There the reference stands in (it agrees with S3-FIFO elsewhere).
+LIB_MIN_BLOCKS = {"S3-FIFO": 10, "W-TinyLFU": 100}
+
+
 def lib_name(p: str) -> str:
     """The column of libCacheSim's figure for a peer replaced by the reference."""
     return f"{p} (libCacheSim)"
@@ -180,6 +186,8 @@ def lib_peers(keys: list[int], caps: list[int], peers: list[str]) -> dict[int, d
         for cap in caps:
             row = out.setdefault(cap, {})
             for p in peers:
+                if cap < LIB_MIN_BLOCKS.get(p, 1):
+                    continue                    # (it cannot run there: the reference stands in)
                 reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)
                 miss, _ = classes[p](cap, hashpower=hp).process_trace(reader)
                 row[p] = round(100.0 * (1.0 - miss), 2)
@@ -193,6 +201,7 @@ def cell(buf: bytes, n: int, cap: int, peers: list[str], lib: dict[str, float]) 
     row: dict[str, float] = {p: round(ours(buf, n, cap, p), 2) for p in OURS}
     row["lru_lfu_batch16"] = round(ours(buf, n, cap, "lru_lfu", 16), 2)
     bank = _native.policy_bank(buf, cap)
+    from_ref = []
     for p in peers:
         if p in REFERENCE_PEERS:
             row[p] = round(ours(buf, n, cap, "ref:" + p), 2)
@@ -200,9 +209,14 @@ def cell(buf: bytes, n: int, cap: int, peers: list[str], lib: dict[str, float]) 
                 row[lib_name(p)] = lib[p]
         elif p in lib:
             row[p] = lib[p]
+        elif lib and p != "Belady":
+            row[p] = round(ours(buf, n, cap, "ref:" + p), 2)    # (libCacheSim cannot run it here)
+            from_ref.append(p)
     out = {"blocks": cap, "hit_ratio_pct": row, **judge(row),
            "follows": bank["leader"], "switches": bank["switches"],
            "bank_bytes_per_block": round(bank["bytes"] / cap)}
+    if from_ref:
+        out["peers_from_reference"] = from_ref
     return out
 
 
@@ -417,12 +431,13 @@ def run_suite(names: list[str], sizes: list[float], peers: list[str],
         dig = _digest(keys)
         got: dict[int, dict[str, float]] = {}
         if have_lcs:
-            want = [c for c in caps if any(f"{dig}/{c}/{p}" not in cache for p in peers)]
+            runs = [(c, p) for c in caps for p in peers if c >= LIB_MIN_BLOCKS.get(p, 1)]
+            want = sorted({c for c, p in runs if f"{dig}/{c}/{p}" not in cache})
             if want:
                 for c, row in lib_peers(keys, want, peers).items():
                     for p, v in row.items():
                         cache[f"{dig}/{c}/{p}"] = v
-            got = {c: {p: cache[f"{dig}/{c}/{p}"] for p in peers} for c in caps}
+            got = {c: {p: cache[f"{dig}/{c}/{p}"] for cc, p in runs if cc == c} for c in caps}
         table = {}
         for f, cap in zip(sizes, caps):
             table[f"{f:g}"] = cell(buf, n, cap, peers, got.get(cap, {}))
