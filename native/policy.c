@@ -1748,12 +1748,11 @@ static int s3_access(expert *x, uint64_t key)
             x->n[i].cnt++;
         return 1;
     }
+    if (i)
+        xunlink(x, i);                  /* out of G before the evictions (as libCacheSim) */
     while (!x->synced && x->resident >= x->cap)
         s3_evict(x);
-    if (i)
-        i = xfind(x, key);              /* (the eviction may have dropped its ghost) */
     if (i) {
-        xunlink(x, i);
         xpush(x, S3_M, i);
     } else {
         if ((i = xnew(x, key)) == XNIL)

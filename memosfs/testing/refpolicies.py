@@ -211,9 +211,11 @@ class TwoQ:
 class S3FIFO:
     def __init__(self, capacity: int, small: float = 0.1, libcachesim: bool = False) -> None:
         self.cap = capacity
-        # libCacheSim's two departures (off: the paper): before the first
+        # libCacheSim's three departures (off: the paper): before the first
         # eviction new keys go to M once S is full; a key moved from S to M
-        # does not evict from M at once (M shrinks back at later evictions)
+        # does not evict from M at once (M shrinks back at later evictions);
+        # a key is looked up in G before the evictions that make room for it
+        # (which may push the oldest ghosts out)
         self.lib = libcachesim
         self.evicted = False
         self.s_cap = max(1, int(capacity * small))
@@ -253,14 +255,17 @@ class S3FIFO:
         if x in self.freq:
             self.freq[x] = min(self.freq[x] + 1, 3)
             return True
+        ghost = self.lib and x in self.g
+        if ghost:
+            del self.g[x]
         while len(self.s) + len(self.m) >= self.cap:
             self.evicted = True
             if len(self.s) >= self.s_cap or not self.m:
                 self._evict_s()
             else:
                 self._evict_m()
-        if x in self.g:
-            del self.g[x]
+        if ghost or x in self.g:
+            self.g.pop(x, None)
             self.m[x] = None
         elif self.lib and not self.evicted and len(self.s) >= self.s_cap:
             self.m[x] = None
