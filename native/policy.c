@@ -452,7 +452,8 @@ void policy_rekey(policy *p, policy_node *n, uint64_t hash)
 size_t policy_victims(policy *p, policy_node **out, size_t n)
 {
     size_t got = 0;
-    p->full = p->count;
+    if (p->count)                       /* (an empty cache asked: its size when full stands) */
+        p->full = p->count;
     p->batch = n;
     if (bank_ready(p))
         return bank_victims(p, out, n);
@@ -2068,6 +2069,12 @@ static int wt_access(expert *x, uint64_t key)
     }
     if (x->l[WT_W].len > x->c1)
         wt_window_out(x);
+    while (x->cap != XUNLIMITED && x->resident > x->cap) {
+        /* the main cache above its share since the capacity shrank (the
+         * window short of its own): the main victim goes */
+        uint8_t m = x->l[WT_P].len ? WT_P : x->l[WT_R].len ? WT_R : WT_W;
+        wt_evict_one(x, x->l[m].tail, m);
+    }
     return 0;
 }
 
@@ -2406,7 +2413,9 @@ static void x_set_cap(expert *x, size_t cap)
         li_limit(x);
         break;
     case X_WTLFU:
-        if (x->skw < 4 * cap)
+        if (cap == XUNLIMITED)
+            ;                           /* the sketch grows with the cache (wt_access) */
+        else if (x->skw < 4 * cap)
             wt_sketch(x, cap);
         else
             x->sample = 10 * (uint64_t)cap;
