@@ -331,6 +331,11 @@ class NamespaceOps(OpsCore):
                 # (a published slot replaces the target in every tier
                 # itself, atomically: its durable copy is never removed first)
                 self.store.remove(target.key)
+            if isinstance(target, Slot) and isinstance(node, Slot) and node.version:
+                # rename(2): no process finds the new path missing.  A reader
+                # whose lookup found the target before the rename opens it
+                # after: it is served the slot that holds the name now.
+                target.replaced_by = node
             self._detach(target, "replaced")
         del src_dir.children[old]
         node.move(new, dst_dir)
