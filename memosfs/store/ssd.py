@@ -250,12 +250,46 @@ class SSDTier:
                     log.error("ssd: cannot read %s: %s", path, e)
                     continue
                 found[entry.key] = entry
+        self._complete_renames(found)
         with self.lock:
             self.index = found
             self.used_bytes = sum(e.file_bytes for e in found.values())
             # until restore_policy: oldest file first
             self.policy.reset(sorted(found, key=lambda k: _mtime(found[k].path)))
         return list(found.values())
+
+    def _complete_renames(self, found: dict[bytes, SSDEntry]) -> None:
+        """A rename moves a slot by copying its file under the new key's name
+        (marked `moved_from`: the old file's key, inode and ctime), then
+        unlinking the old file.  A crash between the two leaves both; the old
+        file, still the very one the copy came from (same inode and ctime: not
+        a later slot of that name), goes now, so the slot has exactly one
+        name, as rename(2) leaves it."""
+        for entry in list(found.values()):
+            mark = entry.meta.get("moved_from")
+            if not isinstance(mark, dict):
+                continue
+            try:
+                src = found.get(bytes.fromhex(str(mark.get("key", ""))))
+            except ValueError:
+                continue
+            if src is None or src is entry:
+                continue
+            try:
+                st = os.stat(src.path)
+            except OSError:
+                continue
+            if (st.st_ino, st.st_ctime_ns) != (mark.get("ino"), mark.get("ctime_ns")):
+                continue
+            log.info("ssd: completing a rename a crash interrupted: %r -> %r",
+                     src.key, entry.key)
+            try:
+                os.unlink(src.path)
+            except OSError as e:
+                log.error("ssd: cannot remove %s (%s)", src.path, e)
+                continue
+            del found[src.key]
+            self._dirty_dirs.add(os.path.dirname(src.path))
 
     def _set_aside(self, path: str, why: str) -> None:
         """Move a file that failed its checks into corrupt/ (counted once per
@@ -546,6 +580,15 @@ class SSDTier:
                 self._check_room(new, ref.size + _trailer_bound(new, meta))
                 return self._write_locked(ref, new, meta, durable=False)
             sdir, final = self._path_of(new)
+            # the file under new's name says which file it was copied from: a
+            # crash between its rename into place and the unlink of old's file
+            # leaves both, and the next scan completes the rename (see scan)
+            try:
+                st = os.stat(entry.path)
+                meta = dict(meta, moved_from={"key": old.hex(), "ino": st.st_ino,
+                                              "ctime_ns": st.st_ctime_ns})
+            except FileNotFoundError:
+                pass
             trailer = encode_trailer(new, entry.version, entry.size, entry.crc, meta)
             total = entry.size + len(trailer)
             self._check_room(new, total)
