@@ -79,6 +79,7 @@ class PublishOps(OpsCore):
                 src.draft = self._draft_from(None, logical)
             raise
         self._settle_quota(key)
+        self.tenants.pin_kept(key, ref)     # (a pin stays with the slot)
         self._release_base(src)
         src.base = ref                  # the writers go on from this version
         src.base_decoded = logical

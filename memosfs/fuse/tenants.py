@@ -110,12 +110,13 @@ class Tenants:
         if not pins:
             return 0
         total = 0
-        for node, (version, nbytes) in list(pins.items()):
+        for node in list(pins):
+            # a pin belongs to the slot: a rewrite keeps it (on its new size)
             ref = self.store.peek(node.key) if not node.detached else None
-            still = ref is not None and ref.version == version and ref.sticky
+            nbytes = ref.stored if ref is not None and ref.sticky else -1
             if ref is not None:
                 ref.release()
-            if still:
+            if nbytes >= 0:
                 total += nbytes
             else:
                 del pins[node]
@@ -129,7 +130,7 @@ class Tenants:
         if uid == 0:
             return
         mine = self._pins.get(uid)
-        if mine is not None and node in mine and mine[node][0] == ref.version:
+        if mine is not None and node in mine:
             return                      # pinned by this uid already
         have = self.pinned_bytes(uid)
         bound = self.limit("pin_max_per_uid")
@@ -137,6 +138,25 @@ class Tenants:
             self.c["pin_refused"] += 1
             raise OverLimit(f"uid {uid} has {have} bytes pinned; {ref.stored} more "
                             f"would pass pin_max_per_uid ({bound} bytes)")
+
+    def pin_kept(self, key: bytes, ref) -> None:
+        """A pinned slot got a new version, which keeps the pin (the C core
+        carries it): a uid whose pins would now pass pin_max_per_uid loses
+        this one, with a warning in the log."""
+        if not ref.sticky:
+            return
+        bound = self.limit("pin_max_per_uid")
+        for uid, pins in list(self._pins.items()):
+            if uid == 0:
+                continue
+            mine = [n for n in list(pins) if not n.detached and n.key == key]
+            if mine and self.pinned_bytes(uid) > bound:
+                ref.sticky = False
+                for n in mine:
+                    pins.pop(n, None)
+                log.warning("%s: unpinned: its new version (%d bytes) takes uid %d past "
+                            "pin_max_per_uid (%d bytes)", key.decode("utf-8", "replace"),
+                            ref.stored, uid, bound)
 
     def pinned(self, uid: int, node, ref, on: bool) -> None:
         """A pin (on) or unpin of node's version ref took effect."""
