@@ -56,7 +56,10 @@ def now_ns() -> int:
 
 
 def _hex_map(d: dict[bytes, bytes]) -> dict[str, str]:
-    return {k.hex(): v.hex() for k, v in d.items()}
+    # dict(d) is one step under the GIL: the store's threads read a node's
+    # metadata while the request loop may change it (a snapshot of the moment;
+    # a later change marks the slot dirty again)
+    return {k.hex(): v.hex() for k, v in dict(d).items()}
 
 
 def _unhex_map(m: Any) -> dict[bytes, bytes]:
