@@ -116,21 +116,35 @@ $(VENV)/.model-installed: $(VENV)/.installed pyproject.toml
 bench-kv: deps model-deps build
 	$(VENV)/bin/memosfs bench kv --json
 
-# Several processes rewriting and reading the same slots (tests/test_stress.py, which
-# `make test` runs once), repeated; then the mixed stress of tests/test_stress_mixed.py
-# (8 processes: rewrites, tmp+rename, appends, unlinks, renames, pins, stats; then a
-# remount), which `make test` runs for 20 seconds, for STRESS_SECONDS.
+# The races' suite, with HOGS busy processes beside every test (a busy machine is
+# where a thread gets preempted between two steps): the concurrent tests (readers,
+# writers, renames over names, reads back from the SSD tier: tests/test_stress.py,
+# test_rename_over.py, test_ssd_races.py) and the model tests (the fsx-style oracle,
+# the handlers' and the coherence directory's state machines), STRESS_ROUNDS times;
+# then the mixed stress of tests/test_stress_mixed.py (8 processes: rewrites,
+# tmp+rename, appends, unlinks, renames, pins, stats; then a remount and the
+# consistency checks), which `make test` runs for 20 seconds, for STRESS_SECONDS on
+# a 64M memory tier and again on STRESS_SMALL.
 # Variables: STRESS_ROUNDS=5 STRESS_SECONDS=300 STRESS_SEED=0 (the workers' seeds)
+#            HOGS=2 STRESS_SMALL=16M
 STRESS_ROUNDS  ?= 5
 STRESS_SECONDS ?= 300
 STRESS_SEED    ?= 0
+STRESS_SMALL   ?= 16M
+HOGS           ?= 2
+STRESS_TESTS   := tests/test_stress.py tests/test_rename_over.py tests/test_ssd_races.py \
+                  tests/test_fsx.py tests/test_ops.py tests/test_coherence.py
 
 .PHONY: test-stress
 
 test-stress: deps build
-	for i in $$(seq $(STRESS_ROUNDS)); do $(PY) -m pytest -q tests/test_stress.py || exit 1; done
-	MEMOSFS_STRESS_SECONDS=$(STRESS_SECONDS) MEMOSFS_STRESS_SEED=$(STRESS_SEED) \
-	  $(PY) -m pytest -q -s $(PYTEST_ARGS) tests/test_stress_mixed.py
+	for i in $$(seq $(STRESS_ROUNDS)); do \
+	  MEMOSFS_HOGS=$(HOGS) $(PY) -m pytest -q $(STRESS_TESTS) || exit 1; done
+	for cap in 64M $(STRESS_SMALL); do \
+	  MEMOSFS_HOGS=$(HOGS) MEMOSFS_STRESS_CAPACITY=$$cap MEMOSFS_STRESS_SECONDS=$(STRESS_SECONDS) \
+	    MEMOSFS_STRESS_SEED=$(STRESS_SEED) \
+	    $(PY) -m pytest -q -s --timeout=$$(( $(STRESS_SECONDS) + 600 )) $(PYTEST_ARGS) \
+	    tests/test_stress_mixed.py || exit 1; done
 
 # The memory soak (tests/test_soak.py, never part of `make test`): 4 processes under
 # root and three other uids churn a 64M mount (prefetch hybrid, coherence 1) for

@@ -343,6 +343,12 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
         raise
     finally:
         ops.stop_kernel_notifications()
+        if os.environ.get("MEMOSFS_CHECK_AT_UNMOUNT") == "1":
+            problems = ops.check_all()
+            for p in problems:
+                log.error("consistency check at unmount failed: %s", p)
+            if not problems:
+                log.info("consistency check at unmount: ok")
         try:
             store.close()               # persists every dirty slot
         except UnsavedSlots as e:       # each one is in the log, at ERROR

@@ -86,7 +86,8 @@ class KernelNotify(OpsCore):
         the new version keeps its name."""
         token = self.trio_token
         if token is not None and reason in ("evicted", "ssd-evicted"):
-            token.run_sync_soon(self._slot_evicted, key, reason)
+            self._evicted_due[key] = reason     # (dict ops are atomic: any thread)
+            token.run_sync_soon(self.apply_evictions)
             return
         if token is None or threading.current_thread() is threading.main_thread():
             self._slot_dropped(key, reason)
@@ -96,12 +97,20 @@ class KernelNotify(OpsCore):
         except trio.RunFinishedError:
             pass
 
-    def _slot_evicted(self, key: bytes, reason: str) -> None:
-        try:
-            if self.store.tier_of(key) == "none":
-                self._slot_dropped(key, reason)
-        except Exception:               # (run by trio itself: must not raise)
-            log.exception("dropping the name of %r after its eviction failed", key)
+    def apply_evictions(self) -> None:
+        """The names of evicted slots that no tier holds now go (on the trio
+        thread; also at unmount, before the consistency check)."""
+        while self._evicted_due:
+            try:
+                key = next(iter(self._evicted_due))
+                reason = self._evicted_due.pop(key)
+            except (StopIteration, KeyError, RuntimeError):
+                continue                # (another call took it)
+            try:
+                if self.store.tier_of(key) == "none":
+                    self._slot_dropped(key, reason)
+            except Exception:           # (run by trio itself: must not raise)
+                log.exception("dropping the name of %r after its eviction failed", key)
 
     def _slot_dropped(self, key: bytes, reason: str) -> None:
         """The store let a slot go (eviction, ring, reset): remove its name."""

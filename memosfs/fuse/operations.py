@@ -108,6 +108,8 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         self._private_writers = 0       # retried writers given a draft of their own
         self._flusher: Optional[tuple[int, int]] = None   # (fh, pid) of the FLUSH
                                         # being served (memosfs._fuseshim)
+        self._evicted_due: dict[bytes, str] = {}  # evicted keys whose names go
+                                        # on the trio thread (notify.py)
         if _fuseshim is not None:
             _fuseshim.install(self.fallocate, self._flush_note, self.coherence_interrupt,
                               self._write_note, self.ioctl)
@@ -195,6 +197,8 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         for slot in self._walk_slots(self.root):
             if slot.version:
                 named.add(slot.key)
+        if self.store.remote is not None:       # names made from remote manifests
+            named = {k for k in named if k in live or not self.store.remote.known_present(k)}
         assert named == live, f"namespace {sorted(named - live)} vs store {sorted(live - named)}"
         readers: dict[int, int] = {}
         for h in self.handles.values():
@@ -203,6 +207,24 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         for node in self.inodes.values():
             if isinstance(node, Slot):
                 assert node.readers == readers.get(node.ino, 0), node.name
+
+    def check_all(self) -> list[str]:
+        """Every consistency check, as at the end of each mounted test (as
+        s3ql runs its fsck after every test): the namespace against the
+        store and the handles, memory (index, arena, policy), the coherence
+        directory, the SSD tier's index against its folder.  Returns what
+        failed (empty: all agree).  Run once requests have stopped."""
+        self.apply_evictions()
+        problems = []
+        checks = [("namespace", self.check), ("coherence", self.coherence.dir.check)]
+        if self.store.ssd is not None:
+            checks.append(("ssd", self.store.ssd.check))
+        for name, fn in checks:
+            try:
+                fn()
+            except (AssertionError, RuntimeError, OSError) as e:
+                problems.append(f"{name}: {e}")
+        return problems
 
 
 route_federated(MemosOperations)        # .federated requests go to self.fed

@@ -635,6 +635,53 @@ class SSDTier:
             self._unlink_locked(entry.path)
             return moved
 
+    # ---- consistency (tests; memosfs at unmount with MEMOSFS_CHECK_AT_UNMOUNT=1) ----
+
+    def check(self) -> None:
+        """The index and the folder agree: every entry's file is there, is
+        the entry's inode, and its trailer says the entry's key, version,
+        size and checksum; every slot file is indexed; used_bytes is their
+        sum.  AssertionError says what does not.  (Payloads are not read.)"""
+        with self.write_lock, self.lock:
+            index = dict(self.index)
+            used = self.used_bytes
+            files = set()
+            for shard in os.listdir(self.slots_dir):
+                sdir = os.path.join(self.slots_dir, shard)
+                if os.path.isdir(sdir):
+                    files |= {os.path.join(sdir, n) for n in os.listdir(sdir)
+                              if n.endswith(".slot")}
+            for key, e in index.items():
+                assert e.key == key, f"ssd: entry of {key!r} says {e.key!r}"
+                try:
+                    fd = os.open(e.path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    raise AssertionError(f"ssd: {key!r}: its file {e.path} is missing") \
+                        from None
+                try:
+                    found = read_trailer(fd, e.path)
+                except CorruptSlot as c:
+                    raise AssertionError(f"ssd: {key!r}: {c}") from None
+                finally:
+                    os.close(fd)
+                assert not e.ino or found.ino == e.ino, \
+                    f"ssd: {key!r}: {e.path} is inode {found.ino}, the index says {e.ino}"
+                assert (found.key, found.version, found.size, found.crc, found.file_bytes) \
+                    == (e.key, e.version, e.size, e.crc, e.file_bytes), \
+                    f"ssd: {key!r}: the file says version {found.version} of {found.key!r}, " \
+                    f"the index version {e.version}"
+                files.discard(e.path)
+            assert not files, f"ssd: slot files no entry names: {sorted(files)[:5]}"
+            assert used == sum(e.file_bytes for e in index.values()), \
+                f"ssd: used_bytes {used}, the entries {sum(e.file_bytes for e in index.values())}"
+            tracked = set(self.policy.keys())
+            assert tracked == set(index), \
+                f"ssd: the policy tracks {sorted(tracked - set(index))[:5]} beyond the " \
+                f"index, misses {sorted(set(index) - tracked)[:5]}"
+            native_policy = getattr(self.policy, "policy", None)
+            if native_policy is not None:
+                native_policy.check()
+
     # ---- durability ----
 
     def sync_key(self, key: bytes) -> None:
