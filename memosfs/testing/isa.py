@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import re
@@ -158,7 +159,8 @@ def problems(flavour: str, scans: Iterable[dict], info: Optional[str] = None) ->
 
 def engine_files(venv: str | os.PathLike, server: Optional[str | os.PathLike] = None) -> list[Path]:
     """The llama.cpp code of the engines: llama-cpp-python's libraries in the
-    venv, and llama-server with the llama/ggml libraries it loads (ldd)."""
+    venv, and llama-server with the llama/ggml libraries it loads (ldd); each
+    content once."""
     files: list[Path] = []
     for d in glob.glob(os.path.join(str(venv), "lib", "python3*", "site-packages", "llama_cpp", "lib")):
         files += sorted(Path(d).glob("lib*.so*"))
@@ -169,10 +171,14 @@ def engine_files(venv: str | os.PathLike, server: Optional[str | os.PathLike] = 
         for m in re.finditer(r"=>\s+(\S*/lib(?:ggml|llama|mtmd)[^/\s]*\.so[^\s]*)", p.stdout):
             files.append(Path(os.path.realpath(m.group(1))))
     seen, out = set(), []
-    for f in files:
-        r = os.path.realpath(f)
-        if r not in seen and os.path.isfile(r):
-            seen.add(r)
+    for f in files:                 # each content once (the wheel's libs are copies of
+        r = os.path.realpath(f)     # one another and of the build folder's)
+        if not os.path.isfile(r):
+            continue
+        with open(r, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        if digest not in seen:
+            seen.add(digest)
             out.append(Path(r))
     return out
 
