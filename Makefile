@@ -154,7 +154,7 @@ test-soak: deps build
 # llama.cpp is compiled for a fixed portable level (x86-64-v3: AVX2, FMA, F16C; no
 # AVX-512, no AMX), never for the build machine's CPU unless NATIVE=1; a build of the
 # other flavour is removed and rebuilt (.engines/llama-flavour).
-# `make test-engines-llama` runs tests/engines/test_isa.py (the built code holds nothing
+# `make test-engines-llama` runs tests/engines/test_built_isa.py (the built code holds nothing
 # above its level), test_llamacpp.py and test_lmcache.py.
 # Variables: NATIVE=1 (-march=native: runs only on CPUs like the build machine's)
 NATIVE ?= 0
@@ -165,7 +165,7 @@ engines-llama: deps build
 	VENV=$(VENV) NATIVE=$(NATIVE) scripts/install-engines-llama.sh
 
 test-engines-llama: engines-llama
-	$(PY) -m pytest -q -m engines $(PYTEST_ARGS) tests/engines/test_isa.py \
+	$(PY) -m pytest -q -m engines $(PYTEST_ARGS) tests/engines/test_built_isa.py \
 	  tests/engines/test_llamacpp.py tests/engines/test_lmcache.py
 
 # ---------------------------------------------------------------------- engines: vLLM

@@ -2,7 +2,7 @@
 here for known levels: a library built for x86-64-v3 passes, the same source
 built with AVX-512, AVX-VNNI or AMX fails and the instructions are named.
 The check reads machine code (objdump), so it answers the same on any CPU;
-`make test-engines` runs it on the real engines (tests/engines/test_isa.py)."""
+`make test-engines` runs it on the real engines (tests/engines/test_built_isa.py)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ on the CPU it runs on:
 
 exits 1 and names the files and instructions when a portable build holds
 anything above its level (the install runs it after a build; so does
-tests/engines/test_isa.py).
+tests/engines/test_built_isa.py).
 
 May call: objdump and ldd (binutils, libc-bin), the venv's python.
 """
