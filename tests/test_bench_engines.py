@@ -190,3 +190,26 @@ def test_a_llama_server_that_dies_under_a_request_is_reported(tmp_path):
     _crashed(out["llama_server"], "llama-server (POST /completion)", signal.SIGSEGV, FAULT_LINE)
     assert any("processing 300 tokens" in ln for ln in out["llama_server"]["stderr_tail"])
     assert "skipped" in out["vllm"]                     # the next engine still ran
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.skipif(models.model_missing() is not None, reason=str(models.model_missing()))
+def test_a_vllm_engine_process_that_dies_inside_the_vllm_benchmark_is_reported(tmp_path):
+    """The vLLM columns run in the vLLM venv's python, which spawns one engine
+    process per column: here that python is this one (the benchmark's own code,
+    the model's tokenizer), and only its engine processes die of SIGILL.  The
+    vLLM benchmark prints the report and exits 3; `bench engines` puts it in
+    vLLM's place."""
+    python = tmp_path / "vllm-python"
+    python.write_text("#!/bin/sh\n"
+                      "case \" $* \" in *' child '*)\n"
+                      "  echo 'INFO vllm: loading the model' >&2\n"
+                      "  echo 'Illegal instruction in _C.abi3.so' >&2; kill -ILL $$ ;;\n"
+                      "esac\n"
+                      f"exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    r = _bench("--only", "vllm", "--vllm-tokens", "64", "--json",
+               env={"MEMOSFS_VLLM_PYTHON": str(python)})
+    assert r.returncode == 1, r.stderr
+    _crashed(json.loads(r.stdout)["vllm"], "vLLM process", signal.SIGILL, "Illegal instruction")
