@@ -283,6 +283,7 @@ BAD_BY_KIND = {
     "ratio": ["1.5", "1.0001", "2", ".5", "0.", "1/2"],
     "error_max": ["0", "0.0", "1.5", "AUTO", "auto1"],
     "choice": ["LRU", "on", "yes", "o ff"],
+    "flag": ["2", "on", "yes", "true", "01", "1.0"],
     "share": ["0%", "101%", "-5%", "5.5%", "%", "25 %", "\u0663%", "1P", "0.5"],
 }
 
@@ -387,6 +388,9 @@ def test_a_knob_accepts_only_ascii_values_in_its_bounds(knob, text):
     assert text.isascii()
     if knob.kind == "choice":
         assert value in knob.bounds
+    elif knob.kind == "flag":
+        assert value in (True, False) and text.strip(" \t\r\n") == str(int(value))
+        assert knob.parse(knob.format(value)) is value
     elif knob.kind == "error_max" and value == "auto":
         pass
     elif knob.kind == "share" and isinstance(value, str):

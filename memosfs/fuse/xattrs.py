@@ -178,6 +178,8 @@ class XattrOps(OpsCore):
             raise refuse(errno.EINVAL, "user.memos.quota on %s: %r is not a size "
                          "(bytes, or 512M, 4G)", node.name, value)
         try:
+            if n:
+                self.tenants.check_quota(node.name, n)
             self.tenants.set_quota(node.name, n)
         except (ValueError, OSError) as e:
             raise refuse(errno.ENOSPC if isinstance(e, OSError) else errno.EINVAL,
@@ -188,6 +190,7 @@ class XattrOps(OpsCore):
         else:
             node.xattrs.pop(QUOTA_XATTR, None)
         log.info("agent %s: quota %d bytes", node.name, n)
+        self.tenants.check_quotas()
         node.ctime_ns = now_ns()
         self.store.namespace_changed()
         if n:
