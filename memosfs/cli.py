@@ -5,6 +5,7 @@
     memosfs umount MOUNTPOINT [-l]             unmount (waits for the daemon to persist
                                                everything; exit 1 if it lost slots)
     memosfs stat   MOUNTPOINT [--json]         the stats as a table
+    memosfs why    MOUNTPOINT                  why your last request there was refused
     memosfs top    MOUNTPOINT [--interval S] [--once]
                                                a live view: hit ratio, tiers, evictions,
                                                write-back, coherence, usage per agent
@@ -56,6 +57,21 @@ DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2,
 # ---------------------------------------------------------------- mount
 
 
+def self_command() -> str:
+    """How to run this memosfs from a shell, for the messages that name a
+    command: `memosfs` when that name is on the PATH (`make run` and `make
+    install` put it there), else the path this one was started by (the
+    virtual environment's script), else `python -m memosfs` with this
+    interpreter."""
+    if shutil.which("memosfs"):
+        return "memosfs"
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) == "memosfs" and os.access(argv0, os.X_OK):
+        return os.path.abspath(argv0)
+    return f"{sys.executable} -m memosfs"
+
+
+
 # the options memosfs itself takes besides the knobs
 OWN_OPTIONS = ("ssd", "log", "debug", "foreground", "remote", "remote_durable", "nonempty")
 # what libfuse 3 and the kernel take (fuse(8), mount(8)'s filesystem-independent
@@ -93,8 +109,8 @@ def parse_mount_options(opts: Sequence[str]) -> tuple[dict, dict, set]:
                 fuse.add(opt)
             else:
                 raise SystemExit(f"memosfs: unknown option {opt!r}{_closest(name)}; "
-                                 f"`memosfs knobs` lists the knobs, `memosfs mount -h` "
-                                 f"the other options")
+                                 f"`{self_command()} knobs` lists the knobs, "
+                                 f"`{self_command()} mount -h` the other options")
     return knobs, own, fuse
 
 
@@ -202,7 +218,7 @@ def _live_fuse_mount(mountpoint: str) -> Optional[str]:
     pid = daemon.get("pid")
     who = f" (pid {pid})" if isinstance(pid, int) and _alive(pid) else ""
     return (f"memosfs: {mountpoint} already has a {fuse[-1]} mount{who}; unmount it "
-            f"first (memosfs umount {mountpoint}) or pass -o nonempty / --force to "
+            f"first ({self_command()} umount {mountpoint}) or pass -o nonempty / --force to "
             f"mount over it")
 
 
@@ -345,7 +361,7 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
     else:
         print(f"memosfs: mounted {args.source} at {mountpoint} "
               f"(capacity {store.cache.capacity} bytes, ssd {ssd}); "
-              f"Ctrl-C or `memosfs umount {mountpoint}` unmounts", flush=True)
+              f"Ctrl-C or `{self_command()} umount {mountpoint}` unmounts", flush=True)
     log.info("mounted %s at %s, capacity %d, options %s", args.source, mountpoint,
              store.cache.capacity, ",".join(sorted(options)))
 
@@ -569,6 +585,13 @@ def cmd_umount(args: argparse.Namespace) -> int:
     """Unmount; unless lazy, wait for the daemon to persist everything and
     exit 1 (saying how many on stderr) if it could not save every slot."""
     mountpoint = os.path.abspath(args.mountpoint)
+    mounted = _mounts_at(mountpoint)
+    if "fuse.memosfs" not in mounted:
+        what = f"a {mounted[-1]} filesystem is mounted there" if mounted else \
+            "nothing is mounted there" if os.path.isdir(mountpoint) else \
+            "no such directory"
+        print(f"memosfs: {mountpoint} is not a memosfs mount ({what})", file=sys.stderr)
+        return 1
     daemon = _read_run_file(_run_file(mountpoint, "pid"))
     pid = daemon.get("pid") if daemon else None
     if not isinstance(pid, int) or not _alive(pid):
@@ -643,6 +666,20 @@ def _human(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return str(n)
+
+
+def cmd_why(args: argparse.Namespace) -> int:
+    """Why the caller's last request on the mount was refused (.memos/why)."""
+    path = os.path.join(args.mountpoint, ".memos", "why")
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        print(f"memosfs: {args.mountpoint} is not a memosfs mount ({e.strerror})",
+              file=sys.stderr)
+        return 1
+    print(text, end="")
+    return 0
 
 
 # ---------------------------------------------------------------- calc-size
@@ -752,6 +789,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_stat)
 
+    w = sub.add_parser("why", help="why your last request on the mount was refused")
+    w.add_argument("mountpoint")
+    w.set_defaults(fn=cmd_why)
+
     from memosfs import top
     top.add_parser(sub)
 
@@ -775,7 +816,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SUBCOMMANDS = {"mount", "umount", "stat", "top", "calc-size", "bench", "knobs", "-h",
+SUBCOMMANDS = {"mount", "umount", "stat", "why", "top", "calc-size", "bench", "knobs", "-h",
                "--help"}
 
 
@@ -787,7 +828,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not getattr(args, "fn", None):
         build_parser().print_help()
         return 2
-    return args.fn(args) or 0
+    try:
+        return args.fn(args) or 0
+    except BrokenPipeError:             # `memosfs stat MNT | head -1`: the reader left
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())     # (nothing left to flush at exit)
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@ the trace and a few commands.
 Pseudo-files (all owned by root, served with direct_io, st_size 0, read as a
 snapshot taken at open).  Their modes say what they do and the daemon itself
 enforces them, with or without `default_permissions`: a uid other than 0 gets
-the "other" bits, root the owner bits (so root too gets EACCES reading a
-write-only file or writing a read-only one).  chmod, chown and utimes of any
+the "other" bits, root the owner bits (so root too gets EACCES writing a
+read-only file).  The command files (flush, reset_context, revoke) are
+0600: root writes them, and reads an empty file, so that `tar` or `cp -a`
+of the whole mount reads every file there.  chmod, chown and utimes of any
 control file or directory are EPERM, for root too.
 
 =====================  ====  =====================================================
@@ -16,14 +18,16 @@ cache/stats            0444  `name value` lines, one per counter (no names: only
 cache/stats.json       0444  the same counters as one JSON object
 cache/<knob>           0644  `value\\n`; root writing a valid value sets it at once,
                              anything else is EINVAL and changes nothing
-cache/flush            0200  root writes 1: persist every dirty slot, then reclaim
+cache/flush            0600  root writes 1: persist every dirty slot, then reclaim
                              memory
-cache/revoke           0200  write `agent/session/slot`: revoke every reader of it
+cache/revoke           0600  root writes `agent/session/slot`: revoke every reader of it
                              (coherence protocol 2; their reads fail with ESTALE)
-cache/reset_context    0200  root writes `agent/session`: drop that session's slots
+cache/reset_context    0600  root writes `agent/session`: drop that session's slots
 debug/trace            0600  root only.  write 1 (on, clears the buffer) or 0 (off);
                              read: one event a line, `<ns> <EVENT> field=value ...`
 metrics                0444  Prometheus text exposition of the stats
+why                    0444  the reader's own last refused request: when, the
+                             errno and the reason the log gives (why.py)
 =====================  ====  =====================================================
 
 Knobs (memosfs/knobs.py has the table of names, types, ranges and
@@ -69,6 +73,7 @@ from memosfs.fuse.core import FIRST_DYNAMIC_INO, physical_memory
 from memosfs.fuse.coherence import CoherenceStats
 from memosfs.fuse.nodes import CONTROL_DIR, CTL, Dir, Pseudo
 from memosfs.fuse.tenants import TenantStats
+from memosfs.fuse.why import CALLER
 
 if TYPE_CHECKING:
     from memosfs.fuse.operations import MemosOperations
@@ -261,13 +266,16 @@ class ControlTree:
             self._file(next(ino), knob.name, cache, 0o644,
                        (lambda k=knob: k.format(self.knobs[k.name])),
                        (lambda text, k=knob: self.set_knob(k.name, text)))
-        self._file(next(ino), "flush", cache, 0o200, None, self.write_flush)
-        self._file(next(ino), "reset_context", cache, 0o200, None, self.write_reset)
-        self._file(next(ino), "revoke", cache, 0o200, None, self.write_revoke)
+        # commands: root writes; a read is empty (tar of the whole mount reads it)
+        self._file(next(ino), "flush", cache, 0o600, None, self.write_flush)
+        self._file(next(ino), "reset_context", cache, 0o600, None, self.write_reset)
+        self._file(next(ino), "revoke", cache, 0o600, None, self.write_revoke)
         # the trace names every tenant's agents, sessions, slots and uids
         self._file(next(ino), "trace", debug, 0o600, self.trace.text, self.write_trace)
         self._file(next(ino), "metrics", ctl, 0o444,
                    lambda: format_metrics(self.statistics()), None)
+        # the reader's own last refusal (why.py): each uid sees only its own
+        self._file(next(ino), "why", ctl, 0o444, self._why_text, None)
 
     def _dir(self, ino: int, name: str, parent: Dir) -> Dir:
         return self.ops.add_fixed(Dir(ino, name, parent, 0o755, 0, 0, CTL))
@@ -276,6 +284,10 @@ class ControlTree:
               read: Optional[Callable[[], str]],
               write: Optional[Callable[[str], None]]) -> None:
         self.ops.add_fixed(Pseudo(ino, name, parent, mode, read, write))
+
+    def _why_text(self) -> str:
+        caller = CALLER.get()
+        return self.ops.why.text(caller[0] if caller is not None else None)
 
     # ---- writes ----
 

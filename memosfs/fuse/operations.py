@@ -52,6 +52,7 @@ from memosfs.fuse.persist import NamespacePersistence
 from memosfs.fuse.publish import PublishOps
 from memosfs.fuse.routing import guard_handlers, route_federated
 from memosfs.fuse.tenants import Tenants
+from memosfs.fuse.why import Reasons
 from memosfs.fuse.xattrs import XattrOps
 from memosfs.store.store import Store
 
@@ -99,6 +100,7 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         self.root = Dir(pyfuse3.ROOT_INODE, "", None, 0o1777, 0, 0, ROOT)
         self.root.lookups = FIXED_LOOKUPS   # the kernel never forgets the root
         self.inodes[self.root.ino] = self.root
+        self.why = Reasons()            # each uid's last refusal (.memos/why)
         self.control = ControlTree(self)    # .memos/: inodes 2 .. FIRST_DYNAMIC_INO
         self.fed = FedTree(self)        # .federated/ (fedtree.py): inodes >= FED_INO
         self.trio_token = None          # set when serving: other threads post here
