@@ -14,12 +14,15 @@ the language (GitHub-style renderers show only the language):
 ```sh setup                     install, build and benchmark commands: not run
                                 here; the `memosfs ...` and `make ...` commands
                                 they name must exist (parsed, not run)
+```python fragment              a piece of a program that needs an engine's own
+                                environment and names the caller defines: compiled
+                                (its syntax checked), not run
 
 Attributes after the marker: `opts=k=v,k=v` (the mount's options; default
 capacity=256M), `needs=X,Y` (skipped, with the reason, when X is missing:
 `model` for the converted SmolLM2, `llama_cpp`, `vllm`, `lmcache`).  Every
-sh, console, bash, shell and python block of the pages carries `example` or
-`setup` (test_every_command_block_is_marked).
+sh, console, bash, shell and python block of the pages carries `example`,
+`setup` or `fragment` (test_every_command_block_is_marked).
 
 Output is compared line by line after these changes: the mount's path
 reads /mnt/memos again, `bash: line N: ` reads `bash: `, and trailing spaces
@@ -51,7 +54,7 @@ PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 COMMAND_LANGS = {"console", "sh", "bash", "shell", "python"}
 MOUNT = "/mnt/memos"
 DEFAULT_OPTS = {"capacity": "256M"}
-_FENCE = re.compile(r"^(`{3,})(.*)$")
+_FENCE = re.compile(r"^( *)(`{3,})(.*)$")
 
 
 @dataclass
@@ -80,14 +83,15 @@ def blocks(page: Path) -> list[Block]:
         if not m:
             i += 1
             continue
-        fence, info = m.group(1), m.group(2).split()
+        indent, fence, info = len(m.group(1)), m.group(2), m.group(3).split()
         j = i + 1
-        while j < len(lines) and not (lines[j].startswith(fence) and not lines[j][len(fence):].strip()):
+        while j < len(lines) and lines[j].strip() != fence:
             j += 1
         lang = info[0] if info else ""
         attrs = dict(w.split("=", 1) for w in info[1:] if "=" in w)
         marks = {w for w in info[1:] if "=" not in w}
-        b = Block(page, i + 1, lang, attrs, marks, "\n".join(lines[i + 1:j]) + "\n")
+        body = [ln[indent:] if ln[:indent].isspace() else ln for ln in lines[i + 1:j]]
+        b = Block(page, i + 1, lang, attrs, marks, "\n".join(body) + "\n")
         if lang == "text" and "output" in marks and out and not any(
                 ln.strip() for ln in lines[out[-1].end:i]):
             out[-1].output = b.text
@@ -100,6 +104,7 @@ def blocks(page: Path) -> list[Block]:
 ALL = [b for page in PAGES for b in blocks(page)]
 EXAMPLES = [b for b in ALL if "example" in b.marks]
 SETUP = [b for b in ALL if "setup" in b.marks]
+FRAGMENTS = [b for b in ALL if "fragment" in b.marks]
 
 
 # ---------------------------------------------------------------- what a block needs
@@ -248,8 +253,8 @@ def test_every_command_block_is_marked():
     """A command or program on a page is either an example (run above) or
     setup (install, build, benchmark: its commands checked below)."""
     bare = [b.name for b in ALL if b.lang in COMMAND_LANGS
-            and not b.marks & {"example", "setup"}]
-    assert not bare, f"blocks neither `example` nor `setup`: {bare}"
+            and not b.marks & {"example", "setup", "fragment"}]
+    assert not bare, f"blocks neither `example`, `setup` nor `fragment`: {bare}"
     assert len(EXAMPLES) >= 10
 
 
@@ -296,9 +301,62 @@ def test_setup_commands_name_what_exists(b: Block):
                 assert t in MAKE_TARGETS, f"{b.name}: no make target {t!r}"
 
 
+@pytest.mark.parametrize("b", FRAGMENTS, ids=lambda b: b.name)
+def test_fragment_compiles(b: Block):
+    assert b.lang == "python", f"{b.name}: a fragment in {b.lang!r}"
+    compile(b.text, b.name, "exec")
+
+
 def test_matching_rules():
     assert matches(["a", "...", "d"], ["a", "b", "c", "d"])
     assert matches(["a ... c"], ["a b c"])
     assert not matches(["a", "c"], ["a", "b", "c"])
     assert matches(["..."], [])
     assert session("# echo a \\\n  b\na b\n") == [("echo a \\\n  b", ["a b"])]
+
+
+# ---------------------------------------------------------------- links
+
+def _tracked(pattern: str) -> list[Path]:
+    r = subprocess.run(["git", "ls-files", "-z", pattern], cwd=ROOT, capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("not a git checkout")
+    return [ROOT / p for p in r.stdout.decode().split("\0") if p]
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it."""
+    s = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return s.replace(" ", "-")
+
+
+def test_links_stay_in_the_repository_and_lead_somewhere():
+    """Every relative link of every tracked Markdown page names a file of
+    the repository (and a heading of it, when it has an anchor); no page
+    links outside the checkout."""
+    bad = []
+    for page in _tracked("*.md"):
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue                        # http:, https:, mailto:
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if ROOT not in dest.parents and dest != ROOT:
+                bad.append(f"{page.relative_to(ROOT)}: {target} leaves the repository")
+            elif not dest.exists():
+                bad.append(f"{page.relative_to(ROOT)}: {target} does not exist")
+            elif anchor and dest.suffix == ".md":
+                heads = {_slug(h) for h in re.findall(r"^#+ (.*)$", dest.read_text(), re.M)}
+                if anchor not in heads:
+                    bad.append(f"{page.relative_to(ROOT)}: no heading #{anchor} in {path or 'it'}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_file_cites_a_design_document_outside_the_repository():
+    """The design document is docs/design.md; citations point into docs/."""
+    name = "DESIGN" + ".md"
+    cited = [str(p.relative_to(ROOT)) for p in _tracked("*")
+             if p.is_file() and p.suffix in (".py", ".md", ".c", ".h", ".sh", ".toml", "")
+             and name in p.read_text(errors="replace")]
+    assert not cited, cited
