@@ -46,7 +46,7 @@ FUZZ_SECONDS ?= 20
 
 run: run-deps build install
 	@mkdir -p $(MOUNT)
-	@echo "memosfs: mounting at $(MOUNT); the Python examples run with $(CURDIR)/$(PY)"
+	@echo "memosfs: mounting at $(MOUNT); the Python examples run with $(abspath $(PY))"
 	$(VENV)/bin/memosfs memos $(MOUNT) -f -o ssd=$(SSD)$(if $(OPTS),$(comma)$(OPTS))
 
 comma := ,
@@ -95,10 +95,10 @@ memosfs/_native.stamp: $(NATIVE_SRC) setup.py $(VENV)/.installed
 # too).  Without write access to $(BINDIR) it says so and how to run memosfs instead.
 install: run-deps build
 	@if [ -w $(BINDIR) ]; then \
-	  sh mountscripts/install.sh $(CURDIR)/$(VENV)/bin/memosfs $(BINDIR)/memosfs; \
+	  sh mountscripts/install.sh $(abspath $(VENV))/bin/memosfs $(BINDIR)/memosfs; \
 	else \
 	  echo "memosfs: $(BINDIR) is not writable: not installed on the PATH; run" \
-	       "$(CURDIR)/$(VENV)/bin/memosfs, or make install as root"; \
+	       "$(abspath $(VENV))/bin/memosfs, or make install as root"; \
 	fi
 
 test-c:

@@ -20,7 +20,8 @@ and no open handles.
 
 May call: the store (remove, rename, reset_session, mark_dirty,
 namespace_changed, cache.stats), tenants (quotas follow agent directories),
-persist.py (`_remote_name`), files.py (`_truncate`), notify.py
+persist.py (`_remote_name`), files.py (`_truncate`), opening.py (`create`,
+for a regular file made by mknod), notify.py
 (`_forget_entry`), the OpsCore helpers (core.py).
 """
 
@@ -401,7 +402,17 @@ class NamespaceOps(OpsCore):
         raise refuse(errno.EPERM, "symlink: only slots and directories live here")
 
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
-        raise refuse(errno.EPERM, "mknod: only slots and directories live here")
+        """A regular file made with mknod(2) (GNU tar makes its files so when it
+        restores their attributes) is an empty slot, published at once, as
+        creat() and close() make one; devices, FIFOs and sockets are EPERM.
+        +1 lookup."""
+        if not stat.S_ISREG(mode):
+            raise refuse(errno.EPERM, "mknod %s: only slots and directories live here",
+                         self._name(name))
+        fi, entry = await self.create(parent_inode, name, stat.S_IMODE(mode),
+                                      os.O_RDONLY | os.O_CREAT | os.O_EXCL, ctx)
+        await self.release(fi.fh)
+        return entry
 
     # ---- reset_context (the control plane's) ----
 
