@@ -808,7 +808,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_calc_size)
 
     k = sub.add_parser("knobs", help="list the knobs of .memos/cache/")
-    k.add_argument("--markdown", action="store_true", help="as the README's table")
+    k.add_argument("--markdown", action="store_true", help="as the table of docs/knobs.md")
     k.set_defaults(fn=cmd_knobs)
 
     from memosfs.bench import cli as bench

@@ -235,7 +235,7 @@ class FilesystemStats(Record):
     uptime_s: float = gauge("seconds since the mount", 0.0)
 
 
-# every record class, in the order the stats files print them (the README's table)
+# every record class, in the order the stats files print them (docs/stats.md's table)
 STATS_RECORDS = (StoreStats, CacheStats, FilesystemStats, CoherenceStats, TenantStats,
                  PrefetchStats, SSDStats, RemoteStats)
 
