@@ -4,13 +4,15 @@ page shows it: a changed example is a changed test.
 The pages mark their fenced blocks for this file in the info string, after
 the language (GitHub-style renderers show only the language):
 
-```console example             a shell session as root: `# ` starts a command
-                                (a line ending in `\\` goes on), the lines
-                                under it are what it prints (stdout and stderr)
+```sh example                    commands to paste into a root shell, one a line
+                                (a line ending in `\\` goes on); the `#> ` lines
+                                under one are what it prints (stdout and stderr),
+                                comments to the shell
+```console example               the same as a session: `# ` starts a command,
+                                the lines under it are what it prints
 ```python example               a program, run with this checkout's Python
                                 (.venv/bin/python: numpy, safetensors); a block
                                 ```text output``` right after it is its stdout
-```sh example                   a script, run with `set -e`
 ```sh setup                     install, build and benchmark commands: not run
                                 here; the `memosfs ...` and `make ...` commands
                                 they name must exist (parsed, not run)
@@ -148,15 +150,26 @@ def _env() -> dict[str, str]:
 
 # ---------------------------------------------------------------- console sessions
 
-def session(text: str) -> list[tuple[str, list[str]]]:
-    """(command, expected output lines) pairs of a console block."""
+def session(text: str, lang: str = "console") -> list[tuple[str, list[str]]]:
+    """(command, expected output lines) pairs of a console block (`# `
+    before a command) or of an sh block (`#> ` before an output line)."""
     steps: list[tuple[str, list[str]]] = []
     lines = text.rstrip("\n").split("\n")
     i = 0
     while i < len(lines):
         ln = lines[i]
-        if ln.startswith("# "):
-            cmd = ln[2:]
+        if lang == "console":
+            is_cmd, cmd = ln.startswith("# "), ln[2:]
+        else:
+            if ln.startswith("#>"):
+                ln = ln[3:] if ln.startswith("#> ") else ln[2:]
+                is_cmd = False
+            elif not ln.strip() or ln.lstrip().startswith("#"):
+                i += 1
+                continue
+            else:
+                is_cmd, cmd = True, ln
+        if is_cmd:
             while cmd.endswith("\\") and i + 1 < len(lines):
                 i += 1
                 cmd = cmd + "\n" + lines[i]
@@ -194,8 +207,8 @@ def _clean(text: str, mnt: str) -> list[str]:
     return lines
 
 
-def run_console(b: Block, mnt: str, cwd: Path) -> None:
-    steps = session(b.text)
+def run_session(b: Block, mnt: str, cwd: Path) -> None:
+    steps = session(b.text, b.lang)
     script = ["exec 2>&1"]
     for n, (cmd, _) in enumerate(steps):
         script.append(f"printf '\\n@@step {n}@@\\n'")
@@ -227,18 +240,12 @@ def test_example_runs_as_the_page_shows(b: Block, make_mount, tmp_path):
     _skip_if_missing(b)
     m = make_mount(**_opts(b))
     mnt = str(m.path)
-    if b.lang == "console":
-        run_console(b, mnt, tmp_path)
+    if b.lang in ("console", "sh", "bash", "shell"):
+        run_session(b, mnt, tmp_path)
         return
-    code = b.text.replace(MOUNT, mnt)
-    if b.lang == "python":
-        script = tmp_path / "example.py"
-        script.write_text(code)
-        cmd = [sys.executable, str(script)]
-    else:
-        script = tmp_path / "example.sh"
-        script.write_text("set -e\n" + code)
-        cmd = ["bash", str(script)]
+    script = tmp_path / "example.py"
+    script.write_text(b.text.replace(MOUNT, mnt))
+    cmd = [sys.executable, str(script)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=tmp_path,
                        timeout=600)
     assert r.returncode == 0, f"{b.name} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
@@ -313,6 +320,8 @@ def test_matching_rules():
     assert not matches(["a", "c"], ["a", "b", "c"])
     assert matches(["..."], [])
     assert session("# echo a \\\n  b\na b\n") == [("echo a \\\n  b", ["a b"])]
+    assert session("# a comment\necho a   # says a\n#> a\n\necho b\n", "sh") == \
+        [("echo a   # says a", ["a"]), ("echo b", [])]
 
 
 # ---------------------------------------------------------------- links
