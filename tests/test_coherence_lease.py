@@ -221,7 +221,7 @@ def test_root_revokes_through_the_control_file(make_mount, agents):
     slot = shared_slot(m, OLD)
     strong(m, 60000)                                  # no lease break: only root's
     revoke = m.path / ".memos" / "cache" / "revoke"
-    assert os.stat(revoke).st_mode & 0o777 == 0o200
+    assert os.stat(revoke).st_mode & 0o777 == 0o600
     a, b = agents(20001), agents(20002)
     assert a(f"open {slot} r") == "ok" and a("read") == OLD.hex()
     b.send(f"open {slot} w")

@@ -158,7 +158,7 @@ def test_agent_quota_bounds_and_protects(make_mount):
     b = agent_dir(m, "bob", 5002)
     os.setxattr(m.p("alice"), "user.memos.quota", b"8M")
     assert os.getxattr(m.p("alice"), "user.memos.quota") == str(8 * MiB).encode()
-    assert "user.memos.usage" in os.listxattr(m.p("alice"))
+    assert os.listxattr(m.p("alice")) == ["user.memos.quota"]    # usage: computed
     r = as_uid(5001, f"setfattr -n user.memos.quota -v 1G {m.p('alice')} || echo REFUSED")
     assert "REFUSED" in r.stdout
     r = as_uid(5002, f"setfattr -n user.memos.quota -v 1G {m.p('bob')} || echo REFUSED")

@@ -67,6 +67,7 @@ import trio
 
 from memosfs import _native
 from memosfs.stats import Record, counter, gauge
+from memosfs.fuse.why import note_refusal
 
 log = logging.getLogger("memosfs.fuse.coherence")
 
@@ -563,6 +564,8 @@ class Coherence:
                  agent_name(agent), why, errno.errorcode.get(code, code))
         self.trace.emit("CACHE_COHERENCE", key=key.decode("utf-8", "replace"),
                         agent=agent_name(agent), refused=errno.errorcode.get(code, code))
+        # the caller's .memos/why: without the other holders' names
+        note_refusal(code, f"open {key.decode('utf-8', 'replace')}: {why.split(': ')[0]}")
         return pyfuse3.FUSEError(code)
 
     def statistics(self) -> CoherenceStats:

@@ -459,7 +459,7 @@ class FileOps(OpsCore):
             # from another inode): readers then keep them.  Otherwise only a
             # push of the version makes this inode's pages a version's.
             if clean and node.version and node.pages_trusted \
-                    and self.knobs["page_cache_push"] == "1" \
+                    and self.knobs["page_cache_push"] \
                     and node.pages_version == node.version \
                     and node.successor is None and not node.detached:
                 node.cache_version = node.version

@@ -429,6 +429,7 @@ class OpenOps(OpsCore):
                          node.name, uid, stat.S_IMODE(node.mode))
         fh = self._fh()
         h = Handle(fh, node, flags, "pseudo")
+        h.uid = uid
         if acc != os.O_WRONLY and node.read is not None:
             h.data = node.read().encode()
         self.handles[fh] = h

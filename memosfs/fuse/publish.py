@@ -128,7 +128,7 @@ class PublishOps(OpsCore):
         node.mtime_ns = mtime_ns
         node.ctime_ns = now_ns()
         self._forget_attrs(node)
-        if self.pusher is not None and self.knobs["page_cache_push"] == "1" \
+        if self.pusher is not None and self.knobs["page_cache_push"] \
                 and node.pub_size >= PUSH_MIN_BYTES \
                 and not node.writers and not node.writer_pending:
             # (with writers open, the page cache holds their draft: no push)
@@ -147,7 +147,7 @@ class PublishOps(OpsCore):
         pushes are already under way (each pins its version in memory until
         it is done: a burst of closes must not pin the memory tier full)."""
         node = node.latest()
-        if self.pusher is None or self.knobs["page_cache_push"] != "1" \
+        if self.pusher is None or not self.knobs["page_cache_push"] \
                 or self.pusher.outstanding >= 2 \
                 or node.detached or not node.version or node.writers \
                 or node.writer_pending or node.readers or node.pushing \

@@ -26,7 +26,10 @@ agent quotas (`user.memos.quota` on an agent directory, set by root)
     if dirty, then dropped from memory: nothing is lost); when that cannot
     make room (no SSD tier, or its slots are all open or pinned), the write
     is EDQUOT.  Agents without a quota share what the quotas leave, by the
-    eviction policy.
+    eviction policy.  A quota larger than the memory tier is refused
+    (EINVAL: it could never be met); quotas whose sum passes the capacity
+    are kept, with a WARNING in the log (`check_quotas`): agents within
+    their quotas can then find the memory tier full (ENOSPC).
 
 Knob values are a size (`16M`, bytes) or a share of the memory tier's
 capacity (`25%`), resolved against the capacity at each check, so they
@@ -277,6 +280,25 @@ class Tenants:
             self.quotas[agent] = nbytes
         else:
             self.quotas.pop(agent, None)
+
+    def check_quota(self, agent: str, nbytes: int) -> None:
+        """ValueError if a quota of nbytes for agent can never be met (more
+        than the memory tier)."""
+        capacity = self.store.cache.capacity
+        if nbytes > capacity:
+            raise ValueError(f"a quota of {nbytes} bytes is larger than the memory tier "
+                             f"({capacity} bytes: the capacity knob)")
+
+    def check_quotas(self) -> bool:
+        """A WARNING in the log when the quotas add up to more than the
+        memory tier (after a quota or the capacity changed); False then."""
+        total, capacity = sum(self.quotas.values()), self.store.cache.capacity
+        if total > capacity:
+            log.warning("agent quotas add up to %d bytes, more than the memory tier (%d "
+                        "bytes): agents within their quotas can find it full (ENOSPC)",
+                        total, capacity)
+            return False
+        return True
 
     def make_room(self, agent: str, need: int, keep: Optional[bytes] = None) -> None:
         """Before agent's memory grows by need bytes: move its own least
