@@ -5,6 +5,7 @@
     memosfs umount MOUNTPOINT [-l]             unmount (waits for the daemon to persist
                                                everything; exit 1 if it lost slots)
     memosfs stat   MOUNTPOINT [--json]         the stats as a table
+    memosfs why    MOUNTPOINT                  why your last request there was refused
     memosfs top    MOUNTPOINT [--interval S] [--once]
                                                a live view: hit ratio, tiers, evictions,
                                                write-back, coherence, usage per agent
@@ -56,28 +57,70 @@ DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2,
 # ---------------------------------------------------------------- mount
 
 
+def self_command() -> str:
+    """How to run this memosfs from a shell, for the messages that name a
+    command: `memosfs` when that name is on the PATH (`make run` and `make
+    install` put it there), else the path this one was started by (the
+    virtual environment's script), else `python -m memosfs` with this
+    interpreter."""
+    if shutil.which("memosfs"):
+        return "memosfs"
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) == "memosfs" and os.access(argv0, os.X_OK):
+        return os.path.abspath(argv0)
+    return f"{sys.executable} -m memosfs"
+
+
+
+# the options memosfs itself takes besides the knobs
+OWN_OPTIONS = ("ssd", "log", "debug", "foreground", "remote", "remote_durable", "nonempty")
+# what libfuse 3 and the kernel take (fuse(8), mount(8)'s filesystem-independent
+# flags); anything else is refused before the mount touches anything
+FUSE_OPTIONS = ("allow_other", "allow_root", "auto_unmount", "blkdev", "default_permissions",
+                "ro", "rw", "suid", "nosuid", "dev", "nodev", "exec", "noexec", "sync",
+                "async", "dirsync", "atime", "noatime", "diratime", "nodiratime",
+                "relatime", "norelatime", "strictatime", "nostrictatime", "lazytime",
+                "nolazytime", "silent", "loud")
+FUSE_VALUE_OPTIONS = ("fsname", "subtype", "max_read", "blksize", "user_id", "group_id",
+                      "rootmode", "context", "fscontext", "defcontext", "rootcontext")
+
+
 def parse_mount_options(opts: Sequence[str]) -> tuple[dict, dict, set]:
-    """Split -o values into (knobs, own options, libfuse options)."""
+    """Split -o values into (knobs, own options, libfuse options); knob
+    values typed (memosfs/knobs.py).  SystemExit, saying why, for a bad
+    knob value or an option nobody takes (with the closest name)."""
     knobs: dict[str, object] = {}
     own: dict[str, str] = {}
     fuse: set[str] = set()
     for group in opts:
         for opt in _join_remote_hosts(group.split(",")):
             opt = opt.strip()
-            if not opt or opt in _IGNORED_OPTS:
+            if not opt or opt in _IGNORED_OPTS or opt.startswith(("x-", "comment=")):
                 continue
-            name, _, value = opt.partition("=")
+            name, eq, value = opt.partition("=")
             if name in KNOB_BY_NAME:
                 try:
                     knobs[name] = KNOB_BY_NAME[name].parse(value)
                 except KnobError as e:
                     raise SystemExit(f"memosfs: bad option {opt!r}: {e}")
-            elif name in ("ssd", "log", "debug", "foreground", "remote", "remote_durable",
-                          "nonempty"):
+            elif name in OWN_OPTIONS:
                 own[name] = value
-            else:
+            elif (name in FUSE_OPTIONS and not eq) or (name in FUSE_VALUE_OPTIONS and eq):
                 fuse.add(opt)
+            else:
+                raise SystemExit(f"memosfs: unknown option {opt!r}{_closest(name)}; "
+                                 f"`{self_command()} knobs` lists the knobs, "
+                                 f"`{self_command()} mount -h` the other options")
     return knobs, own, fuse
+
+
+def _closest(name: str) -> str:
+    """`: did you mean X?` for the option name nearest to a mistyped one."""
+    import difflib
+    names = [k.name for k in KNOBS] + list(OWN_OPTIONS) + list(FUSE_OPTIONS) \
+        + list(FUSE_VALUE_OPTIONS)
+    near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 def _join_remote_hosts(parts: list[str]) -> list[str]:
@@ -175,7 +218,7 @@ def _live_fuse_mount(mountpoint: str) -> Optional[str]:
     pid = daemon.get("pid")
     who = f" (pid {pid})" if isinstance(pid, int) and _alive(pid) else ""
     return (f"memosfs: {mountpoint} already has a {fuse[-1]} mount{who}; unmount it "
-            f"first (memosfs umount {mountpoint}) or pass -o nonempty / --force to "
+            f"first ({self_command()} umount {mountpoint}) or pass -o nonempty / --force to "
             f"mount over it")
 
 
@@ -210,14 +253,12 @@ def cmd_mount(args: argparse.Namespace) -> int:
         return 1
     ssd = own.get("ssd") or DEFAULT_SSD
 
-    def knob(name):
-        return knobs.get(name, KNOB_BY_NAME[name].default)
-
-    from memosfs.fuse.operations import physical_memory
-    memory = physical_memory()
-    if memory and int(knob("capacity")) > memory:
-        print(f"memosfs: capacity {knob('capacity')} cannot grow beyond memory "
-              f"({memory} bytes)", file=sys.stderr)
+    from memosfs.fuse.control import check_capacity
+    capacity = knobs.get("capacity", KNOB_BY_NAME["capacity"].default)
+    try:                                # the memory tier is made before the knobs apply
+        check_capacity(capacity)
+    except KnobError as e:
+        print(f"memosfs: bad option capacity={capacity}: {e}", file=sys.stderr)
         return 1
 
     # One daemon per SSD directory: the lock first, before anything reads or
@@ -255,13 +296,10 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
     from memosfs.store.store import Store, UnsavedSlots
 
     _native.tune_malloc()
-    def knob(name):
-        return knobs.get(name, KNOB_BY_NAME[name].default)
-
     tier = None
     if ssd != "none":                   # ssd=none: a memory-only cache
         try:
-            tier = SSDTier(ssd, int(knob("ssd_capacity")))
+            tier = SSDTier(ssd)         # (its capacity is a knob: applied below)
         except OSError as e:
             print(f"memosfs: cannot use ssd directory {ssd}: {e.strerror}", file=sys.stderr)
             return 1
@@ -274,9 +312,7 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
             print(f"memosfs: remote_durable takes 0 or 1, not {durable!r}", file=sys.stderr)
             return 1
         try:
-            remote = RemoteTier(own["remote"], durable=durable == "1",
-                                strong=str(knob("coherence_protocol")) == "2"
-                                if "coherence_protocol" in KNOB_BY_NAME else False)
+            remote = RemoteTier(own["remote"], durable=durable == "1")
         except (ValueError, ImportError) as e:
             print(f"memosfs: bad remote= option: {e}", file=sys.stderr)
             return 1
@@ -289,10 +325,16 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
             return 1
         if unreachable:
             log.warning("remote tier %s: %s", remote.config.redacted(), unreachable)
-    store = Store(int(knob("capacity")), int(knob("evict_batch")), int(knob("ring_slots")),
-                  ssd=tier, writeback_delay_ms=int(knob("writeback_delay_ms")),
+    # the memory tier is made at its capacity; every knob, that one too, is
+    # then applied by the same function as a write into its file
+    store = Store(int(knobs.get("capacity", KNOB_BY_NAME["capacity"].default)), ssd=tier,
                   remote=remote)
-    ops = MemosOperations(store, knobs)
+    try:
+        ops = MemosOperations(store, knobs)
+    except KnobError as e:
+        print(f"memosfs: bad option {e}", file=sys.stderr)
+        store.close()
+        return 1
     restored = ops.restore()
     if tier is not None and (restored or tier.corrupt):
         log.info("ssd tier %s: %d slots (%d bytes), %d corrupt files set aside", ssd,
@@ -319,7 +361,7 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
     else:
         print(f"memosfs: mounted {args.source} at {mountpoint} "
               f"(capacity {store.cache.capacity} bytes, ssd {ssd}); "
-              f"Ctrl-C or `memosfs umount {mountpoint}` unmounts", flush=True)
+              f"Ctrl-C or `{self_command()} umount {mountpoint}` unmounts", flush=True)
     log.info("mounted %s at %s, capacity %d, options %s", args.source, mountpoint,
              store.cache.capacity, ",".join(sorted(options)))
 
@@ -329,7 +371,7 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
         log.warning("remote tier %s not reachable yet; serving local tiers, retrying in "
                     "the background", remote.config.redacted())
     bar = _ProgressBar("warm-up") if foreground and sys.stdout.isatty() else None
-    store.start_warmup(float(knob("warmup_ratio")), bar.update if bar else None)
+    store.start_warmup(ops.knobs["warmup_ratio"], bar.update if bar else None)
     unmount = True
     status = 0
     unsaved = 0
@@ -343,6 +385,12 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
         raise
     finally:
         ops.stop_kernel_notifications()
+        if os.environ.get("MEMOSFS_CHECK_AT_UNMOUNT") == "1":
+            problems = ops.check_all()
+            for p in problems:
+                log.error("consistency check at unmount failed: %s", p)
+            if not problems:
+                log.info("consistency check at unmount: ok")
         try:
             store.close()               # persists every dirty slot
         except UnsavedSlots as e:       # each one is in the log, at ERROR
@@ -537,6 +585,13 @@ def cmd_umount(args: argparse.Namespace) -> int:
     """Unmount; unless lazy, wait for the daemon to persist everything and
     exit 1 (saying how many on stderr) if it could not save every slot."""
     mountpoint = os.path.abspath(args.mountpoint)
+    mounted = _mounts_at(mountpoint)
+    if "fuse.memosfs" not in mounted:
+        what = f"a {mounted[-1]} filesystem is mounted there" if mounted else \
+            "nothing is mounted there" if os.path.isdir(mountpoint) else \
+            "no such directory"
+        print(f"memosfs: {mountpoint} is not a memosfs mount ({what})", file=sys.stderr)
+        return 1
     daemon = _read_run_file(_run_file(mountpoint, "pid"))
     pid = daemon.get("pid") if daemon else None
     if not isinstance(pid, int) or not _alive(pid):
@@ -613,6 +668,20 @@ def _human(n: float) -> str:
     return str(n)
 
 
+def cmd_why(args: argparse.Namespace) -> int:
+    """Why the caller's last request on the mount was refused (.memos/why)."""
+    path = os.path.join(args.mountpoint, ".memos", "why")
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        print(f"memosfs: {args.mountpoint} is not a memosfs mount ({e.strerror})",
+              file=sys.stderr)
+        return 1
+    print(text, end="")
+    return 0
+
+
 # ---------------------------------------------------------------- calc-size
 
 
@@ -657,11 +726,14 @@ def cmd_calc_size(args: argparse.Namespace) -> int:
 
 
 def knob_table_markdown() -> str:
-    """The README's knob table, made from the knob table itself."""
-    rows = ["| knob | default | accepts | meaning |", "|---|---|---|---|"]
+    """docs/knobs.md's knob table, made from the knob table itself.  A `|`
+    in a cell is escaped (`\\|`), so every row has its five cells in any
+    GitHub-style renderer."""
+    rows = ["| knob | default | accepts | takes effect | meaning |", "|---|---|---|---|---|"]
     for k in KNOBS:
-        default = _human_size(k.default) if k.name == "capacity" else k.default
-        rows.append(f"| `{k.name}` | {default} | {k.range_text()} | {k.meaning} |")
+        default = _human_size(k.default) if k.name == "capacity" else k.format(k.default).strip()
+        cells = [f"`{k.name}`", default, k.range_text(), k.effect, k.meaning]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows) + "\n"
 
 
@@ -677,7 +749,7 @@ def cmd_knobs(args: argparse.Namespace) -> int:
         print(knob_table_markdown(), end="")
         return 0
     for k in KNOBS:
-        print(f"{k.name:<22} default {k.default!s:<10} accepts {k.range_text()}: "
+        print(f"{k.name:<22} default {k.format(k.default).strip():<10} accepts {k.range_text()}: "
               f"{k.meaning} ({k.effect})")
     return 0
 
@@ -717,6 +789,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_stat)
 
+    w = sub.add_parser("why", help="why your last request on the mount was refused")
+    w.add_argument("mountpoint")
+    w.set_defaults(fn=cmd_why)
+
     from memosfs import top
     top.add_parser(sub)
 
@@ -732,7 +808,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_calc_size)
 
     k = sub.add_parser("knobs", help="list the knobs of .memos/cache/")
-    k.add_argument("--markdown", action="store_true", help="as the README's table")
+    k.add_argument("--markdown", action="store_true", help="as the table of docs/knobs.md")
     k.set_defaults(fn=cmd_knobs)
 
     from memosfs.bench import cli as bench
@@ -740,7 +816,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SUBCOMMANDS = {"mount", "umount", "stat", "top", "calc-size", "bench", "knobs", "-h",
+SUBCOMMANDS = {"mount", "umount", "stat", "why", "top", "calc-size", "bench", "knobs", "-h",
                "--help"}
 
 
@@ -752,7 +828,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not getattr(args, "fn", None):
         build_parser().print_help()
         return 2
-    return args.fn(args) or 0
+    try:
+        return args.fn(args) or 0
+    except BrokenPipeError:             # `memosfs stat MNT | head -1`: the reader left
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())     # (nothing left to flush at exit)
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

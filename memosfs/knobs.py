@@ -1,24 +1,37 @@
 """The knob table: every setting of a mount, in one place.
 
 Every setting lives in one table, `KNOBS`: its name, its kind and bounds (how
-a written value is parsed and checked), its default, and what it means.  The
-knob files under `.memos/cache/`, their validation, the mount options and the
-README's knob list all come from this table.
+a written value is parsed and checked), its default, what it means and when
+a change takes effect.  The knob files under `.memos/cache/`, their
+validation, the mount options and the knob list in docs/knobs.md all come
+from this table; memosfs/fuse/control.py applies a value (`KNOB_APPLY`, one
+function for a mount option and for an `echo` into the knob's file).
+
+Values are typed: `Knob.parse` turns text into the knob's Python value
+(int, float, bool, or the name of a choice) and `Knob.format` turns it back
+into the text its file shows, so `parse(format(v)) == v`.
 
 Knob input is strict: ASCII only (any other byte is EINVAL, so are Unicode
 digits such as U+0663 or full-width ones), surrounding spaces, tabs and
 newlines are ignored, and then the whole text must be
 
 * an integer knob: decimal digits `[0-9]+`, no sign, no exponent;
-* a size knob: digits with an optional fraction and an optional binary suffix
-  `K`, `M`, `G` or `T` (optionally followed by `iB` or `B`), e.g. `512M`,
-  `1.5G`, `65536`; the result must be a whole number of bytes;
+* a flag: `0` or `1`;
+* a size knob: digits with an optional fraction and an optional suffix:
+  `K`, `M`, `G`, `T` or `KiB`, `MiB`, `GiB`, `TiB` are binary (1024,
+  1024², ...), `KB`, `MB`, `GB`, `TB` are decimal (1000, 1000², ..., as
+  dd(1) and truncate(1) read them): `512M` is 536,870,912 bytes, `512MB`
+  512,000,000; the result must be a whole number of bytes;
 * a ratio knob: `[0-9]+` or `[0-9]+.[0-9]+` (so no `-0`, `nan`, `inf`, `1e-1`);
 * a choice knob: one of its names exactly;
 
 and within the knob's bounds in `KNOBS` (see `Knob.range_text`).  At most 64
 bytes are read.  The mount options (`-o capacity=4G,...`) go through the same
 parser.
+
+What lasts: a value written into a knob file lasts until the unmount; every
+mount starts from the defaults and the `-o` options (an fstab line), as
+sysctl settings last until a reboot unless a configuration file sets them.
 """
 
 from __future__ import annotations
@@ -37,9 +50,9 @@ class KnobError(ValueError):
 MAX_INPUT = 64                          # bytes of a knob value looked at, at most
 _BLANK = " \t\r\n"
 _INT_RE = re.compile(r"[0-9]+", re.ASCII)
-_SIZE_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?([kKmMgGtT]?)(?:[iI]?[bB])?", re.ASCII)
+_SIZE_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?(?:([kKmMgGtT])([iI]?)([bB]?)|[bB])?", re.ASCII)
 _RATIO_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?", re.ASCII)
-_SIZE_MULT = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE_POWER = {"k": 1, "m": 2, "g": 3, "t": 4}
 
 
 def _clean(text: str) -> str:
@@ -56,14 +69,17 @@ def _clean(text: str) -> str:
 
 
 def parse_size(text: str) -> int:
-    """Parse `4G`, `512M`, `1.5g`, `65536` (binary multiples) into bytes;
-    ASCII digits only, no sign, no exponent, a whole number of bytes."""
+    """Parse `4G`, `512M`, `1.5g`, `65536`, `96MiB` (binary multiples) or
+    `512MB`, `4GB` (decimal multiples) into bytes; ASCII digits only, no
+    sign, no exponent, a whole number of bytes."""
     t = _clean(text)
     m = _SIZE_RE.fullmatch(t)
-    if not m:
-        raise KnobError(f"not a size: {t!r} (use bytes or a K/M/G/T suffix)")
-    whole, frac, suffix = m.group(1), m.group(2) or "", m.group(3).lower()
-    mult = _SIZE_MULT[suffix]
+    if not m or (m.group(4) and not m.group(5)):        # "4Gi": no unit
+        raise KnobError(f"not a size: {t!r} (use bytes or a K/M/G/T suffix: "
+                        f"binary K, M, G, T, KiB, MiB, GiB, TiB; decimal KB, MB, GB, TB)")
+    whole, frac, letter = m.group(1), m.group(2) or "", (m.group(3) or "").lower()
+    decimal = bool(letter and m.group(5) and not m.group(4))
+    mult = 1 if not letter else (1000 if decimal else 1024) ** _SIZE_POWER[letter]
     num = int(whole + frac) * mult
     den = 10 ** len(frac)
     if num % den:
@@ -98,11 +114,15 @@ def _fmt_bound(kind: str, v: Any) -> str:
 
 @dataclass(frozen=True)
 class Knob:
-    """One setting: name; kind (int, size, ratio, choice, or error_max: a
-    ratio or `auto`); bounds (lo, hi) of a number, or the names of a choice;
-    default; meaning (one line, for the README and `memosfs --help`); when a
-    change takes effect; for sizes, whether 0 is also allowed (`zero`); for
-    ratios, whether lo itself is excluded (`open_lo`)."""
+    """One setting: name; kind; bounds; default (typed); meaning (one
+    line, for docs/knobs.md and `memosfs knobs`); when a change takes
+    effect; for sizes, whether 0 is also allowed (`zero`); for ratios,
+    whether lo itself is excluded (`open_lo`).
+
+    Kinds and their values: int (an int in [lo, hi]), size (an int of
+    bytes), ratio (a float in [lo, hi]), flag (a bool, written 0 or 1),
+    choice (one of the names in bounds, a str), error_max (a float, or the
+    str `auto`), share (an int of bytes, or a str `N%` of capacity)."""
     name: str
     kind: str
     bounds: tuple
@@ -113,12 +133,17 @@ class Knob:
     open_lo: bool = False
 
     def parse(self, text: str) -> Any:
-        """The value of written text, or KnobError saying why not."""
+        """The typed value of written text, or KnobError saying why not."""
         if self.kind == "choice":
             t = _clean(text)
             if t not in self.bounds:
                 raise KnobError(f"{t!r} is not one of {', '.join(self.bounds)}")
             return t
+        if self.kind == "flag":
+            t = _clean(text)
+            if t not in ("0", "1"):
+                raise KnobError(f"{t!r} is not 0 or 1")
+            return t == "1"
         if self.kind == "error_max" and _clean(text) == "auto":
             return "auto"
         if self.kind == "share" and _clean(text).endswith("%"):
@@ -138,12 +163,26 @@ class Knob:
         if v < lo or v > hi or (self.open_lo and v == lo):
             unit = " bytes" if self.kind in ("size", "share") else ""
             raise KnobError(f"{v}{unit} is out of range {self.range_text()}")
-        return repr(v) if self.kind == "error_max" else v
+        return v
+
+    def value(self, given: Any) -> Any:
+        """A typed value from text (parsed) or from a value of the knob's
+        type (checked the same way, through its text): KnobError if not."""
+        if isinstance(given, str):
+            return self.parse(given)
+        if self.kind == "flag" and isinstance(given, (bool, int)) and given in (0, 1):
+            return bool(given)
+        if isinstance(given, bool) or not isinstance(given, (int, float)):
+            raise KnobError(f"{given!r} is not a value of {self.name}")
+        return self.parse(self.format(given))
 
     def range_text(self) -> str:
-        """The accepted values, for messages and the README."""
+        """The accepted values, for messages and docs/knobs.md (no `|`:
+        the text goes into Markdown table cells)."""
         if self.kind == "choice":
-            return " | ".join(self.bounds)
+            return ", ".join(self.bounds[:-1]) + " or " + self.bounds[-1]
+        if self.kind == "flag":
+            return "0 or 1"
         lo, hi = (_fmt_bound(self.kind, b) for b in self.bounds)
         text = f"{'(' if self.open_lo else '['}{lo}, {hi}]"
         if self.zero:
@@ -155,6 +194,9 @@ class Knob:
         return text
 
     def format(self, value: Any) -> str:
+        """The text of a value, as the knob's file shows it."""
+        if self.kind == "flag":
+            return "1\n" if value else "0\n"
         return f"{value}\n"
 
 
@@ -188,32 +230,32 @@ KNOBS: tuple[Knob, ...] = (
          "slots go; 0 = as much as the disk has", zero=True),
     Knob("warmup_ratio", "ratio", (0.0, 1.0), 0.5,
          "share of capacity preloaded from the SSD tier at mount, most recently used "
-         "first, in the background", "at the next mount"),
+         "first, in the background", "at mount (give it with -o)"),
     _choice("quantize", ("off", "int8", "int8-layer", "int4"), "off",
             "store safetensors slots' float tensors quantized: int8 (keys per channel, values "
             "per token), int8-layer (one scale per tensor), int4 (groups of 32); reads return "
             "the dequantized tensors in their dtype and layout", "on the next publish"),
     Knob("quant_error_max", "error_max", (0.0, 1.0), "auto",
-         "relative error ||x-x^||/||x|| above which a tensor stays at full precision; auto "
-         "= 0.03 for int8 schemes, 0.12 for int4", "on the next publish", open_lo=True),
-    _choice("page_cache_push", ("0", "1"), "1",
-            "1: local readers and mmap find each published version in the kernel page cache "
-            "without a request (as after a write on a local filesystem): the pages its writers' "
-            "writes left there when they hold it, otherwise a copy pushed in (versions of 1 MiB "
-            "or more; one that writers published, of 4 MiB or more, once the last of them "
-            "closes); 0: readers fetch from the daemon"),
-    _choice("fast_path", ("0", "1"), "1",
-            "1: reads and writes on open slots (and getxattr, which the kernel sends before "
-            "every write) are answered on the spot by the C shim's callback, without a "
-            "scheduler round per request; 0: every request goes through the async handlers"),
+         "relative error (norm of x - x^ over norm of x) above which a tensor stays at "
+         "full precision; auto = 0.03 for int8 schemes, 0.12 for int4", "on the next publish", open_lo=True),
+    Knob("page_cache_push", "flag", (), True,
+         "1: local readers and mmap find each published version in the kernel page cache "
+         "without a request (as after a write on a local filesystem): the pages its writers' "
+         "writes left there when they hold it, otherwise a copy pushed in (versions of 1 MiB "
+         "or more; one that writers published, of 4 MiB or more, once the last of them "
+         "closes); 0: readers fetch from the daemon"),
+    Knob("fast_path", "flag", (), True,
+         "1: reads and writes on open slots (and getxattr, which the kernel sends before "
+         "every write) are answered on the spot by the C shim's callback, without a "
+         "scheduler round per request; 0: every request goes through the async handlers"),
     Knob("burst_poll_us", "int", (0, 1000), 30,
          "after answering a request on the fast path, how long the daemon waits for the "
          "client's next one to take it at once (a stream of small writes); 0: no waiting"),
-    _choice("coherence_protocol", ("0", "1", "2"), "1",
-            "agents sharing slots: 0 no tracking (last publish wins); 1 batched invalidation "
-            "(a writer goes on at once, holders are told in batches and keep their snapshot); "
-            "2 strong (a writer's open waits until every holder has acknowledged, and no "
-            "reader opens while a write is granted)", "on the next open"),
+    Knob("coherence_protocol", "int", (0, 2), 1,
+         "agents sharing slots: 0 no tracking (last publish wins); 1 batched invalidation "
+         "(a writer goes on at once, holders are told in batches and keep their snapshot); "
+         "2 strong (a writer's open waits until every holder has acknowledged, and no "
+         "reader opens while a write is granted)", "on the next open"),
     Knob("coherence_timeout_ms", "int", (1, 3_600_000), 5000,
          "protocol 2: how long an open waits for acknowledgements or for a writer before "
          "it fails with ETIMEDOUT and nothing changes", "on the next open"),

@@ -8,7 +8,7 @@ it is and what it means.  Everything a user sees is made from the records:
     stats        `name value` lines                      format_stats(records)
     stats.json   one JSON object                         stats_json(records)
     /metrics     Prometheus text, counters as `_total`   format_metrics(records)
-    README       the stats table                         stats_table_markdown(classes)
+    docs         the stats table (docs/stats.md)         stats_table_markdown(classes)
 
 so a figure is documented exactly once, next to the code that counts it, and
 a counter can never be exported as a gauge or the other way round.
@@ -132,7 +132,7 @@ def format_metrics(records: Iterable[Any]) -> str:
 
 
 def stats_table_markdown(classes: Iterable[type]) -> str:
-    """The README's stats table: one section row per record, then its fields."""
+    """docs/stats.md's table: one section row per record, then its fields."""
     rows = ["| stat | kind | meaning |", "|---|---|---|"]
     for cls in classes:
         title = (cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip(".")

@@ -495,6 +495,7 @@ int memos_publish(memos_cache *c, memos_entry *d, const void *key, size_t klen,
     if (old) {
         index_replace(&c->idx, &old->inode, &d->inode);
         d->version = version ? version : old->version + 1;
+        d->sticky = old->sticky;            /* a pin belongs to the key, not the version */
         kill_entry(c, old, 0);
         c->st.replaces++;
     } else {

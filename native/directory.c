@@ -572,6 +572,28 @@ size_t dir_revoke(dir_table *d, const void *key, size_t klen, int valid,
     return n;
 }
 
+size_t dir_break_exclusive(dir_table *d, const void *key, size_t klen, uint64_t agent,
+                           uint64_t *agents, size_t max)
+{
+    uint64_t hv = hash_key(key, klen);
+    size_t n = 0;
+    pthread_mutex_lock(&d->lock);
+    dslot *s = find(d, key, klen, hv);
+    for (holder *h = s ? s->holders : NULL; h; h = h->next) {
+        if (h->agent == agent)
+            continue;
+        if (h->state != DIR_E && !(h->state == DIR_M && h->writers > 0))
+            continue;
+        set_state(d, s, h, DIR_S, DIR_CAUSE_REVOKE);
+        d->st.revoked++;
+        if (n < max)
+            agents[n] = h->agent;
+        n++;
+    }
+    pthread_mutex_unlock(&d->lock);
+    return n;
+}
+
 int dir_state(dir_table *d, const void *key, size_t klen, uint64_t agent)
 {
     uint64_t hv = hash_key(key, klen);

@@ -123,6 +123,17 @@ int dir_unacked(dir_table *d, const void *key, size_t klen, uint64_t agent);
 size_t dir_revoke(dir_table *d, const void *key, size_t klen, int valid,
                   uint64_t *agents, size_t max);
 
+/* A writer's lease break: every other agent that holds key exclusively
+ * with a write handle (E, or M with a write handle open) and has kept others
+ * waiting past the lease goes to S (cause revoke), so that readers and
+ * writers waiting on it go on.  Its write handles stay open: its next write
+ * or publish acquires E again (dir_write with upgrade), which invalidates
+ * the others first.  A pending writer (P) is left alone: its own wait ends
+ * by lease break or cancel.  Writes the agents to agents[0..max) and returns
+ * their number. */
+size_t dir_break_exclusive(dir_table *d, const void *key, size_t klen, uint64_t agent,
+                           uint64_t *agents, size_t max);
+
 /* The agent's state for key (DIR_I when it holds nothing). */
 int dir_state(dir_table *d, const void *key, size_t klen, uint64_t agent);
 

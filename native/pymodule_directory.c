@@ -146,6 +146,8 @@ static PyObject *py_unacked(DirectoryObject *self, PyObject *args)
     return PyBool_FromLong(un);
 }
 
+static PyObject *agent_list(const uint64_t *agents, size_t n);
+
 static PyObject *py_revoke(DirectoryObject *self, PyObject *args)
 {
     Py_buffer k;
@@ -155,6 +157,23 @@ static PyObject *py_revoke(DirectoryObject *self, PyObject *args)
     uint64_t agents[256];
     size_t n = dir_revoke(self->d, k.buf, (size_t)k.len, valid, agents, 256);
     PyBuffer_Release(&k);
+    return agent_list(agents, n);
+}
+
+static PyObject *py_break_exclusive(DirectoryObject *self, PyObject *args)
+{
+    Py_buffer k;
+    unsigned long long agent;
+    if (!PyArg_ParseTuple(args, "y*K", &k, &agent))
+        return NULL;
+    uint64_t agents[256];
+    size_t n = dir_break_exclusive(self->d, k.buf, (size_t)k.len, agent, agents, 256);
+    PyBuffer_Release(&k);
+    return agent_list(agents, n);
+}
+
+static PyObject *agent_list(const uint64_t *agents, size_t n)
+{
     if (n > 256)
         n = 256;
     PyObject *out = PyList_New((Py_ssize_t)n);
@@ -311,6 +330,9 @@ static PyMethodDef dir_methods[] = {
     {"revoke", (PyCFunction)py_revoke, METH_VARARGS,
      "revoke(key, valid=False) -> [agent]: void the unacknowledged holders' copies "
      "(valid: also S/M holders without a write handle); a pending writer may enter E"},
+    {"break_exclusive", (PyCFunction)py_break_exclusive, METH_VARARGS,
+     "break_exclusive(key, agent) -> [agent]: other agents holding key exclusively with a "
+     "write handle (E, or M with one open) go to S; they acquire E again at their next write"},
     {"holders", (PyCFunction)py_holders, METH_VARARGS, "holders(key) -> [(agent, state)]"},
     {"forget", (PyCFunction)py_forget, METH_VARARGS, "forget(key) -> holders dropped"},
     {"take_msgs", (PyCFunction)py_take_msgs, METH_VARARGS,

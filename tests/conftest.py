@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
@@ -68,7 +69,8 @@ class Mount(Daemon):
         opts = dict(opts)
         ssd = Path(str(opts.pop("ssd", tmp / (name + "-ssd"))))
         super().__init__(tmp / name, ssd, tmp / (name + ".log"), opts, capture=True,
-                         stats_format="text", stop_timeout=15)
+                         stats_format="text", stop_timeout=15,
+                         env={"MEMOSFS_CHECK_AT_UNMOUNT": "1"})
 
 
 @pytest.fixture
@@ -98,6 +100,25 @@ def make_mount(tmp_path):
     for m in mounts:
         text = m.logtext()
         assert "Traceback" not in text, f"daemon logged a traceback:\n{text}"
+        # every mount ends with the consistency checks (memory, namespace,
+        # coherence, SSD index against its folder): see MemosOperations.check_all
+        assert "consistency check at unmount failed" not in text, \
+            "\n".join(line for line in text.splitlines() if "consistency check" in line)
+        if f"unmounted {m.path}" in text:        # (a daemon killed never gets there)
+            assert "consistency check at unmount: ok" in text, text[-3000:]
+
+
+@pytest.fixture(autouse=True)
+def cpu_hogs():
+    """MEMOSFS_HOGS=N (make test-stress): N busy processes run beside every
+    test, so that races that need a busy machine to show (a thread preempted
+    between two steps) show here too.  Stopped by pid at teardown."""
+    n = int(os.environ.get("MEMOSFS_HOGS", "0") or 0)
+    hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(n)]
+    yield n
+    for h in hogs:
+        h.kill()
+        h.wait()
 
 
 @pytest.fixture

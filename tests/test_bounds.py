@@ -1,5 +1,5 @@
 """Tables that grow with keys, inodes or threads keep nothing of what is gone
-(the bounds listed in README's "Memory bounds"; tests/test_soak.py watches the
+(the bounds listed in docs/memory-bounds.md; tests/test_soak.py watches the
 whole daemon for a long time, these check each fixed leak in seconds)."""
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from memosfs.cli import calc_size, parse_mount_options
+from memosfs.knobs import KNOBS
 
 
 def memosfs(*args):
@@ -17,7 +18,7 @@ def memosfs(*args):
 
 
 def test_calc_size_design_example():
-    # DESIGN.md §5: 2048 tokens, 12 layers, width 768, fp16, 2x redundancy.
+    # docs/design.md, "Sizing": 2048 tokens, 12 layers, width 768, fp16, 2x redundancy.
     r = memosfs("calc-size", "--tokens", "2048", "--layers", "12", "--hidden", "768",
                 "--dtype", "fp16", "--redundancy", "2")
     assert r.returncode == 0, r.stderr
@@ -61,9 +62,32 @@ def test_help_lists_subcommands():
         assert word in r.stdout
 
 
-def test_readme_knob_table_comes_from_the_knob_table():
+def test_the_knobs_page_table_comes_from_the_knob_table():
     from pathlib import Path
 
     from memosfs.cli import knob_table_markdown
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert knob_table_markdown() in readme
+    page = (Path(__file__).resolve().parent.parent / "docs" / "knobs.md").read_text()
+    assert knob_table_markdown() in page
+
+
+def _cells(row: str) -> list[str]:
+    """A GitHub-style table row's cells: split at `|` not escaped as `\\|`."""
+    import re
+    return [c.strip() for c in re.split(r"(?<!\\)\|", row.strip().strip("|"))]
+
+
+def test_every_knob_row_has_five_cells_in_a_github_renderer():
+    """Choices and meanings hold no bare `|` (it would end a cell: 7 knobs
+    lost their meaning so); `memosfs knobs --markdown` prints the same."""
+    from memosfs.cli import knob_table_markdown
+    table = knob_table_markdown()
+    assert memosfs("knobs", "--markdown").stdout == table
+    rows = table.splitlines()
+    assert len(rows) == 2 + len(KNOBS)
+    for row, knob in zip(rows[2:], KNOBS):
+        cells = _cells(row)
+        assert len(cells) == 5, row
+        assert cells[0] == f"`{knob.name}`" and cells[4] == knob.meaning.replace("|", "\\|")
+    assert _cells(rows[2 + [k.name for k in KNOBS].index("evict_policy")])[2] == \
+        "lru_lfu, lru or lfu"
+    assert _cells("| a \\| b | c |") == ["a \\| b", "c"]

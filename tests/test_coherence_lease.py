@@ -56,6 +56,27 @@ def test_directory_revoke():
     d.check()
 
 
+def test_directory_break_exclusive():
+    """A writer in E that keeps another agent waiting past the lease goes to
+    S; its next write (upgrade) invalidates the others and waits for them."""
+    d, k = N.Directory(), b"a/s/x"
+    assert d.write(k, 2, 2) == N.DIR_GRANTED and d.state(k, 2) == "E"
+    assert d.read(k, 1, 2) == N.DIR_WAIT
+    assert d.break_exclusive(k, 1) == [2] and d.state(k, 2) == "S"
+    assert d.break_exclusive(k, 1) == []                  # nothing left to break
+    assert d.read(k, 1, 2) == N.DIR_GRANTED
+    assert d.write(k, 2, 2, True) == N.DIR_PENDING        # the reader must ack first
+    assert d.unacked(k, 1)
+    assert d.ack(k, 1) == 1 and d.state(k, 2) == "E"
+    assert (k, 2, "E", "S", "revoke") in d.take_events()
+    # a waiting writer breaks an M holder that keeps a write handle open
+    d.publish(k, 2)
+    assert d.state(k, 2) == "M" and d.write(k, 3, 2) == N.DIR_WAIT
+    assert d.break_exclusive(k, 3) == [2]
+    assert d.write(k, 3, 2) in (N.DIR_GRANTED, N.DIR_PENDING)
+    d.check()
+
+
 class RevokingAgents(Agents):
     """test_coherence's model of agents over the directory and the cache,
     with lease breaks and root's revoke at any step: a revoked reader reads
@@ -139,6 +160,34 @@ def test_stopped_reader_is_revoked_and_the_writer_goes_on(make_mount, agents):
     assert "revoked uid:20001" in log and "lease_break_ms=1500" in log
 
 
+def test_stopped_writer_does_not_keep_readers_out(make_mount, agents):
+    """A writer under uid B, stopped (SIGSTOP) while it holds the slot
+    exclusively, keeps no reader under uid A waiting past lease_break_ms
+    (before: until the open timed out).  The reader reads the last published
+    version; once the writer runs again, its publish first takes the slot
+    back from the reader (invalidation, then the reader's lease), and the
+    slot holds the writer's version."""
+    m = make_mount(world=True)
+    slot = shared_slot(m, OLD)
+    strong(m, 1000)
+    a, b = agents(20001), agents(20002)
+    assert b(f"open {slot} w") == "ok"
+    assert b("write " + NEW.hex()) == "ok"
+    os.kill(b.proc.pid, signal.SIGSTOP)
+    try:
+        assert a(f"open {slot} r", timeout=15) == "ok"
+        assert a("read") == OLD.hex()
+    finally:
+        os.kill(b.proc.pid, signal.SIGCONT)
+    assert b("close", timeout=15) == "ok"             # waits for a's ack or lease
+    assert slot.read_bytes() == NEW
+    assert a("read") in (OLD.hex(), "err ESTALE")
+    assert a("close") == "ok"
+    s = m.stats()
+    assert s["coherence_timeouts"] == 0 and s["coherence_revoked"] >= 1
+    assert "its exclusive hold is broken" in m.logtext()
+
+
 def test_acknowledging_holders_are_not_revoked(make_mount, agents):
     m = make_mount(world=True)
     slot = shared_slot(m, OLD)
@@ -172,7 +221,7 @@ def test_root_revokes_through_the_control_file(make_mount, agents):
     slot = shared_slot(m, OLD)
     strong(m, 60000)                                  # no lease break: only root's
     revoke = m.path / ".memos" / "cache" / "revoke"
-    assert os.stat(revoke).st_mode & 0o777 == 0o200
+    assert os.stat(revoke).st_mode & 0o777 == 0o600
     a, b = agents(20001), agents(20002)
     assert a(f"open {slot} r") == "ok" and a("read") == OLD.hex()
     b.send(f"open {slot} w")

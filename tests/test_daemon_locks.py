@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -186,9 +187,12 @@ def test_mount_over_a_live_memosfs_is_refused(make_mount, tmp_path):
     other = tmp_path / "other-ssd"
     r = memosfs("memos", str(a.path), "-f", "-o", f"ssd={other},capacity=64M")
     assert r.returncode != 0
+    # the command it names runs from here: `memosfs` where that is on the PATH
+    # (make install), else this interpreter (tests/test_first_steps.py)
+    me = "memosfs" if shutil.which("memosfs") else f"{sys.executable} -m memosfs"
     assert r.stderr.strip() == (
         f"memosfs: {a.path} already has a fuse.memosfs mount (pid {a.proc.pid}); unmount it "
-        f"first (memosfs umount {a.path}) or pass -o nonempty / --force to mount over it"), \
+        f"first ({me} umount {a.path}) or pass -o nonempty / --force to mount over it"), \
         r.stderr
     assert mounts_at(a.path) == ["fuse.memosfs"]
     assert not other.exists()                   # refused before the SSD directory was made

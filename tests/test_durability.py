@@ -364,7 +364,10 @@ def test_a_clean_victim_whose_ssd_copy_went_bad_is_written_again(tmp_path):
     store, dropped = _evict_store(tmp_path)
     _put(store, b"a/s/k", b"k" * 5000)
     store.flush()
-    store._corrupt(store.ssd.get(b"a/s/k"), "test")
+    entry = store.ssd.get(b"a/s/k")
+    with open(entry.path, "r+b") as f:          # the payload goes bad on disk
+        f.write(b"X")
+    store._corrupt(entry, "payload checksum mismatch")
     ref = store.peek(b"a/s/k")
     assert ref.dirty
     assert store._on_evict(ref) is True

@@ -413,3 +413,20 @@ def test_real_model_kv_quantized_on_the_mount(make_mount, real_model, scheme, pp
     quant_nll = nll(loaded)
     change = np.exp(quant_nll - exact_nll) - 1
     assert abs(change) < ppl_tol, (scheme, change, fallbacks)
+
+
+@needs_model
+def test_bench_kv_runs_at_a_tiny_size(monkeypatch, capsys, real_model):
+    """`memosfs bench kv`, every section, on the model the tests loaded (the
+    command loads it itself: tens of seconds more)."""
+    from memosfs.bench import kv as bench_kv
+    from memosfs.cli import main
+    model, tok, _ = real_model
+    monkeypatch.setattr(bench_kv.models, "load_model", lambda verbose=False: (model, tok))
+    assert main(["bench", "kv", "--prefix", "64", "--chunk", "32", "--agents", "2",
+                 "--system", "32", "--question", "8", "--schemes", "int8",
+                 "--ppl-prefix", "64", "--ppl-scored", "32", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bench"] == "kv" and out["kv_bytes_per_token"] > 0
+    assert {"exact", "shared", "quant"} <= set(out)
+    assert out["quant"]["schemes"]["int8"]["quant_tensors"] > 0

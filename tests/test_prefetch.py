@@ -417,7 +417,7 @@ def test_mount_sequential_prefetch_makes_the_next_turn_a_hit(make_mount, mode):
     # evict_batch=1: a batch of 16 victims in a 14-slot memory would take
     # the prefetched turns with it; lru: under lru_lfu a prefetched slot not
     # yet read is the newest of the probation segment, which the adaptive
-    # policy may sacrifice first (README, known issues)
+    # policy may sacrifice first (docs/known-issues.md)
     m = make_mount(capacity="8M", writeback_delay_ms=0, warmup_ratio=0, evict_batch=1,
                    evict_policy="lru",
                    prefetch_mode=mode, prefetch_stride=2)

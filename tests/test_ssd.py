@@ -259,6 +259,7 @@ def test_flush_and_clean_unmount_persist_everything(make_mount):
     assert os.getxattr(s / "a", "user.memos.dirty") == b"0"
     (s / "b").write_bytes(b"b" * 1000)                # persisted by the unmount
     m2 = remount(make_mount, m)
+    assert "unmount: 1 dirty slot written to the SSD tier" in m.logtext()
     assert m2.p("agent", "s1", "a").read_bytes() == b"a" * 1000
     assert m2.p("agent", "s1", "b").read_bytes() == b"b" * 1000
 

@@ -16,7 +16,7 @@ from memosfs.fuse.control import STATS_RECORDS
 from memosfs.stats import (COUNTER, GAUGE, LABEL, Record, fields_of, format_metrics,
                            format_stats, stats_json, stats_table_markdown)
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+STATS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "stats.md"
 
 
 def _section(text: str, title: str) -> str:
@@ -25,8 +25,8 @@ def _section(text: str, title: str) -> str:
     return text[start:end if end >= 0 else len(text)]
 
 
-def test_readme_stats_table_is_the_records_table():
-    section = _section(README.read_text(), "Stats")
+def test_the_stats_page_table_is_the_records_table():
+    section = _section(STATS_PAGE.read_text(), "Every figure")
     table = stats_table_markdown(STATS_RECORDS)
     assert table in section
     # and no hand-written row besides it
@@ -43,7 +43,7 @@ def test_every_field_has_a_kind_and_a_meaning():
     for cls in STATS_RECORDS:
         assert issubclass(cls, Record) and dataclasses.is_dataclass(cls)
         assert cls.__dataclass_params__.frozen, cls
-        assert (cls.__doc__ or "").strip(), f"{cls.__name__}: no docstring (the README title)"
+        assert (cls.__doc__ or "").strip(), f"{cls.__name__}: no docstring (the title in docs/stats.md)"
         for f in dataclasses.fields(cls):
             kind, meaning = f.metadata.get("kind"), f.metadata.get("meaning", "")
             assert kind in (COUNTER, GAUGE, LABEL), f"{cls.__name__}.{f.name}"

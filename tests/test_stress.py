@@ -66,3 +66,53 @@ def test_no_torn_reads_under_load(make_mount, opts):
         assert p.returncode == 0, out
     assert m.proc.poll() is None                     # the daemon is still serving
     assert m.stats()["ssd_corrupt"] == 0
+
+
+def test_ftruncate_beside_a_filler_waits_for_room_instead_of_failing(make_mount):
+    """Regression (reported: 7 EIO in 70,565 ftruncates, and fsx dying in
+    domapwrite's ftruncate): under eviction pressure a size change waits
+    for room like a write does; it never answers EIO.  A process rewrites
+    six 4 MiB slots on a 16M mount while another resizes its open slot
+    (1M, 2M, 4K, 3M, 0) and writes into it."""
+    import errno
+    import multiprocessing as mp
+    import os
+    import time
+    m = make_mount(capacity="16M", writeback_delay_ms=50)
+    d = m.p("a", "s")
+    d.mkdir(parents=True)
+    stop = mp.Event()
+
+    def filler():
+        i = 0
+        while not stop.is_set():
+            try:
+                (d / f"fill{i % 6}").write_bytes(os.urandom(4 << 20))
+            except OSError as e:
+                assert e.errno in (errno.ENOSPC, errno.EFBIG), e
+            i += 1
+
+    p = mp.Process(target=filler)
+    p.start()
+    fd = os.open(d / "t", os.O_RDWR | os.O_CREAT, 0o644)
+    calls, errors = 0, []
+    try:
+        end = time.monotonic() + 6
+        while time.monotonic() < end:
+            for size in (1 << 20, 2 << 20, 4096, 3 << 20, 0):
+                try:
+                    os.ftruncate(fd, size)
+                    if size:
+                        os.pwrite(fd, b"x" * 4096, size - 4096)
+                    assert os.fstat(fd).st_size == size
+                except OSError as e:
+                    errors.append(e.errno)
+                calls += 1
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+        stop.set()
+        p.join(60)
+    assert calls > 0 and errno.EIO not in errors, (calls, errors)
+    assert all(e == errno.ENOSPC for e in errors), errors
+    assert "answering EIO" not in m.logtext()

@@ -59,6 +59,9 @@ import pytest
 
 WORKERS = 8
 DURATION = float(os.environ.get("MEMOSFS_STRESS_SECONDS", "20"))
+# make test-stress runs it again on a smaller memory tier: more evictions,
+# more reads back from the SSD tier, more writes waiting for room
+CAPACITY = os.environ.get("MEMOSFS_STRESS_CAPACITY", "64M")
 
 SHARED = ["k%d" % i for i in range(8)] + ["n/k%d" % i for i in range(4)] \
     + ["n/m/k%d" % i for i in range(2)]
@@ -503,7 +506,7 @@ def snapshot(top: str) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_mixed_stress_then_remount(make_mount, tmp_path):
-    m = make_mount(capacity="64M", writeback_delay_ms=50)
+    m = make_mount(capacity=CAPACITY, writeback_delay_ms=50)
     root = m.p("a", "s")
     for d in ["n/m"] + [f"pw{w}/d" for w in range(WORKERS)]:
         (root / d).mkdir(parents=True)
@@ -637,7 +640,7 @@ def test_mixed_stress_then_remount(make_mount, tmp_path):
     log1 = m.logtext()
     if m.proc.returncode != 0:
         problems.append(f"unmount: the daemon exited {m.proc.returncode}")
-    m2 = make_mount(capacity="64M", ssd=m.ssd)
+    m2 = make_mount(capacity=CAPACITY, ssd=m.ssd)
     after = snapshot(str(m2.path / "a"))
     if before != after:
         only_before = sorted(set(before) - set(after))

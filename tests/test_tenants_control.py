@@ -43,8 +43,10 @@ CONTROL_MODES = {
     ".memos/cache/stats": stat.S_IFREG | 0o444,
     ".memos/cache/stats.json": stat.S_IFREG | 0o444,
     ".memos/metrics": stat.S_IFREG | 0o444,
-    ".memos/cache/flush": stat.S_IFREG | 0o200,
-    ".memos/cache/reset_context": stat.S_IFREG | 0o200,
+    ".memos/cache/flush": stat.S_IFREG | 0o600,
+    ".memos/cache/reset_context": stat.S_IFREG | 0o600,
+    ".memos/cache/revoke": stat.S_IFREG | 0o600,
+    ".memos/why": stat.S_IFREG | 0o444,
     ".memos/debug/trace": stat.S_IFREG | 0o600,
     **{f".memos/cache/{k.name}": stat.S_IFREG | 0o644 for k in KNOBS},
 }
@@ -153,13 +155,14 @@ def test_other_uid_reads_stats_and_knobs_but_changes_nothing(make_mount):
 
 
 def test_root_gets_eacces_against_the_mode_too(mnt):
-    """Root reading a write-only file or writing a read-only one: EACCES, as
-    the modes say (CAP_DAC_OVERRIDE lets the kernel pass it on; the daemon
-    refuses)."""
-    for name in ("flush", "reset_context"):
-        assert errno_of(os.open, mnt.ctl(name), os.O_RDONLY) == errno.EACCES, name
-        assert errno_of(os.open, mnt.ctl(name), os.O_RDWR) == errno.EACCES, name
-    for p in (mnt.ctl("stats"), mnt.ctl("stats.json"), mnt.p(".memos", "metrics")):
+    """Root writing a read-only file: EACCES, as the modes say
+    (CAP_DAC_OVERRIDE lets the kernel pass it on; the daemon refuses).  The
+    command files are 0600: root reads them as empty files (so that tar
+    and cp -a of the whole mount read every file), others nothing."""
+    for name in ("flush", "reset_context", "revoke"):
+        assert mnt.ctl(name).read_bytes() == b"", name
+    for p in (mnt.ctl("stats"), mnt.ctl("stats.json"), mnt.p(".memos", "metrics"),
+              mnt.p(".memos", "why")):
         assert errno_of(os.open, p, os.O_WRONLY) == errno.EACCES, p
     assert write_value(mnt.ctl("flush"), b"1\n") == 0
     trace = mnt.p(".memos", "debug", "trace")
@@ -189,7 +192,8 @@ def test_daemon_enforces_the_modes_without_default_permissions(make_handlers):
     assert open_errno(knob, os.O_RDONLY, OTHER) == 0
     assert open_errno(knob, os.O_WRONLY | os.O_TRUNC, 0) == 0
     assert open_errno(".memos/cache/flush", os.O_WRONLY, OTHER) == errno.EACCES
-    assert open_errno(".memos/cache/flush", os.O_RDONLY, 0) == errno.EACCES
+    assert open_errno(".memos/cache/flush", os.O_RDONLY, 0) == 0
+    assert open_errno(".memos/cache/flush", os.O_RDONLY, OTHER) == errno.EACCES
     assert open_errno(".memos/cache/stats", os.O_WRONLY, 0) == errno.EACCES
     assert open_errno(".memos/cache/stats", os.O_RDONLY, OTHER) == 0
     attr = pyfuse3.EntryAttributes()
@@ -283,6 +287,7 @@ BAD_BY_KIND = {
     "ratio": ["1.5", "1.0001", "2", ".5", "0.", "1/2"],
     "error_max": ["0", "0.0", "1.5", "AUTO", "auto1"],
     "choice": ["LRU", "on", "yes", "o ff"],
+    "flag": ["2", "on", "yes", "true", "01", "1.0"],
     "share": ["0%", "101%", "-5%", "5.5%", "%", "25 %", "\u0663%", "1P", "0.5"],
 }
 
@@ -387,6 +392,9 @@ def test_a_knob_accepts_only_ascii_values_in_its_bounds(knob, text):
     assert text.isascii()
     if knob.kind == "choice":
         assert value in knob.bounds
+    elif knob.kind == "flag":
+        assert value in (True, False) and text.strip(" \t\r\n") == str(int(value))
+        assert knob.parse(knob.format(value)) is value
     elif knob.kind == "error_max" and value == "auto":
         pass
     elif knob.kind == "share" and isinstance(value, str):

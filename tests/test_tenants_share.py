@@ -158,7 +158,7 @@ def test_agent_quota_bounds_and_protects(make_mount):
     b = agent_dir(m, "bob", 5002)
     os.setxattr(m.p("alice"), "user.memos.quota", b"8M")
     assert os.getxattr(m.p("alice"), "user.memos.quota") == str(8 * MiB).encode()
-    assert "user.memos.usage" in os.listxattr(m.p("alice"))
+    assert os.listxattr(m.p("alice")) == ["user.memos.quota"]    # usage: computed
     r = as_uid(5001, f"setfattr -n user.memos.quota -v 1G {m.p('alice')} || echo REFUSED")
     assert "REFUSED" in r.stdout
     r = as_uid(5002, f"setfattr -n user.memos.quota -v 1G {m.p('bob')} || echo REFUSED")
@@ -240,3 +240,29 @@ def test_quota_follows_an_agent_rename_and_rmdir(make_mount):
     m.p("alice2", "s").rmdir()
     m.p("alice2").rmdir()
     assert m.stats()["quota_agents"] == 0
+
+
+def test_a_pin_stays_with_a_rewritten_slot_and_within_the_share(make_mount):
+    """Regression: a pin disappeared without a word when the pinned slot was
+    rewritten (the pin was the old version's).  It stays with the slot
+    through O_TRUNC and in-place rewrites (also while a reader holds the
+    old version), and is taken away, with a warning, only when the new
+    version takes its uid past pin_max_per_uid."""
+    m = make_mount(world=True, capacity="64M", pin_max_per_uid="8M")
+    d = agent_dir(m, "alice", 5001)
+    r = as_uid(5001, f"""set -e
+        cd {d}
+        head -c 1048576 /dev/urandom > p
+        setfattr -n user.memos.pin -v 1 p
+        head -c 2097152 /dev/urandom > p
+        getfattr --only-values -n user.memos.pin p; echo
+        exec 3<p
+        printf 'in place' | dd of=p conv=notrunc status=none
+        getfattr --only-values -n user.memos.pin p; echo
+        exec 3<&-
+        head -c 12582912 /dev/zero > p
+        getfattr --only-values -n user.memos.pin p; echo""")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "1", "0"]
+    assert "past pin_max_per_uid" in m.logtext()
+    assert os.getxattr(d / "p", "user.memos.tier") == b"mem"

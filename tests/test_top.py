@@ -128,8 +128,8 @@ def test_another_uid_sees_the_agents_it_may_read(make_mount):
 
 def test_usage_xattr_is_on_every_agent_directory(make_mount):
     """With or without a quota, user.memos.usage is the agent's bytes in
-    memory (the quota's own account when it has one); listed, and gone
-    with the slots."""
+    memory (the quota's own account when it has one); read by name, not
+    listed (computed, like a slot's status), and gone with the slots."""
     m = make_mount(capacity="64M")
     d = m.p("carol", "s")
     d.mkdir(parents=True)
@@ -137,7 +137,7 @@ def test_usage_xattr_is_on_every_agent_directory(make_mount):
     (d / "a").write_bytes(b"x" * (MiB + 1))
     free = int(os.getxattr(m.p("carol"), "user.memos.usage"))
     assert MiB < free <= MiB + 2 * 4096
-    assert "user.memos.usage" in os.listxattr(m.p("carol"))
+    assert "user.memos.usage" not in os.listxattr(m.p("carol"))
     os.setxattr(m.p("carol"), "user.memos.quota", b"8M")
     assert int(os.getxattr(m.p("carol"), "user.memos.usage")) == free
     os.removexattr(m.p("carol"), "user.memos.quota")

@@ -1,4 +1,4 @@
-"""A writer's view and who publishes, on a real mount (DESIGN.md §2).
+"""A writer's view and who publishes, on a real mount (docs/semantics.md).
 
 The writing process sees its draft exactly as on tmpfs (size, SEEK_END,
 O_APPEND offsets, ftruncate both ways, copy_file_range, shared writable

@@ -11,17 +11,77 @@ their parsers).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from memosfs.testing.daemon import Daemon, is_mounted, memos_mount, read_stats  # noqa: F401
 
 MiB = 1 << 20
+
+
+# ---------------------------------------------------------------- engine processes
+
+def signal_name(returncode: Optional[int]) -> Optional[str]:
+    """"SIGSEGV" for a process that a signal ended (a negative return code
+    from subprocess), else None."""
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def tail_lines(text: str | bytes | None, n: int = 20) -> list[str]:
+    """The last n non-empty lines of a process's output."""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return [ln for ln in (text or "").splitlines() if ln.strip()][-n:]
+
+
+class EngineFailed(RuntimeError):
+    """An engine's process that ended without its answer: what it was, its
+    return code, the signal that ended it (by name: an engine's native code
+    that faults is killed by SIGSEGV or SIGILL, rc -11 or -4) and the last
+    lines of its stderr.  `report()` is what `memosfs bench engines` prints
+    in that engine's place before it goes on with the others."""
+
+    def __init__(self, what: str, returncode: Optional[int], output: str | bytes | None = "",
+                 how: str = "") -> None:
+        self.what = what
+        self.returncode = returncode
+        self.signal = signal_name(returncode)
+        self.stderr_tail = tail_lines(output)
+        self.how = how or (f"killed by {self.signal} (rc {returncode})" if self.signal
+                           else f"exited with rc {returncode} without its answer")
+        super().__init__(f"{what} {self.how}" +
+                         "".join("\n  " + ln for ln in self.stderr_tail))
+
+    def report(self) -> dict[str, Any]:
+        return {"failed": f"{self.what} {self.how}", "returncode": self.returncode,
+                "signal": self.signal, "stderr_tail": self.stderr_tail}
+
+
+def run_json_child(cmd: list[str], what: str, *, timeout: float,
+                   env: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """Run an engine's worker process and return the last JSON object line of
+    its stdout; EngineFailed (return code, signal, stderr tail) when it exits
+    non-zero, by a signal, without a JSON line, or not within `timeout`."""
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as e:
+        raise EngineFailed(what, None, e.stderr, f"gave no answer in {timeout:g} s (killed)")
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        raise EngineFailed(what, r.returncode, r.stderr or r.stdout)
+    return json.loads(lines[-1])
 
 
 @contextlib.contextmanager

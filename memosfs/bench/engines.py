@@ -19,7 +19,11 @@ compared in every column:
                .venv-vllm/bin/python; memosfs/bench/engines_vllm.py)
 
 An engine that is not installed is reported as {"skipped": reason} with the
-make target that installs it (`make engines-llama`, `make engines-vllm`).
+make target that installs it (`make engines-llama`, `make engines-vllm`).  An
+engine whose process dies (llama.cpp's native code faulting: SIGSEGV, SIGILL)
+or fails is reported in its place as {"failed": what, "returncode": -11,
+"signal": "SIGSEGV", "stderr_tail": [last lines]} and the others still run;
+the command then exits 1, after printing the JSON.
 
 May call: memosfs.bench.engines_llamacpp, engines_lmcache, engines_vllm.
 """
@@ -31,7 +35,10 @@ import json
 import os
 import subprocess
 import sys
+import traceback
 from typing import Any, Callable
+
+from memosfs.bench.common import EngineFailed, tail_lines
 
 ENGINES = ("llamacpp", "llama_server", "lmcache", "vllm")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,23 +57,35 @@ def add_parsers(bsub) -> None:
 
 
 def _guarded(name: str, run: Callable[[], dict], install: str) -> dict:
-    """An engine's figures, or {"skipped": why} when it is not installed."""
+    """An engine's figures; {"skipped": why} when it is not installed;
+    {"failed": ..., "signal": ..., "stderr_tail": ...} when one of its
+    processes died (EngineFailed), or the error when anything else failed, so
+    that the next engine still runs."""
     try:
         return run()
     except ImportError as e:
         return {"skipped": f"{name} is not installed ({e}); `{install}` installs it"}
     except FileNotFoundError as e:
         return {"skipped": f"{name}: {e}; `{install}` installs it"}
+    except EngineFailed as e:
+        return {"engine": name, **e.report()}
+    except Exception as e:                     # the others still run; the error is shown
+        return {"engine": name, "failed": f"{type(e).__name__}: {e}",
+                "traceback_tail": tail_lines(traceback.format_exc(), 12)}
 
 
 def _vllm(tokens: int) -> dict:
+    """The vLLM columns, from the vLLM venv's python (memosfs/bench/engines_vllm.py
+    prints its figures, or with exit 3 the report of an engine process that died)."""
     py = os.environ.get("MEMOSFS_VLLM_PYTHON", os.path.join(ROOT, ".venv-vllm", "bin", "python"))
     if not os.path.exists(py):
         return {"skipped": f"no vLLM venv at {py}; `make engines-vllm` makes it"}
     r = subprocess.run([py, "-m", "memosfs.bench.engines_vllm", str(tokens)], cwd=ROOT,
                        capture_output=True, text=True)
+    if r.returncode == 3 and r.stdout.strip().startswith("{"):
+        return {"engine": "vllm", **json.loads(r.stdout.strip().splitlines()[-1])}
     if r.returncode != 0:
-        return {"failed": f"exit {r.returncode}", "stderr": r.stderr[-2000:]}
+        raise EngineFailed("vLLM benchmark", r.returncode, r.stderr or r.stdout)
     return json.loads(r.stdout)
 
 
@@ -88,8 +107,13 @@ def bench_engines(tokens: int, vllm_tokens: int, only: tuple[str, ...]) -> dict[
             return engines_lmcache.bench_lmcache(tokens)
         out["lmcache"] = _guarded("lmcache", lmcache, "make engines-llama")
     if "vllm" in only:
-        out["vllm"] = _vllm(vllm_tokens)
+        out["vllm"] = _guarded("vllm", lambda: _vllm(vllm_tokens), "make engines-vllm")
     return out
+
+
+def failed(result: dict[str, Any]) -> list[str]:
+    """The engines of a result that failed."""
+    return [k for k in ENGINES if isinstance(result.get(k), dict) and "failed" in result[k]]
 
 
 def cmd_bench_engines(args: argparse.Namespace) -> int:
@@ -100,5 +124,10 @@ def cmd_bench_engines(args: argparse.Namespace) -> int:
               f"(choose from {', '.join(ENGINES)})", file=sys.stderr)
         return 2
     result = bench_engines(args.tokens, args.vllm_tokens, only)
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2), flush=True)
+    bad = failed(result)
+    if bad:
+        print(f"memosfs bench engines: {', '.join(bad)} failed: its \"failed\" entry in the "
+              "JSON says how", file=sys.stderr)
+        return 1
     return 0

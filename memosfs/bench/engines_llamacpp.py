@@ -26,13 +26,16 @@ May call: memosfs.testing (the model's path, the daemon).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import http.client
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -40,11 +43,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from memosfs.testing import models
-from memosfs.bench.common import engine_places
+from memosfs.bench.common import EngineFailed, engine_places, run_json_child
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where `make engines-llama` leaves llama-server (scripts/install-engines-llama.sh).
 SERVER_BIN = ROOT / ".engines" / "bin" / "llama-server"
+# The flavour it was compiled for: "x86-64-v3 -DGGML_NATIVE=OFF ..." or "native ...".
+FLAVOUR_FILE = ROOT / ".engines" / "llama-flavour"
 INSTALL_HINT = "make engines-llama"
 TEXT = ("The cache keeps the state of every conversation in files, one per slot, so "
         "that an agent which comes back to a long prompt does not pay for it twice. ")
@@ -71,6 +76,15 @@ def server_binary() -> Optional[Path]:
         if p and os.access(p, os.X_OK):
             return Path(p)
     return None
+
+
+def build_flavour() -> Optional[str]:
+    """The instruction-set level `make engines-llama` compiled llama.cpp for
+    ("x86-64-v3", or "native" after NATIVE=1); None when it left no record."""
+    try:
+        return FLAVOUR_FILE.read_text().split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def server_missing() -> Optional[str]:
@@ -119,7 +133,8 @@ def worker(mode: str, path: Optional[str], n_tokens: int, gen: int, threads: int
     model_load_s = time.perf_counter() - t0
     prompt = _prompt(llm, n_tokens)
     prefix, last = prompt[:-1], prompt[-1:]
-    out: dict[str, Any] = {"mode": mode, "n_prompt": len(prompt), "model_load_s": model_load_s}
+    out: dict[str, Any] = {"mode": mode, "n_prompt": len(prompt), "model_load_s": model_load_s,
+                           "system_info": llama_cpp.llama_print_system_info().decode(errors="replace")}
     t0 = time.perf_counter()
     if mode == "load":
         cap = llm.n_ctx()
@@ -168,18 +183,15 @@ def worker(mode: str, path: Optional[str], n_tokens: int, gen: int, threads: int
 
 def run_worker(mode: str, path: Optional[str | os.PathLike] = None, n_tokens: int = 1536,
                gen: int = 16, threads: int = 1, timeout: float = 600) -> dict:
-    """worker() in a child process; its JSON answer."""
+    """worker() in a child process; its JSON answer (EngineFailed with the
+    signal and the stderr tail when the process dies, as llama.cpp's native
+    code does when it faults)."""
     cmd = [sys.executable, "-m", "memosfs.bench.engines_llamacpp", "worker", "--mode", mode,
            "--tokens", str(n_tokens), "--gen", str(gen), "--threads", str(threads)]
     if path is not None:
         cmd += ["--path", str(path)]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
-        raise RuntimeError(f"llama-cpp-python worker ({mode}) failed rc={r.returncode}:\n"
-                           f"{r.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    return run_json_child(cmd, f"llama-cpp-python worker ({mode})", timeout=timeout, env=env)
 
 
 # ---------------------------------------------------------------- mounts and places
@@ -201,9 +213,11 @@ def bench_llamacpp(n_tokens: int = 1536, gen: int = 16, threads: int = 1,
     import llama_cpp
     res: dict[str, Any] = {"engine": "llama-cpp-python",
                            "version": getattr(llama_cpp, "__version__", "?"),
+                           "build": build_flavour(),
                            "model": models.GGUF_NAME, "prompt_tokens": n_tokens,
                            "gen_tokens": gen, "threads": threads}
     plain = run_worker("plain", None, n_tokens, gen, threads)
+    res["system_info"] = plain.get("system_info")
     res["none"] = {"ttft_s": plain["ttft_s"]}
     identical = True
     with _places(mount) as places:
@@ -235,7 +249,10 @@ def _free_port() -> int:
 
 class Server:
     """llama-server on loopback with --slot-save-path DIR (one slot, greedy);
-    stop() ends it by its pid."""
+    stop() ends it by its pid.  Its output goes to `log` (default: a
+    temporary file, removed by stop()); when the process dies, at start or
+    under a request, EngineFailed says how (signal, return code) with the
+    log's last lines."""
 
     def __init__(self, slot_dir: str | os.PathLike, n_ctx: int = 2048, threads: int = 1,
                  log: Optional[str | os.PathLike] = None, timeout: float = 120) -> None:
@@ -244,18 +261,25 @@ class Server:
             raise RuntimeError(f"llama-server is not built: {INSTALL_HINT}")
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(log or os.devnull, "ab")
+        self._own_log = log is None
+        if log is None:
+            fd, log = tempfile.mkstemp(prefix="memosfs-llama-server-", suffix=".log")
+            os.close(fd)
+        self.log_path = Path(log)
+        self.log = open(self.log_path, "ab")
         self.cmd = [str(binary), "-m", str(models.gguf_path()), "--host", "127.0.0.1",
                     "--port", str(self.port), "-c", str(n_ctx), "-np", "1",
                     "-t", str(threads), "-tb", str(threads),
                     "--slot-save-path", str(slot_dir)]
+        self.started = False
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited rc={self.proc.returncode}: {self.cmd}")
+                self._failed("at start")
             try:
                 if self.get("/health").get("status") == "ok":
+                    self.started = True
                     break
             except (OSError, urllib.error.URLError, ValueError):
                 pass
@@ -264,6 +288,17 @@ class Server:
                 raise RuntimeError("llama-server did not answer /health in time")
             time.sleep(0.2)
 
+    def _failed(self, when: str) -> None:
+        """Raise EngineFailed for a server process that has ended."""
+        self.log.flush()
+        try:
+            text = self.log_path.read_bytes()[-65536:]
+        except OSError:
+            text = b""
+        rc = self.proc.returncode
+        self.stop()
+        raise EngineFailed(f"llama-server ({when})", rc, text)
+
     def request(self, method: str, path: str, body: Optional[dict] = None,
                 timeout: float = 600) -> tuple[int, dict]:
         data = None if body is None else json.dumps(body).encode()
@@ -271,9 +306,22 @@ class Server:
                                      headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
-                return r.status, json.loads(r.read() or b"{}")
+                answer = r.status, json.loads(r.read() or b"{}")
+            if self.started and self.proc.poll() is not None:
+                self._failed(f"{method} {path}")   # it answered, then died
+            return answer
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}")
+        except (OSError, urllib.error.URLError, ValueError, http.client.HTTPException) as e:
+            if not self.started:
+                raise                   # not listening yet: __init__ polls again
+            # a connection reset or an empty answer: has the server died under the request?
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                raise e from None
+            self._failed(f"{method} {path}")
+            raise
 
     def get(self, path: str) -> dict:
         return self.request("GET", path, timeout=5)[1]
@@ -302,6 +350,9 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+        if self._own_log:
+            with contextlib.suppress(FileNotFoundError):
+                self.log_path.unlink()
 
 
 def server_prompt(srv: Server, n_tokens: int) -> list[int]:
@@ -366,6 +417,7 @@ def bench_llama_server(n_tokens: int = 1536, gen: int = 16, threads: int = 1,
     if why:
         return {"engine": "llama-server", "skipped": why}
     res: dict[str, Any] = {"engine": "llama-server", "binary": str(server_binary()),
+                           "build": build_flavour(),
                            "model": models.GGUF_NAME, "prompt_tokens": n_tokens,
                            "gen_tokens": gen, "threads": threads}
     tokens = None

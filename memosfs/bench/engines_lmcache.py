@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from memosfs.bench.common import engine_places
+from memosfs.bench.common import engine_places, run_json_child
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_HINT = "make engines-llama"
@@ -188,7 +188,8 @@ def worker(mode: str, backend: str, folder: str, n_tokens: int) -> dict:
 
 def run_worker(mode: str, backend: str, folder: str | os.PathLike, n_tokens: int = 1536,
                hashseed: Optional[str] = HASHSEED, timeout: float = 300) -> dict:
-    """worker() in a child process (PYTHONHASHSEED=hashseed; None: unset)."""
+    """worker() in a child process (PYTHONHASHSEED=hashseed; None: unset); its
+    JSON answer, or EngineFailed (signal, return code, stderr tail)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("PYTHONHASHSEED", None)
     env.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
@@ -196,12 +197,7 @@ def run_worker(mode: str, backend: str, folder: str | os.PathLike, n_tokens: int
         env["PYTHONHASHSEED"] = hashseed
     cmd = [sys.executable, "-m", "memosfs.bench.engines_lmcache", "worker", "--mode", mode,
            "--backend", backend, "--folder", str(folder), "--tokens", str(n_tokens)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
-        raise RuntimeError(f"lmcache worker ({mode}, {backend}) failed rc={r.returncode}:\n"
-                           f"{r.stderr[-4000:]}")
-    return json.loads(lines[-1])
+    return run_json_child(cmd, f"lmcache worker ({mode}, {backend})", timeout=timeout, env=env)
 
 
 def vllm_integration_error() -> str:

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memosfs.bench.common import EngineFailed
 from memosfs.testing import models
 
 DEFAULT_PYTHON = os.environ.get("MEMOSFS_VLLM_PYTHON") or str(
@@ -191,8 +192,9 @@ def _child_main(path: str) -> None:
 
 def spawn(cfg: dict[str, Any], python: str = DEFAULT_PYTHON, timeout: float = 1800,
           log: str | None = None) -> dict[str, Any]:
-    """Run one engine process with `cfg`; its result dict (RuntimeError with the
-    tail of its output when it fails).  `log`: also keep the output there."""
+    """Run one engine process with `cfg`; its result dict (EngineFailed with the
+    return code, the signal that ended it and the tail of its output when it
+    ends without a result).  `log`: also keep the output there."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(cfg, f)
     env = dict(ENGINE_ENV, **os.environ)           # the caller's settings win
@@ -201,6 +203,9 @@ def spawn(cfg: dict[str, Any], python: str = DEFAULT_PYTHON, timeout: float = 18
     try:
         p = subprocess.run([python, "-m", "memosfs.bench.engines_vllm", "child", f.name],
                            env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise EngineFailed("vLLM process", None, e.stderr,
+                           f"gave no answer in {timeout:g} s (killed)") from None
     finally:
         os.unlink(f.name)
     text = p.stdout + p.stderr
@@ -212,7 +217,7 @@ def spawn(cfg: dict[str, Any], python: str = DEFAULT_PYTHON, timeout: float = 18
             res = json.loads(line[len(MARK):])
             res["log_tail"] = text[-4000:]
             return res
-    raise RuntimeError(f"vLLM process failed (rc {p.returncode}):\n{text[-6000:]}")
+    raise EngineFailed("vLLM process", p.returncode, text[-20000:])
 
 
 # ------------------------------------------------------------- prompts
@@ -346,4 +351,8 @@ if __name__ == "__main__":
     elif len(sys.argv) >= 2 and sys.argv[1] == "example-storage":
         print(json.dumps(bench_example_storage(*(int(a) for a in sys.argv[2:3])), indent=2))
     else:
-        print(json.dumps(bench(int(sys.argv[1]) if len(sys.argv) > 1 else 2048), indent=2))
+        try:
+            print(json.dumps(bench(int(sys.argv[1]) if len(sys.argv) > 1 else 2048), indent=2))
+        except EngineFailed as e:     # one of its engine processes died: say how, as JSON
+            print(json.dumps(e.report()))
+            sys.exit(3)

@@ -31,7 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-NATIVE = Path(__file__).resolve().parent.parent / "native"
+NATIVE = Path(__file__).resolve().parents[2] / "native"     # the checkout's native/
 JEMALLOC = ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2",
             "/usr/lib64/libjemalloc.so.2")
 

@@ -9,9 +9,10 @@ Workloads (each a list of requests; a request reads slots in order, and a
 read of a slot that does not exist is followed by its write, as a client
 that recomputes a missing KV block does):
 
-- mooncake: the Mooncake conversation trace (default
-  ../shared/traces/mooncake_conversation_trace.jsonl, relative to the
-  repository).  Each request reads its prefix blocks in order; block `h`
+- mooncake: the Mooncake conversation trace (--trace FILE; by default
+  ../shared/traces/mooncake_conversation_trace.jsonl beside the checkout,
+  when it is there: without a trace this workload is skipped, and said so,
+  unless it was asked for by name).  Each request reads its prefix blocks in order; block `h`
   is slot `mooncake/c<first block after the root>/block-<h>` (a session is
   the subtree of one first block; block ids grow along a chain, so the
   session's natural order is chain order), the shared root block is
@@ -62,7 +63,8 @@ from memosfs.store.prefetch import MODES, learned_available
 from memosfs.testing.prefetch_sim import (WORKLOADS, Request, load_workload, simulate,
                                           unique_slots)
 
-DEFAULT_TRACE = str(Path(__file__).resolve().parent.parent.parent / "shared" / "traces" /
+# beside the checkout (a clone with nothing beside it runs the synthetic workloads)
+DEFAULT_TRACE = str(Path(__file__).resolve().parents[3] / "shared" / "traces" /
                     "mooncake_conversation_trace.jsonl")
 
 
@@ -74,10 +76,11 @@ def add_parsers(bsub) -> None:
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", default=DEFAULT_TRACE,
-                   help="Mooncake JSONL trace (default: %(default)s)")
-    p.add_argument("--workloads", default=",".join(WORKLOADS),
-                   help="comma-separated: " + ", ".join(WORKLOADS) + " (default: all)")
+    p.add_argument("--trace", default=None,
+                   help=f"Mooncake JSONL trace (default: {DEFAULT_TRACE} if it exists)")
+    p.add_argument("--workloads", default=None,
+                   help="comma-separated: " + ", ".join(WORKLOADS) + " (default: all; "
+                        "mooncake only with a trace)")
     p.add_argument("--modes", default=",".join(MODES),
                    help="comma-separated prefetch modes; off is always run (default: all; "
                         "learned is skipped without torch)")
@@ -233,14 +236,22 @@ def bench_prefetch(workloads: list[str], modes: list[str], sim: bool, trace: str
 
 def cmd_bench_prefetch(args: argparse.Namespace) -> int:
     from memosfs.knobs import parse_size
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if args.trace is None and os.path.exists(DEFAULT_TRACE):
+        args.trace = DEFAULT_TRACE
+    if args.workloads is None:
+        workloads = [w for w in WORKLOADS if w != "mooncake" or args.trace is not None]
+        if args.trace is None:
+            print(f"memosfs bench prefetch: the mooncake workload is skipped: no trace "
+                  f"(--trace FILE; none at {DEFAULT_TRACE})", file=sys.stderr)
+    else:
+        workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [w for w in workloads if w not in WORKLOADS] + [m for m in modes if m not in MODES]
     if bad or args.stride < 0 or args.fetch_budget < 0 or not 0 <= args.retrain_below <= 1:
         print(f"memosfs bench prefetch: bad workloads/modes {bad} or a negative number",
               file=sys.stderr)
         return 2
-    if "mooncake" in workloads and not os.path.exists(args.trace):
+    if "mooncake" in workloads and (args.trace is None or not os.path.exists(args.trace)):
         print(f"memosfs bench prefetch: no trace at {args.trace} (--trace FILE)",
               file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
-"""KV slots: a model's past keys/values as a safetensors file (DESIGN.md §3).
+"""KV slots: a model's past keys/values as a safetensors file (docs/design.md,
+"KV slot files").
 
 A slot written by `save_kv` is an ordinary safetensors file (serialized by
 the `safetensors` library, written with one open/write/close so that it gets

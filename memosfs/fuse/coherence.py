@@ -67,6 +67,7 @@ import trio
 
 from memosfs import _native
 from memosfs.stats import Record, counter, gauge
+from memosfs.fuse.why import note_refusal
 
 log = logging.getLogger("memosfs.fuse.coherence")
 
@@ -236,7 +237,12 @@ class Coherence:
     async def _request(self, call: Callable[[], int], key: bytes, agent: int,
                        nonblock: bool, deadline: "_Deadline") -> int:
         """Ask the directory until it does not say WAIT (protocol 2: a writer
-        holds the slot); EAGAIN with O_NONBLOCK, ETIMEDOUT at the deadline."""
+        holds the slot); EAGAIN with O_NONBLOCK, ETIMEDOUT at the deadline.
+        A writer that keeps the slot exclusively past lease_break_ms (a
+        stopped process) loses its exclusive hold (`_break_exclusive`), so no
+        stopped writer keeps readers or other writers waiting until their
+        opens time out."""
+        lease = self._lease(deadline)
         while True:
             rc = call()
             self._after_change()
@@ -245,6 +251,15 @@ class Coherence:
             if nonblock:
                 raise self._refuse(errno.EAGAIN, key, agent,
                                    "a writer holds the slot (O_NONBLOCK)")
+            if lease is not None:
+                if await self._wait(key, lease):
+                    continue
+                if lease.interrupted:
+                    deadline.interrupted = True
+                elif trio.current_time() < deadline.at():
+                    self._break_exclusive(key, agent)
+                    lease = self._lease(deadline)
+                    continue
             if not await self._wait(key, deadline):
                 self._wait_ns += deadline.waited_ns()
                 if deadline.interrupted:
@@ -345,6 +360,19 @@ class Coherence:
             with trio.move_on_after(max(int(self.knobs["lease_break_ms"]), 1000) / 1000):
                 for node in nodes:
                     await self.drop_pages(node)
+
+    def _break_exclusive(self, key: bytes, waiter: int) -> None:
+        """The writers that kept key exclusively past lease_break_ms while
+        `waiter` waited lose that hold (E -> S): their handles stay open, and
+        their next write or publish acquires E again, invalidating the
+        others first (upgrade)."""
+        for agent in self.dir.break_exclusive(key, waiter):
+            log.warning("%s kept %s exclusively past lease_break_ms=%d while %s waited: "
+                        "its exclusive hold is broken (it acquires it again at its next "
+                        "write or publish)", agent_name(agent),
+                        key.decode("utf-8", "replace"), int(self.knobs["lease_break_ms"]),
+                        agent_name(waiter))
+        self._after_change()
 
     def revoke(self, key: bytes, valid: bool, why: str, drop: bool = True) -> list:
         """Revoke key's holders (see the module docstring): the directory
@@ -536,6 +564,8 @@ class Coherence:
                  agent_name(agent), why, errno.errorcode.get(code, code))
         self.trace.emit("CACHE_COHERENCE", key=key.decode("utf-8", "replace"),
                         agent=agent_name(agent), refused=errno.errorcode.get(code, code))
+        # the caller's .memos/why: without the other holders' names
+        note_refusal(code, f"open {key.decode('utf-8', 'replace')}: {why.split(': ')[0]}")
         return pyfuse3.FUSEError(code)
 
     def statistics(self) -> CoherenceStats:

@@ -4,8 +4,10 @@ the trace and a few commands.
 Pseudo-files (all owned by root, served with direct_io, st_size 0, read as a
 snapshot taken at open).  Their modes say what they do and the daemon itself
 enforces them, with or without `default_permissions`: a uid other than 0 gets
-the "other" bits, root the owner bits (so root too gets EACCES reading a
-write-only file or writing a read-only one).  chmod, chown and utimes of any
+the "other" bits, root the owner bits (so root too gets EACCES writing a
+read-only file).  The command files (flush, reset_context, revoke) are
+0600: root writes them, and reads an empty file, so that `tar` or `cp -a`
+of the whole mount reads every file there.  chmod, chown and utimes of any
 control file or directory are EPERM, for root too.
 
 =====================  ====  =====================================================
@@ -16,22 +18,28 @@ cache/stats            0444  `name value` lines, one per counter (no names: only
 cache/stats.json       0444  the same counters as one JSON object
 cache/<knob>           0644  `value\\n`; root writing a valid value sets it at once,
                              anything else is EINVAL and changes nothing
-cache/flush            0200  root writes 1: persist every dirty slot, then reclaim
+cache/flush            0600  root writes 1: persist every dirty slot, then reclaim
                              memory
-cache/revoke           0200  write `agent/session/slot`: revoke every reader of it
+cache/revoke           0600  root writes `agent/session/slot`: revoke every reader of it
                              (coherence protocol 2; their reads fail with ESTALE)
-cache/reset_context    0200  root writes `agent/session`: drop that session's slots
+cache/reset_context    0600  root writes `agent/session`: drop that session's slots
 debug/trace            0600  root only.  write 1 (on, clears the buffer) or 0 (off);
                              read: one event a line, `<ns> <EVENT> field=value ...`
 metrics                0444  Prometheus text exposition of the stats
+why                    0444  the reader's own last refused request: when, the
+                             errno and the reason the log gives (why.py)
 =====================  ====  =====================================================
 
 Knobs (memosfs/knobs.py has the table of names, types, ranges and
-defaults).  A write is parsed and checked by the knob, then applied by the
-function `KNOB_APPLY` gives for its name (the store's, the cache's, the
-prefetcher's); a knob with none is only recorded (its readers look it up
-when they need it).  A KnobError leaves everything unchanged and is EINVAL
-(files.py `_write_pseudo` logs the reason).
+defaults).  One function applies a knob, `ControlTree.apply`: at mount for
+every knob (its `-o` value or its default, in table order) and at run time
+for each write into its file.  It takes the typed value (text is parsed and
+checked by the knob first), hands it to the knob's entry in `KNOB_APPLY`
+(every knob has one: the component it configures, or `_read_at_use` for a
+knob its reader looks up in `ops.knobs` when it needs it) and records it in
+`ops.knobs`.  A KnobError leaves everything unchanged: at mount the daemon
+exits naming the option; at run time the write is EINVAL (files.py
+`_write_pseudo` logs the reason, and `.memos/why` shows it to the writer).
 
 Owns: `ControlTree`, built like the federated tree (`FedTree`, fedtree.py):
 its nodes live in the filesystem's inode table under fixed inode numbers
@@ -65,28 +73,37 @@ from memosfs.fuse.core import FIRST_DYNAMIC_INO, physical_memory
 from memosfs.fuse.coherence import CoherenceStats
 from memosfs.fuse.nodes import CONTROL_DIR, CTL, Dir, Pseudo
 from memosfs.fuse.tenants import TenantStats
+from memosfs.fuse.why import CALLER
 
 if TYPE_CHECKING:
     from memosfs.fuse.operations import MemosOperations
 
 log = logging.getLogger("memosfs.fuse.operations")      # the daemon's lines as before
 
-__all__ = ["ControlTree", "KNOB_APPLY"]
+__all__ = ["ControlTree", "KNOB_APPLY", "check_capacity"]
 
 
 # ---------------------------------------------------------------- knob writes
 #
-# Each takes the control tree and the parsed value, applies it (KnobError:
+# Each takes the control tree and the typed value, applies it (KnobError:
 # nothing changed) and returns the value to record.
+
+
+def check_capacity(value: int, current: int = 0) -> None:
+    """KnobError if a memory tier of value bytes cannot be had (growing
+    beyond the machine's memory); the CLI asks before it makes the tier."""
+    memory = physical_memory()
+    if value > current and memory and value > memory:
+        raise KnobError(f"cannot grow beyond memory: {value} bytes asked, the "
+                        f"machine has {memory}")
 
 
 def _apply_capacity(ctl: "ControlTree", value: int) -> int:
     store = ctl.store
     current = store.cache.capacity
-    memory = physical_memory()
-    if value > current and memory and value > memory:
-        raise KnobError(f"cannot grow beyond memory: {value} bytes asked, the "
-                        f"machine has {memory}")
+    if value == current:
+        return current
+    check_capacity(value, current)
     try:
         store.set_capacity(value)
     except OSError as e:
@@ -95,6 +112,7 @@ def _apply_capacity(ctl: "ControlTree", value: int) -> int:
                             f"{e.strerror}") from e
         raise KnobError(f"cannot shrink to {value} bytes: {e.strerror} "
                         f"(pinned or open slots do not fit)") from e
+    ctl.ops.tenants.check_quotas()
     return store.cache.capacity
 
 
@@ -109,12 +127,12 @@ def _apply_evict_policy(ctl: "ControlTree", value: str) -> str:
 
 
 def _apply_reclaim_free_ratio(ctl: "ControlTree", value: float) -> float:
-    ctl.store.cache.set_reclaim(float(value), int(ctl.knobs["reclaim_fail_limit"]))
+    ctl.store.cache.set_reclaim(value, ctl.knobs["reclaim_fail_limit"])
     return value
 
 
 def _apply_reclaim_fail_limit(ctl: "ControlTree", value: int) -> int:
-    ctl.store.cache.set_reclaim(float(ctl.knobs["reclaim_free_ratio"]), int(value))
+    ctl.store.cache.set_reclaim(ctl.knobs["reclaim_free_ratio"], value)
     return value
 
 
@@ -130,7 +148,9 @@ def _apply_writeback_delay_ms(ctl: "ControlTree", value: int) -> int:
 
 def _apply_ssd_capacity(ctl: "ControlTree", value: int) -> int:
     if ctl.store.ssd is None:
-        raise KnobError("no SSD tier is mounted")
+        if value:
+            raise KnobError("no SSD tier is mounted")
+        return value
     ctl.store.ssd.capacity = value
     return value
 
@@ -140,14 +160,13 @@ def _apply_prefetch_mode(ctl: "ControlTree", value: str) -> str:
     return value
 
 
-def _apply_coherence_protocol(ctl: "ControlTree", value: str) -> str:
-    if ctl.store.remote is not None:
-        ctl.store.set_remote_strong(value == "2")
+def _apply_coherence_protocol(ctl: "ControlTree", value: int) -> int:
+    ctl.store.set_remote_strong(value == 2)
     return value
 
 
-def _apply_fast_path(ctl: "ControlTree", value: str) -> str:
-    ctl.ops.configure_fast_path(fast=value == "1")
+def _apply_fast_path(ctl: "ControlTree", value: bool) -> bool:
+    ctl.ops.configure_fast_path(fast=value)
     return value
 
 
@@ -156,21 +175,39 @@ def _apply_burst_poll_us(ctl: "ControlTree", value: int) -> int:
     return value
 
 
+def _read_at_use(ctl: "ControlTree", value: Any) -> Any:
+    """Recorded in ops.knobs; its reader (named in KNOB_APPLY) looks it up
+    each time it needs it, so the next use sees the new value."""
+    return value
+
+
+# Every knob, and what applies it.
 KNOB_APPLY: dict[str, Callable[["ControlTree", Any], Any]] = {
-    "fast_path": _apply_fast_path,
-    "burst_poll_us": _apply_burst_poll_us,
     "capacity": _apply_capacity,
-    "evict_batch": _apply_evict_batch,
     "evict_policy": _apply_evict_policy,
+    "evict_batch": _apply_evict_batch,
     "reclaim_free_ratio": _apply_reclaim_free_ratio,
     "reclaim_fail_limit": _apply_reclaim_fail_limit,
-    "ring_slots": _apply_ring_slots,
     "writeback_delay_ms": _apply_writeback_delay_ms,
     "ssd_capacity": _apply_ssd_capacity,
+    "warmup_ratio": _read_at_use,               # the warm-up at mount (cli.py)
+    "quantize": _read_at_use,                   # each publish (publish.py)
+    "quant_error_max": _read_at_use,            # each publish (publish.py)
+    "page_cache_push": _read_at_use,            # each publish and close (publish.py, files.py)
+    "fast_path": _apply_fast_path,
+    "burst_poll_us": _apply_burst_poll_us,
+    "coherence_protocol": _apply_coherence_protocol,    # and each open (coherence.py)
+    "coherence_timeout_ms": _read_at_use,       # each wait (coherence.py)
+    "lease_break_ms": _read_at_use,             # each wait (coherence.py)
+    "coherence_batch_ms": _read_at_use,         # each batch (coherence.py)
+    "agent_identity": _read_at_use,             # each open (coherence.py)
+    "ring_slots": _apply_ring_slots,
+    "pin_max_per_uid": _read_at_use,            # each pin (tenants.py)
+    "hold_max_per_uid": _read_at_use,           # each open and write (tenants.py)
     "prefetch_mode": _apply_prefetch_mode,
-    "coherence_protocol": _apply_coherence_protocol,
+    "prefetch_stride": _read_at_use,            # each prefetch (store/prefetch.py)
+    "prefetch_retrain_below": _read_at_use,     # each accuracy review (store/prefetch.py)
 }
-
 
 
 # ---------------------------------------------------------------- statistics
@@ -198,7 +235,7 @@ class FilesystemStats(Record):
     uptime_s: float = gauge("seconds since the mount", 0.0)
 
 
-# every record class, in the order the stats files print them (the README's table)
+# every record class, in the order the stats files print them (docs/stats.md's table)
 STATS_RECORDS = (StoreStats, CacheStats, FilesystemStats, CoherenceStats, TenantStats,
                  PrefetchStats, SSDStats, RemoteStats)
 
@@ -229,13 +266,16 @@ class ControlTree:
             self._file(next(ino), knob.name, cache, 0o644,
                        (lambda k=knob: k.format(self.knobs[k.name])),
                        (lambda text, k=knob: self.set_knob(k.name, text)))
-        self._file(next(ino), "flush", cache, 0o200, None, self.write_flush)
-        self._file(next(ino), "reset_context", cache, 0o200, None, self.write_reset)
-        self._file(next(ino), "revoke", cache, 0o200, None, self.write_revoke)
+        # commands: root writes; a read is empty (tar of the whole mount reads it)
+        self._file(next(ino), "flush", cache, 0o600, None, self.write_flush)
+        self._file(next(ino), "reset_context", cache, 0o600, None, self.write_reset)
+        self._file(next(ino), "revoke", cache, 0o600, None, self.write_revoke)
         # the trace names every tenant's agents, sessions, slots and uids
         self._file(next(ino), "trace", debug, 0o600, self.trace.text, self.write_trace)
         self._file(next(ino), "metrics", ctl, 0o444,
                    lambda: format_metrics(self.statistics()), None)
+        # the reader's own last refusal (why.py): each uid sees only its own
+        self._file(next(ino), "why", ctl, 0o444, self._why_text, None)
 
     def _dir(self, ino: int, name: str, parent: Dir) -> Dir:
         return self.ops.add_fixed(Dir(ino, name, parent, 0o755, 0, 0, CTL))
@@ -245,18 +285,41 @@ class ControlTree:
               write: Optional[Callable[[str], None]]) -> None:
         self.ops.add_fixed(Pseudo(ino, name, parent, mode, read, write))
 
+    def _why_text(self) -> str:
+        caller = CALLER.get()
+        return self.ops.why.text(caller[0] if caller is not None else None)
+
     # ---- writes ----
 
-    def set_knob(self, name: str, text: str) -> None:
-        """Parse, check and apply a knob; KnobError leaves everything unchanged."""
+    def apply(self, name: str, value: Any, quiet: bool = False) -> Any:
+        """The one way a knob changes, at mount and at run time: value (text,
+        or a value of the knob's type) is checked by the knob, applied by
+        its KNOB_APPLY entry and recorded; returns the value recorded.
+        KnobError leaves everything unchanged."""
         knob = KNOB_BY_NAME[name]
-        value = knob.parse(text)
-        apply = KNOB_APPLY.get(name)
-        if apply is not None:
-            value = apply(self, value)
+        value = KNOB_APPLY[name](self, knob.value(value))
         self.knobs[name] = value
-        self.trace.emit("KNOB", name=name, value=value)
-        log.info("knob %s = %s", name, value)
+        if not quiet:
+            self.trace.emit("KNOB", name=name, value=knob.format(value).strip())
+            log.info("knob %s = %s", name, knob.format(value).strip())
+        return value
+
+    def set_knob(self, name: str, text: str) -> None:
+        """A write into a knob's file: parse, check and apply (`apply`)."""
+        self.apply(name, text)
+
+    def apply_at_mount(self, given: dict[str, Any]) -> None:
+        """Every knob, in table order, through `apply`: its value in given
+        (the -o options), else its default.  KnobError names the option."""
+        unknown = set(given) - set(KNOB_BY_NAME)
+        if unknown:
+            raise KnobError(f"unknown knobs: {', '.join(sorted(unknown))}")
+        for knob in KNOBS:
+            value = given.get(knob.name, self.knobs[knob.name])
+            try:
+                self.apply(knob.name, value, quiet=knob.name not in given)
+            except KnobError as e:
+                raise KnobError(f"{knob.name}={value}: {e}") from None
 
     def write_flush(self, text: str) -> None:
         if text.strip() != "1":

@@ -28,6 +28,7 @@ import trio
 from memosfs import _native
 from memosfs.fuse.nodes import (
     FIXED_LOOKUPS, NAME_MAX, Dir, Handle, Node, Pseudo, Slot, now_ns)
+from memosfs.fuse.why import Reasons, note_refusal
 
 if TYPE_CHECKING:
     from memosfs.fuse.coherence import Coherence
@@ -120,12 +121,25 @@ class NeedRoom(Exception):
 
 
 class Refused(pyfuse3.FUSEError):
-    """A FUSEError whose reason has been logged."""
+    """A FUSEError whose reason has been logged: `reason` (None for one
+    logged below INFO: a refusal the kernel retries by itself), `noted`
+    (whether `.memos/why` has it for the caller yet; why.py)."""
+
+    reason: Optional[str] = None
+    noted = False
 
 
 def refuse(code: int, fmt: str, *args: object, level: int = logging.INFO) -> Refused:
-    log.log(level, "refused (%s): " + fmt, errno.errorcode.get(code, code), *args)
-    return Refused(code)
+    """A FUSEError for code whose reason goes to the log and, at INFO or
+    above, to the caller's `.memos/why` (memosfs/fuse/why.py)."""
+    r = Refused(code)
+    if level < logging.INFO:
+        log.log(level, "refused (%s): " + fmt, errno.errorcode.get(code, code), *args)
+        return r
+    r.reason = fmt % args if args else fmt
+    log.log(level, "refused (%s): %s", errno.errorcode.get(code, code), r.reason)
+    r.noted = note_refusal(code, r.reason)
+    return r
 
 
 class OpsCore:
@@ -145,6 +159,7 @@ class OpsCore:
     pusher: Optional["PageCachePusher"]
     fed: "FedTree"
     control: "ControlTree"
+    why: Reasons                # each uid's last refusal (.memos/why)
     trio_token: object          # set when serving: other threads post here
     _room_ok = False            # in a section that may raise NeedRoom (see _native_call)
     _running_now = False        # inside _run_now (a fast twin's coroutine)
@@ -323,6 +338,8 @@ class OpsCore:
         except NeedRoom:
             return None
         except pyfuse3.FUSEError as e:
+            if getattr(e, "reason", None) and not e.noted:
+                self._note_fast_refusal(e, args)
             return -e.errno
         except Exception:
             self._refused += 1
@@ -330,6 +347,13 @@ class OpsCore:
             return -errno.EIO
         finally:
             self._room_ok = False
+
+    def _note_fast_refusal(self, e: "Refused", args: tuple) -> None:
+        """`.memos/why` for a refusal on the fast path, whose caller is the
+        uid of the context or handle among the twin's arguments (why.py)."""
+        uid = next((a.uid for a in args if isinstance(a, (FastCtx, Handle))), None)
+        if uid is not None:
+            self.why.note(uid, e.errno, e.reason or "")
 
     def _run_now(self, coro):
         """A handler's coroutine that the checks say cannot wait: one send

@@ -64,6 +64,7 @@ import pyfuse3
 import trio
 
 from memosfs.fuse.nodes import CTL, Dir
+from memosfs.fuse.why import note_refusal
 
 log = logging.getLogger("memosfs.fuse.fedtree")
 
@@ -218,6 +219,7 @@ class FedTree:
             code = e.errno or errno.EIO
             if code != errno.ENOENT:
                 self.ops.count_refused()
+                note_refusal(code, e.strerror or str(e))
             if not isinstance(e, self._fed_error()):
                 log.warning("federated: %s%s failed: %s", fn.__name__, args[:1], e)
             raise pyfuse3.FUSEError(code) from None
@@ -229,13 +231,21 @@ class FedTree:
 
     @staticmethod
     def _refuse(code: int, fmt: str, *args: object) -> pyfuse3.FUSEError:
-        log.info("refused (%s): " + fmt, errno.errorcode.get(code, code), *args)
+        reason = fmt % args if args else fmt
+        log.info("refused (%s): %s", errno.errorcode.get(code, code), reason)
+        note_refusal(code, reason)
         return pyfuse3.FUSEError(code)
 
     def _child(self, parent_inode: int, name: bytes) -> tuple[str, ...]:
         return self._parts(parent_inode) + (self.ops.parse_name(name),)
 
     # ---- lookup and attributes ----
+
+    def root_attr(self) -> pyfuse3.EntryAttributes:
+        """`.federated`'s own attributes, for the root's lookup and readdir
+        of it (namespace.py): the same as its getattr, so that a walk of the
+        mount (tar) sees one size and one mtime for it."""
+        return self._entry((), self.jobs.getattr(()))
 
     async def lookup(self, parent_inode, name, ctx):
         parent = self._parts(parent_inode)

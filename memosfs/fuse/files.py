@@ -303,12 +303,24 @@ class FileOps(OpsCore):
         kernel page cache too."""
         h = self.handles[fh]
         note, self._flusher = self._flusher, None
+        if not (note is not None and note[0] == fh and note[1] != h.opener
+                and tgid_of(note[1]) != h.opener):
+            await self._may_publish(h)          # (the opener closes: it publishes)
         job = await self._with_room(self._flush_now, fh, h, note)
         if job is not None:
             try:
                 await self.pusher.run(job)
             except Exception:           # a push failure is the push's problem
                 log.warning("page-cache push of %s failed", h.node.name, exc_info=True)
+
+    async def _may_publish(self, h: Handle) -> None:
+        """A writer about to publish whose agent lost its exclusive hold (a
+        lease break while it was stopped; a later writer) acquires it again
+        first: under protocol 2 the others acknowledge before they see the
+        new version."""
+        if h.kind == "write" and h.node.changed and h.hold is not None \
+                and not self.coherence.may_write(h.hold):
+            await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))
 
     def _flush_now(self, fh: int, h: Handle, note: Optional[tuple[int, int]]) -> Optional[tuple]:
         """flush's work: the publish (if due; `note` is who closes); returns
@@ -330,7 +342,9 @@ class FileOps(OpsCore):
         h = self.handles.get(fh)
         if h is None or fh in self.fed.handles:
             return None
-        if h.kind == "write" and h.node.changed and h.node.latest() is not h.node:
+        if h.kind == "write" and h.node.changed and (
+                h.node.latest() is not h.node
+                or (h.hold is not None and not self.coherence.may_write(h.hold))):
             return None
         self._flusher = None
         done = self._answer("flush", lambda: (self._flush_now(fh, h, (fh, pid)),))
@@ -360,6 +374,7 @@ class FileOps(OpsCore):
             return
         node = h.node
         if h.kind == "write" and node.changed:
+            await self._may_publish(h)
             job = await self._with_room(self._publish, h)
             if job is not None:
                 # not awaited: the kernel holds this inode's lock during fsync,
@@ -444,7 +459,7 @@ class FileOps(OpsCore):
             # from another inode): readers then keep them.  Otherwise only a
             # push of the version makes this inode's pages a version's.
             if clean and node.version and node.pages_trusted \
-                    and self.knobs["page_cache_push"] == "1" \
+                    and self.knobs["page_cache_push"] \
                     and node.pages_version == node.version \
                     and node.successor is None and not node.detached:
                 node.cache_version = node.version

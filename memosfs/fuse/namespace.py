@@ -20,7 +20,8 @@ and no open handles.
 
 May call: the store (remove, rename, reset_session, mark_dirty,
 namespace_changed, cache.stats), tenants (quotas follow agent directories),
-persist.py (`_remote_name`), files.py (`_truncate`), notify.py
+persist.py (`_remote_name`), files.py (`_truncate`), opening.py (`create`,
+for a regular file made by mknod), notify.py
 (`_forget_entry`), the OpsCore helpers (core.py).
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import stat
 from typing import Optional
 
@@ -79,6 +81,9 @@ class NamespaceOps(OpsCore):
             if parent.level in SLOT_DIRS:
                 self._lookup_misses += 1
             raise pyfuse3.FUSEError(errno.ENOENT)
+        if node.ino == FED_INO:         # `.federated`: what its getattr says
+            node.lookups += 1
+            return self.fed.root_attr()
         return self._entry(node, ctx)
 
     # -- the fast path (memosfs._fuseshim.install_fast; see files.py) -------
@@ -242,7 +247,7 @@ class NamespaceOps(OpsCore):
         items += list(d.children.items())
         for i in range(start_id, len(items)):
             name, node = items[i]
-            attr = self._attr(node)
+            attr = self.fed.root_attr() if node.ino == FED_INO else self._attr(node)
             if not pyfuse3.readdir_reply(token, name.encode("utf-8", "surrogateescape"),
                                          attr, i + 1):
                 break
@@ -253,14 +258,37 @@ class NamespaceOps(OpsCore):
         pass
 
     async def statfs(self, ctx):
-        """The memory tier, in 4 KiB blocks."""
+        """Both tiers, in 4 KiB blocks (what df shows; docs/df.md):
+
+        Size   memory capacity + the SSD tier's size: what its files hold
+               plus the room it has left;
+        Used   bytes the memory tier holds + bytes the SSD tier's files
+               hold (a slot in both tiers counts in both);
+        Avail  memory free + the SSD tier's room: the free space of the
+               filesystem its directory is on, within ssd_capacity if set.
+
+        Without an SSD tier (ssd=none) it is the memory tier alone."""
         c = self.store.cache.stats()
+        page = _native.PAGE_SIZE
+        size, free = c["capacity"], c["free_pages"] * page
+        ssd = self.store.ssd
+        if ssd is not None:
+            try:
+                v = os.statvfs(ssd.root)
+                disk_free = v.f_bavail * v.f_frsize
+            except OSError:
+                disk_free = 0
+            used = ssd.used_bytes
+            room = disk_free if not ssd.capacity else max(0, min(ssd.capacity - used,
+                                                                 disk_free))
+            size += used + room
+            free += room
         s = pyfuse3.StatvfsData()
-        s.f_bsize = _native.PAGE_SIZE
-        s.f_frsize = _native.PAGE_SIZE
-        s.f_blocks = c["capacity"] // _native.PAGE_SIZE
-        s.f_bfree = c["free_pages"]
-        s.f_bavail = c["free_pages"]
+        s.f_bsize = page
+        s.f_frsize = page
+        s.f_blocks = size // page
+        s.f_bfree = min(free // page, s.f_blocks)
+        s.f_bavail = s.f_bfree
         s.f_files = 1 << 32
         s.f_ffree = s.f_files - len(self.inodes)
         s.f_favail = s.f_ffree
@@ -331,6 +359,11 @@ class NamespaceOps(OpsCore):
                 # (a published slot replaces the target in every tier
                 # itself, atomically: its durable copy is never removed first)
                 self.store.remove(target.key)
+            if isinstance(target, Slot) and isinstance(node, Slot) and node.version:
+                # rename(2): no process finds the new path missing.  A reader
+                # whose lookup found the target before the rename opens it
+                # after: it is served the slot that holds the name now.
+                target.replaced_by = node
             self._detach(target, "replaced")
         del src_dir.children[old]
         node.move(new, dst_dir)
@@ -369,7 +402,17 @@ class NamespaceOps(OpsCore):
         raise refuse(errno.EPERM, "symlink: only slots and directories live here")
 
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
-        raise refuse(errno.EPERM, "mknod: only slots and directories live here")
+        """A regular file made with mknod(2) (GNU tar makes its files so when it
+        restores their attributes) is an empty slot, published at once, as
+        creat() and close() make one; devices, FIFOs and sockets are EPERM.
+        +1 lookup."""
+        if not stat.S_ISREG(mode):
+            raise refuse(errno.EPERM, "mknod %s: only slots and directories live here",
+                         self._name(name))
+        fi, entry = await self.create(parent_inode, name, stat.S_IMODE(mode),
+                                      os.O_RDONLY | os.O_CREAT | os.O_EXCL, ctx)
+        await self.release(fi.fh)
+        return entry
 
     # ---- reset_context (the control plane's) ----
 

@@ -56,7 +56,10 @@ def now_ns() -> int:
 
 
 def _hex_map(d: dict[bytes, bytes]) -> dict[str, str]:
-    return {k.hex(): v.hex() for k, v in d.items()}
+    # dict(d) is one step under the GIL: the store's threads read a node's
+    # metadata while the request loop may change it (a snapshot of the moment;
+    # a later change marks the slot dirty again)
+    return {k.hex(): v.hex() for k, v in dict(d).items()}
 
 
 def _unhex_map(m: Any) -> dict[bytes, bytes]:
@@ -216,6 +219,9 @@ class Slot(Node):
         self.pages_version = 0          # the version the writers of this inode published
                                         # into it last (their pages hold it)
         self.successor: Optional[Slot] = None  # the inode that took our name
+        self.replaced_by: Optional[Slot] = None  # the slot renamed over this one
+                                        # (a reader whose lookup found this inode
+                                        # before the rename is served that one)
         self.pushing = 0                # page-cache pushes in flight (PUSH_LOCK)
         self.privates: dict[int, "Slot"] = {}  # tgid -> the draft of its own a
                                         # retried writer of this inode got (_open_private)
@@ -266,6 +272,21 @@ class Slot(Node):
         self._key = "/".join(reversed(parts)).encode("utf-8", "surrogateescape")
         self._key_moves = _moves[0]
         return self._key
+
+    def name_holder(self) -> Optional["Slot"]:
+        """For an inode that a rename replaced: the slot that holds its name
+        now (following later supersedes and renames over), or None when the
+        name is gone or has moved elsewhere since."""
+        node = self.latest()
+        key = node.key
+        seen = 0
+        while node.detached == "replaced" and node.replaced_by is not None and seen < 64:
+            node = node.replaced_by.latest()
+            seen += 1
+        if node.detached or node.parent is None or node.key != key \
+                or node.parent.children.get(node.name) is not node:
+            return None
+        return node
 
     def latest(self) -> "Slot":
         """The inode that holds this slot's name now (itself, or the end of

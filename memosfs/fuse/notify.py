@@ -77,8 +77,18 @@ class KernelNotify(OpsCore):
     # ---- slots the store let go ----
 
     def _slot_dropped_any_thread(self, key: bytes, reason: str) -> None:
-        """Drops can come from the store's threads: apply them on the trio thread."""
+        """Drops can come from the store's threads: apply them on the trio thread.
+
+        An eviction's drop is decided in the eviction callback, before the C
+        core frees the victim; a publish of the key can land in between (on
+        the trio thread, or while a store thread evicts).  So it is applied
+        later, on the trio thread, and only if no tier holds the key by then:
+        the new version keeps its name."""
         token = self.trio_token
+        if token is not None and reason in ("evicted", "ssd-evicted"):
+            self._evicted_due[key] = reason     # (dict ops are atomic: any thread)
+            token.run_sync_soon(self.apply_evictions)
+            return
         if token is None or threading.current_thread() is threading.main_thread():
             self._slot_dropped(key, reason)
             return
@@ -86,6 +96,21 @@ class KernelNotify(OpsCore):
             trio.from_thread.run_sync(self._slot_dropped, key, reason, trio_token=token)
         except trio.RunFinishedError:
             pass
+
+    def apply_evictions(self) -> None:
+        """The names of evicted slots that no tier holds now go (on the trio
+        thread; also at unmount, before the consistency check)."""
+        while self._evicted_due:
+            try:
+                key = next(iter(self._evicted_due))
+                reason = self._evicted_due.pop(key)
+            except (StopIteration, KeyError, RuntimeError):
+                continue                # (another call took it)
+            try:
+                if self.store.tier_of(key) == "none":
+                    self._slot_dropped(key, reason)
+            except Exception:           # (run by trio itself: must not raise)
+                log.exception("dropping the name of %r after its eviction failed", key)
 
     def _slot_dropped(self, key: bytes, reason: str) -> None:
         """The store let a slot go (eviction, ring, reset): remove its name."""

@@ -259,20 +259,44 @@ class OpenOps(OpsCore):
         node = self._node(inode)
         acc = flags & os.O_ACCMODE
         inode_node = node               # the inode the kernel opens
+        if retry and not waited and (inode_node.readers or inode_node.pushing):
+            # The kernel's one retry after ESTALE found an inode whose page
+            # cache readers hold (the name moved on again meanwhile: another
+            # rename or publish).  A second ESTALE would reach the
+            # application: wait (bounded) for them to close, new readers
+            # reading around its cache meanwhile, then open as below.
+            inode_node.pending[pid] = time.monotonic() + WRITER_RETRY_S
+            deadline = trio.current_time() + PUSH_WAIT_S
+            while (inode_node.readers or inode_node.pushing) \
+                    and trio.current_time() < deadline:
+                await trio.sleep(0.002)
+            return await self._open_version(inode, flags, ctx, waited=True, retry=retry)
         node = node.latest()            # the one that holds the name now
         if node.detached:
-            # unlinked or renamed over while this open was on its way: as if
-            # the open came first — a writer's bytes go with the name (they
-            # are never published), a reader finds nothing
+            # unlinked or renamed over while this open was on its way.  A
+            # reader of a name that a rename replaced is served the slot that
+            # holds the name now (rename(2) is atomic: no process finds the
+            # new path missing), around this inode's page cache; a reader of
+            # an unlinked name finds nothing.  A writer: as if the open came
+            # first — its bytes go with the name (they are never published).
+            if acc == os.O_RDONLY and node.detached == "replaced":
+                holder = node.name_holder()
+                if holder is not None and holder.version:
+                    ref = await self._reader_ref(holder)
+                    return self._open_slot(inode_node, flags, ref, around_cache=True,
+                                           ctx=ctx)
             if acc == os.O_RDONLY or node.detached not in ("unlink", "replaced"):
                 raise refuse(errno.ENOENT, "open %s: the name is gone", node.name,
                              level=logging.DEBUG)
             if node.readers or node.pushing or inode_node.readers or inode_node.pushing:
                 # its page cache is its readers' snapshot: look again (the
-                # kernel retries; the name is gone, so O_CREAT makes a new one)
+                # kernel retries: it finds the slot renamed over the name, or
+                # no name, and O_CREAT makes a new one)
                 if retry and not inode_node.readers:
                     return self._open_private(inode_node, flags, ctx)
-                raise self._send_back(node, pid, flags, "the name is gone, readers keep it")
+                holder = node.name_holder() if node.detached == "replaced" else None
+                raise self._send_back(holder or node, pid, flags,
+                                      "the name is gone, readers keep it")
             # on the inode the kernel opened (its fstat asks that one); a
             # second whole-slot writer there gets a draft of its own: two
             # O_TRUNC writers never share one (nor each other's size)
@@ -319,11 +343,7 @@ class OpenOps(OpsCore):
                 if retry and not inode_node.readers:
                     return self._open_private(inode_node, flags, ctx)
                 raise self._send_back(node, pid, flags, "a newer inode holds this name")
-            ref = None
-            if node.version:
-                ref = await self._off_loop(self.store.get, node.key)
-                if ref is None:
-                    raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
+            ref = await self._reader_ref(node) if node.version else None
             return self._open_slot(inode_node, flags, ref, around_cache=True, ctx=ctx)
         if acc != os.O_RDONLY and (node.pushing > 0 or (flags & os.O_TRUNC and node.writers)
                                    or pid not in node.pending and (
@@ -382,6 +402,18 @@ class OpenOps(OpsCore):
             raise self._send_back(node, pid, flags, "a newer version landed meanwhile")
         return self._open_slot(node, flags, ref, around_cache=stale, ctx=ctx)
 
+    async def _reader_ref(self, node: Slot) -> "_native.Ref":
+        """A reader's pinned version of the slot `node` (which holds its name),
+        read back from the SSD or remote tier if need be; ENOENT if no tier
+        has it."""
+        if self.store.tier_of(node.key) == "mem":
+            ref = self._native_call(self.store.get, node.key)
+        else:
+            ref = await self._off_loop(self.store.get, node.key)
+        if ref is None:
+            raise refuse(errno.ENOENT, "open %s: the slot left every tier", node.name)
+        return ref
+
     def _open_pseudo(self, node: Pseudo, flags: int, ctx=None) -> pyfuse3.FileInfo:
         """The mode is enforced here too (a mount without default_permissions
         must not open the trace or the knobs to every uid): root gets the
@@ -397,6 +429,7 @@ class OpenOps(OpsCore):
                          node.name, uid, stat.S_IMODE(node.mode))
         fh = self._fh()
         h = Handle(fh, node, flags, "pseudo")
+        h.uid = uid
         if acc != os.O_WRONLY and node.read is not None:
             h.data = node.read().encode()
         self.handles[fh] = h

@@ -30,7 +30,7 @@ change, so each handler is atomic.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import pyfuse3
 
@@ -52,6 +52,7 @@ from memosfs.fuse.persist import NamespacePersistence
 from memosfs.fuse.publish import PublishOps
 from memosfs.fuse.routing import guard_handlers, route_federated
 from memosfs.fuse.tenants import Tenants
+from memosfs.fuse.why import Reasons
 from memosfs.fuse.xattrs import XattrOps
 from memosfs.store.store import Store
 
@@ -74,17 +75,17 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
 
     enable_writeback_cache = False
 
-    def __init__(self, store: Store, knobs: Optional[dict[str, object]] = None,
+    def __init__(self, store: Store, knobs: Optional[dict[str, Any]] = None,
                  trace: Optional[Trace] = None) -> None:
         super().__init__()
         self.store = store
         self.trace = trace or store.trace
-        self.knobs: dict[str, object] = {k.name: k.default for k in KNOBS}
-        self.knobs.update(knobs or {})
+        # the knobs' values, typed (memosfs/knobs.py); every component reads
+        # this one mapping, and control.py's `apply` is the one writer: at the
+        # end of this constructor for every knob (knobs: the -o options), then
+        # for each write into a knob's file
+        self.knobs: dict[str, Any] = {k.name: k.default for k in KNOBS}
         self.knobs["capacity"] = store.cache.capacity
-        store.set_evict_policy(str(self.knobs["evict_policy"]))
-        store.cache.set_reclaim(float(self.knobs["reclaim_free_ratio"]),
-                                int(self.knobs["reclaim_fail_limit"]))
         self.inodes: dict[int, Node] = {}
         self.handles: dict[int, Handle] = {}
         self._next_ino = FIRST_DYNAMIC_INO
@@ -99,6 +100,7 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         self.root = Dir(pyfuse3.ROOT_INODE, "", None, 0o1777, 0, 0, ROOT)
         self.root.lookups = FIXED_LOOKUPS   # the kernel never forgets the root
         self.inodes[self.root.ino] = self.root
+        self.why = Reasons()            # each uid's last refusal (.memos/why)
         self.control = ControlTree(self)    # .memos/: inodes 2 .. FIRST_DYNAMIC_INO
         self.fed = FedTree(self)        # .federated/ (fedtree.py): inodes >= FED_INO
         self.trio_token = None          # set when serving: other threads post here
@@ -108,14 +110,20 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         self._private_writers = 0       # retried writers given a draft of their own
         self._flusher: Optional[tuple[int, int]] = None   # (fh, pid) of the FLUSH
                                         # being served (memosfs._fuseshim)
+        self._evicted_due: dict[bytes, str] = {}  # evicted keys whose names go
+                                        # on the trio thread (notify.py)
         if _fuseshim is not None:
             _fuseshim.install(self.fallocate, self._flush_note, self.coherence_interrupt,
                               self._write_note, self.ioctl)
-        self.configure_fast_path()
         self.coherence = Coherence(self.knobs, self.trace, self._invalidate_pages)
         self.coherence.drop_pages = self._drop_pages_now
         self.tenants = Tenants(store, self.knobs)
         self.prefetch = store.start_prefetch(self.knobs)
+        try:
+            self.control.apply_at_mount(dict(knobs or {}))
+        except BaseException:
+            self.prefetch.close()
+            raise
         store.attach_namespace(self._slot_meta, self._namespace,
                                self._slot_dropped_any_thread)
 
@@ -155,7 +163,7 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         if _fuseshim is None or not hasattr(_fuseshim, "install_fast"):
             return
         if fast is None:
-            fast = self.knobs["fast_path"] == "1"
+            fast = bool(self.knobs["fast_path"])
         if poll_us is None:
             poll_us = int(self.knobs["burst_poll_us"])
         if fast:
@@ -195,6 +203,8 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         for slot in self._walk_slots(self.root):
             if slot.version:
                 named.add(slot.key)
+        if self.store.remote is not None:       # names made from remote manifests
+            named = {k for k in named if k in live or not self.store.remote.known_present(k)}
         assert named == live, f"namespace {sorted(named - live)} vs store {sorted(live - named)}"
         readers: dict[int, int] = {}
         for h in self.handles.values():
@@ -203,6 +213,24 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         for node in self.inodes.values():
             if isinstance(node, Slot):
                 assert node.readers == readers.get(node.ino, 0), node.name
+
+    def check_all(self) -> list[str]:
+        """Every consistency check, as at the end of each mounted test (as
+        s3ql runs its fsck after every test): the namespace against the
+        store and the handles, memory (index, arena, policy), the coherence
+        directory, the SSD tier's index against its folder.  Returns what
+        failed (empty: all agree).  Run once requests have stopped."""
+        self.apply_evictions()
+        problems = []
+        checks = [("namespace", self.check), ("coherence", self.coherence.dir.check)]
+        if self.store.ssd is not None:
+            checks.append(("ssd", self.store.ssd.check))
+        for name, fn in checks:
+            try:
+                fn()
+            except (AssertionError, RuntimeError, OSError) as e:
+                problems.append(f"{name}: {e}")
+        return problems
 
 
 route_federated(MemosOperations)        # .federated requests go to self.fed

@@ -38,7 +38,9 @@ class NamespacePersistence(OpsCore):
         """Every directory below the root, parents first, with owners, modes
         and times (namespace.json)."""
         out = []
-        todo = [a for a in self.root.children.values()
+        # (called from the store's threads: list() copies a directory's
+        # entries in one step under the GIL while the request loop changes it)
+        todo = [a for a in list(self.root.children.values())
                 if isinstance(a, Dir) and a.level == AGENT]
         while todo:
             d = todo.pop(0)

@@ -79,6 +79,7 @@ class PublishOps(OpsCore):
                 src.draft = self._draft_from(None, logical)
             raise
         self._settle_quota(key)
+        self.tenants.pin_kept(key, ref)     # (a pin stays with the slot)
         self._release_base(src)
         src.base = ref                  # the writers go on from this version
         src.base_decoded = logical
@@ -127,7 +128,7 @@ class PublishOps(OpsCore):
         node.mtime_ns = mtime_ns
         node.ctime_ns = now_ns()
         self._forget_attrs(node)
-        if self.pusher is not None and self.knobs["page_cache_push"] == "1" \
+        if self.pusher is not None and self.knobs["page_cache_push"] \
                 and node.pub_size >= PUSH_MIN_BYTES \
                 and not node.writers and not node.writer_pending:
             # (with writers open, the page cache holds their draft: no push)
@@ -146,7 +147,7 @@ class PublishOps(OpsCore):
         pushes are already under way (each pins its version in memory until
         it is done: a burst of closes must not pin the memory tier full)."""
         node = node.latest()
-        if self.pusher is None or self.knobs["page_cache_push"] != "1" \
+        if self.pusher is None or not self.knobs["page_cache_push"] \
                 or self.pusher.outstanding >= 2 \
                 or node.detached or not node.version or node.writers \
                 or node.writer_pending or node.readers or node.pushing \
@@ -171,9 +172,12 @@ class PublishOps(OpsCore):
         """Before an O_TRUNC writer is sent back (ESTALE) to look the name up
         again: make sure what it will find has no page-cache readers, and
         stays so until it arrives (readers meanwhile read around the cache),
-        so the kernel's one retry succeeds."""
-        if node.readers > 0 or node.pushing > 0 or (trunc and (node.writers > 0
-                                                               or node.writer_pending)):
+        so the kernel's one retry succeeds.  (A node that no longer holds
+        its name is left as it is: the retry will not find it.)"""
+        holds = not node.detached and node.parent is not None \
+            and node.parent.children.get(node.name) is node
+        if holds and (node.readers > 0 or node.pushing > 0 or (trunc and (
+                node.writers > 0 or node.writer_pending))):
             node = self._supersede(node)
         # By pid (the kernel retries from the same thread): several writers may
         # have been sent here, and each must find no page-cache readers on its
@@ -183,7 +187,11 @@ class PublishOps(OpsCore):
     def _supersede(self, node: Slot) -> Slot:
         """Give node's name a fresh inode holding the same version; node keeps
         serving the handles open on it (their snapshot) and answers ESTALE to
-        new opens, which makes the kernel look the name up again."""
+        new opens, which makes the kernel look the name up again.  node must
+        hold its name (callers check): a node that left the tree is never
+        put back."""
+        assert node.parent is not None and node.parent.children.get(node.name) is node, \
+            f"supersede of {node.name!r} (inode {node.ino}), which does not hold its name"
         new = Slot(self._new_ino(), node.name, node.parent, stat.S_IMODE(node.mode),
                    node.uid, node.gid)
         new.xattrs = dict(node.xattrs)

@@ -11,9 +11,13 @@ link, symlink, mknod) never see `.federated` or treat it as any node.
 Guard.  The daemon never dies on a request: a handler that fails with
 anything but a FUSEError answers EIO and logs why (pyfuse3 would otherwise
 stop the main loop).  The guard is outermost, so a failure in the
-federated tree is caught the same way.
+federated tree is caught the same way.  It also says who the caller is
+while the handler runs (why.CALLER: the context's uid, or for read, write,
+flush, release and fsync the uid of the handle's opener), so that a
+refusal reaches that uid's `.memos/why`.
 
-May call: `ops.fed` (FedTree) and the handlers it wraps; nothing else.
+May call: `ops.fed` (FedTree), `ops.handles` and `ops.why` (to know and
+tell the caller), the handlers it wraps; nothing else.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-from typing import Callable
+from typing import Callable, Optional
 
 import pyfuse3
 
 from memosfs.fuse.fedtree import FED_INO
+from memosfs.fuse.why import CALLER
 
 log = logging.getLogger("memosfs.fuse.operations")
 
@@ -77,17 +82,40 @@ def route_federated(cls: type) -> None:
         setattr(cls, name, _routed(name, test, getattr(cls, name)))
 
 
+# handlers whose first argument is a file handle (and that have no context)
+_BY_FH = frozenset(("read", "write", "flush", "release", "fsync"))
+
+
+def _caller_uid(ops, name: str, args: tuple) -> Optional[int]:
+    """The uid a request comes from, or None where the handler cannot say."""
+    uid = getattr(args[-1], "uid", None) if args else None
+    if uid is None and name in _BY_FH and args:
+        h = ops.handles.get(args[0]) or ops.fed.handles.get(args[0])
+        uid = getattr(h, "uid", None)
+    return uid if isinstance(uid, int) else None
+
+
 def _guard(fn):
+    name = fn.__name__
+
     @functools.wraps(fn)
     async def handler(self, *args):
+        uid = _caller_uid(self, name, args)
+        token = CALLER.set((uid, self.why)) if uid is not None else None
         try:
             return await fn(self, *args)
         except pyfuse3.FUSEError:
             raise
         except Exception:
             self._refused += 1
-            log.exception("%s failed; answering EIO", fn.__name__)
+            log.exception("%s failed; answering EIO", name)
+            if uid is not None:
+                self.why.note(uid, errno.EIO, f"{name} failed: an internal error (the "
+                              f"daemon's log has the traceback)")
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            if token is not None:
+                CALLER.reset(token)
 
     return handler
 

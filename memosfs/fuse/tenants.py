@@ -26,7 +26,10 @@ agent quotas (`user.memos.quota` on an agent directory, set by root)
     if dirty, then dropped from memory: nothing is lost); when that cannot
     make room (no SSD tier, or its slots are all open or pinned), the write
     is EDQUOT.  Agents without a quota share what the quotas leave, by the
-    eviction policy.
+    eviction policy.  A quota larger than the memory tier is refused
+    (EINVAL: it could never be met); quotas whose sum passes the capacity
+    are kept, with a WARNING in the log (`check_quotas`): agents within
+    their quotas can then find the memory tier full (ENOSPC).
 
 Knob values are a size (`16M`, bytes) or a share of the memory tier's
 capacity (`25%`), resolved against the capacity at each check, so they
@@ -110,12 +113,13 @@ class Tenants:
         if not pins:
             return 0
         total = 0
-        for node, (version, nbytes) in list(pins.items()):
+        for node in list(pins):
+            # a pin belongs to the slot: a rewrite keeps it (on its new size)
             ref = self.store.peek(node.key) if not node.detached else None
-            still = ref is not None and ref.version == version and ref.sticky
+            nbytes = ref.stored if ref is not None and ref.sticky else -1
             if ref is not None:
                 ref.release()
-            if still:
+            if nbytes >= 0:
                 total += nbytes
             else:
                 del pins[node]
@@ -129,7 +133,7 @@ class Tenants:
         if uid == 0:
             return
         mine = self._pins.get(uid)
-        if mine is not None and node in mine and mine[node][0] == ref.version:
+        if mine is not None and node in mine:
             return                      # pinned by this uid already
         have = self.pinned_bytes(uid)
         bound = self.limit("pin_max_per_uid")
@@ -137,6 +141,25 @@ class Tenants:
             self.c["pin_refused"] += 1
             raise OverLimit(f"uid {uid} has {have} bytes pinned; {ref.stored} more "
                             f"would pass pin_max_per_uid ({bound} bytes)")
+
+    def pin_kept(self, key: bytes, ref) -> None:
+        """A pinned slot got a new version, which keeps the pin (the C core
+        carries it): a uid whose pins would now pass pin_max_per_uid loses
+        this one, with a warning in the log."""
+        if not ref.sticky:
+            return
+        bound = self.limit("pin_max_per_uid")
+        for uid, pins in list(self._pins.items()):
+            if uid == 0:
+                continue
+            mine = [n for n in list(pins) if not n.detached and n.key == key]
+            if mine and self.pinned_bytes(uid) > bound:
+                ref.sticky = False
+                for n in mine:
+                    pins.pop(n, None)
+                log.warning("%s: unpinned: its new version (%d bytes) takes uid %d past "
+                            "pin_max_per_uid (%d bytes)", key.decode("utf-8", "replace"),
+                            ref.stored, uid, bound)
 
     def pinned(self, uid: int, node, ref, on: bool) -> None:
         """A pin (on) or unpin of node's version ref took effect."""
@@ -257,6 +280,25 @@ class Tenants:
             self.quotas[agent] = nbytes
         else:
             self.quotas.pop(agent, None)
+
+    def check_quota(self, agent: str, nbytes: int) -> None:
+        """ValueError if a quota of nbytes for agent can never be met (more
+        than the memory tier)."""
+        capacity = self.store.cache.capacity
+        if nbytes > capacity:
+            raise ValueError(f"a quota of {nbytes} bytes is larger than the memory tier "
+                             f"({capacity} bytes: the capacity knob)")
+
+    def check_quotas(self) -> bool:
+        """A WARNING in the log when the quotas add up to more than the
+        memory tier (after a quota or the capacity changed); False then."""
+        total, capacity = sum(self.quotas.values()), self.store.cache.capacity
+        if total > capacity:
+            log.warning("agent quotas add up to %d bytes, more than the memory tier (%d "
+                        "bytes): agents within their quotas can find it full (ENOSPC)",
+                        total, capacity)
+            return False
+        return True
 
     def make_room(self, agent: str, need: int, keep: Optional[bytes] = None) -> None:
         """Before agent's memory grows by need bytes: move its own least

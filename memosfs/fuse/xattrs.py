@@ -4,11 +4,22 @@ MemosOperations; composed in operations.py).
 
 Attributes.  `user.*` attributes are kept on slots and directories (saved
 with them); `user.memos.*` are the daemon's: tier, dirty, version, hits,
-stored_bytes and pin of a slot (read-only but pin, set to 0 or 1 within
-the caller's share), state (the caller's coherence state), ack (write:
-acknowledge an invalidation), quota on an agent directory (root only) and
-usage on every agent directory (its bytes in memory, quota or not).
-Control-plane nodes take no user.* attributes (ENOTSUP).
+stored_bytes and pin of a slot (pin set to 0 or 1 within the caller's
+share), state (the caller's coherence state), ack (write: acknowledge an
+invalidation), quota on an agent directory (root only) and usage on every
+agent directory (its bytes in memory, quota or not).  Control-plane nodes
+take no user.* attributes (ENOTSUP).
+
+Computed attributes and copy tools.  What the cache computes (tier,
+dirty, version, hits, stored_bytes, pin, state, usage) is status of the
+cache, not an attribute of the file: getxattr reads it by name
+(`getfattr -n user.memos.tier`), but listxattr does not list it, so
+`cp -a`, `rsync -X`, `mv` and `tar --xattrs` neither copy it out (where it
+would be stale at once) nor try to remove it from a file they make in the
+mount.  Setting or removing one (a copy made by an older memosfs coming
+back) is accepted and changes nothing, with a line in the log.  A quota is
+the directory's own (stored, listed, copied with it).  docs/xattrs.md has
+the table.
 
 Owns: getxattr, listxattr, setxattr, removexattr, `_set_quota`, ioctl,
 poll, coherence_interrupt.
@@ -42,6 +53,9 @@ class XattrOps(OpsCore):
 
     _MEMOS_ATTRS = (b"user.memos.tier", b"user.memos.dirty", b"user.memos.version",
                     b"user.memos.hits", b"user.memos.stored_bytes", b"user.memos.pin")
+    # computed, never listed; a set or a removal of one changes nothing
+    COMPUTED = frozenset(_MEMOS_ATTRS + (b"user.memos.state", USAGE_XATTR)) - {
+        b"user.memos.pin"}
 
     def _memos_attr(self, node: Slot, name: bytes) -> bytes:
         ref = self.store.peek(node.key) if node.version else None
@@ -100,12 +114,20 @@ class XattrOps(OpsCore):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR) from None
 
     async def listxattr(self, inode, ctx):
-        node = self._node(inode)
-        names = list(self._MEMOS_ATTRS) + [b"user.memos.state"] \
-            if isinstance(node, Slot) else []
-        if isinstance(node, Dir) and node.level == AGENT:
-            names.append(USAGE_XATTR)
-        return names + list(node.xattrs)
+        """The node's own attributes (user.*, a quota); not the computed
+        user.memos.* status (see the module docstring)."""
+        return list(self._node(inode).xattrs)
+
+    def _computed_write(self, node: Node, name: bytes, what: str) -> bool:
+        """A set or removal of a computed attribute: True (accepted, nothing
+        changes) where the node has that attribute."""
+        if name not in self.COMPUTED or not (
+                isinstance(node, Slot) if name != USAGE_XATTR
+                else isinstance(node, Dir) and node.level == AGENT):
+            return False
+        log.info("%s %s on %s: computed by the cache, nothing stored (accepted, "
+                 "unchanged)", what, name.decode("utf-8", "replace"), node.name)
+        return True
 
     async def setxattr(self, inode, name, value, ctx):
         node = self._node(inode)
@@ -151,6 +173,8 @@ class XattrOps(OpsCore):
             return
         if name == QUOTA_XATTR:
             return self._set_quota(node, bytes(value), ctx)
+        if self._computed_write(node, name, "setxattr"):
+            return
         if name.startswith(b"user.memos."):
             raise refuse(errno.EPERM, "%s is read-only", name.decode("utf-8", "replace"))
         if not name.startswith(b"user.") or isinstance(node, Pseudo) \
@@ -178,6 +202,8 @@ class XattrOps(OpsCore):
             raise refuse(errno.EINVAL, "user.memos.quota on %s: %r is not a size "
                          "(bytes, or 512M, 4G)", node.name, value)
         try:
+            if n:
+                self.tenants.check_quota(node.name, n)
             self.tenants.set_quota(node.name, n)
         except (ValueError, OSError) as e:
             raise refuse(errno.ENOSPC if isinstance(e, OSError) else errno.EINVAL,
@@ -188,6 +214,7 @@ class XattrOps(OpsCore):
         else:
             node.xattrs.pop(QUOTA_XATTR, None)
         log.info("agent %s: quota %d bytes", node.name, n)
+        self.tenants.check_quotas()
         node.ctime_ns = now_ns()
         self.store.namespace_changed()
         if n:
@@ -200,6 +227,8 @@ class XattrOps(OpsCore):
         node = self._node(inode)
         if name == QUOTA_XATTR and isinstance(node, Dir) and QUOTA_XATTR in node.xattrs:
             return self._set_quota(node, b"0", ctx)
+        if self._computed_write(node, name, "removexattr"):
+            return
         if name.startswith(b"user.memos."):
             raise refuse(errno.EPERM, "%s is read-only", name.decode("utf-8", "replace"))
         if node.xattrs.pop(name, None) is None:

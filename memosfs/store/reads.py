@@ -24,11 +24,14 @@ from typing import Optional
 
 from memosfs import _native
 from memosfs.store.common import _k
-from memosfs.store.ssd import CorruptSlot, SSDEntry, SSDReader
+from memosfs.store.ssd import CorruptSlot, SSDEntry, SSDReader, StaleEntry
 
 log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
 
-PROMOTE_TRIES = 3           # promotions retried when a newer version lands meanwhile
+PROMOTE_TRIES = 64          # promotions retried while newer versions land meanwhile
+                            # (each try looks the key up again: a name rewritten this
+                            # often is still there, and one try that opens the file
+                            # holds a stable snapshot of it)
 _RACED = object()
 
 
@@ -137,12 +140,12 @@ class ReadMixin:
                 self.ssd.load_into(entry, draft)
             finally:
                 _native.set_nowait(was)
+        except StaleEntry:
+            draft.free()
+            return _RACED                   # a newer version's file: look again
         except CorruptSlot as e:
             draft.free()
-            if self.ssd.get(key) is not entry:
-                return _RACED
-            self._corrupt(entry, str(e))
-            return None
+            return self._corrupt(entry, str(e))
         except OSError as e:
             draft.free()
             if e.errno not in (errno.ENOSPC, errno.EFBIG, errno.EAGAIN):
@@ -150,11 +153,10 @@ class ReadMixin:
             # memory cannot take it now: serve it from its file
             try:
                 reader = SSDReader(entry)
-            except (CorruptSlot, FileNotFoundError) as c:
-                if self.ssd.get(key) is not entry:
-                    return _RACED
-                self._corrupt(entry, str(c))
-                return None
+            except StaleEntry:
+                return _RACED
+            except CorruptSlot as c:
+                return self._corrupt(entry, str(c))
             self._c["direct_reads"] += 1
             log.info("%s served from the SSD tier directly: %s", _k(key), e.strerror)
             return reader
@@ -176,12 +178,18 @@ class ReadMixin:
         self.trace.emit("PROMOTE", key=_k(key), bytes=entry.size, version=entry.version)
         return ref
 
-    def _corrupt(self, entry: SSDEntry, why: str) -> None:
-        self.ssd.report_corrupt(entry, why)
+    def _corrupt(self, entry: SSDEntry, why: str):
+        """entry's file failed a check when read: None if it was set aside
+        (then the slot is gone from every tier, unless memory holds it),
+        _RACED if the SSD tier found the index had moved on or the file
+        valid after all (look again)."""
+        if not self.ssd.report_corrupt(entry, why):
+            return _RACED
         ref = self.cache.peek(entry.key)
         if ref is None:
-            self._dropped(entry.key, "corrupt")
-            return
+            if self.ssd.get(entry.key) is None:
+                self._dropped(entry.key, "corrupt")
+            return None
         try:                                    # memory's copy is the only one now
             if not ref.dirty:
                 ref.dirty = True
@@ -189,3 +197,4 @@ class ReadMixin:
                     self._dirty_since.setdefault(entry.key, time.monotonic())
         finally:
             ref.release()
+        return None

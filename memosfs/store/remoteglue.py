@@ -29,7 +29,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from memosfs.store.common import _k, _session_of
-from memosfs.store.ssd import CorruptSlot, SSDReader
+from memosfs.store.ssd import CorruptSlot, SSDReader, StaleEntry
 
 if TYPE_CHECKING:
     from memosfs.store.remote.tier import RemoteStats
@@ -91,8 +91,8 @@ class RemoteGlueMixin:
             return None
         try:
             reader = SSDReader(entry)
-        except (CorruptSlot, OSError):
-            return None
+        except (CorruptSlot, StaleEntry, OSError):
+            return None                 # (a newer version is queued in its turn)
         return reader, entry.version, self.meta_of(key), reader.release
 
     def remote_lookup(self, key: bytes) -> Optional["RemoteEntry"]:

@@ -23,6 +23,17 @@ and `ssd_corrupt`) and moved aside into `corrupt/` at mount; a payload whose
 checksum fails is caught when it is read, reported the same way, and never
 served.
 
+Readers and writers.  An index entry names its file by path and by inode
+number (`SSDEntry.ino`): a file is renamed into place and the index changed
+in one step under `lock`, so whoever holds an entry either opens that very
+file (same inode: a stable snapshot for as long as the descriptor is open,
+whatever replaces the name later) or finds another inode under the path, a
+newer version (`StaleEntry`: look the key up again), never pairs an entry
+with another version's bytes.  A file is declared corrupt only by
+`report_corrupt`, under both locks, only while the index still points at the
+entry that failed and the path still holds that entry's inode, and only
+after the file's own trailer was checked: a valid file is never set aside.
+
 Besides the slots, the folder holds `order.json` (keys, most recently used
 first: the warm-up order), `namespace.json` (agents and sessions with
 their owners and modes) and `policy.json` (the state of the eviction policy
@@ -65,8 +76,8 @@ from memosfs.store.ssdpolicy import STATE_NAME, SSDPolicy
 
 log = logging.getLogger("memosfs.store.ssd")
 
-__all__ = ["SSDTier", "SSDEntry", "SSDStats", "CorruptSlot", "MAGIC", "DirLock",
-           "DirectoryInUse", "LOCK_NAME"]
+__all__ = ["SSDTier", "SSDEntry", "SSDStats", "CorruptSlot", "StaleEntry", "MAGIC",
+           "DirLock", "DirectoryInUse", "LOCK_NAME"]
 
 MAGIC = b"MEMOSLT1"
 _FOOTER = struct.Struct("<II8s")          # trailer length, trailer crc, magic
@@ -77,6 +88,11 @@ POLICY_SAVE_S = 10.0                      # background saves of policy.json, at 
 
 class CorruptSlot(Exception):
     """A slot file that does not check out; the message says how."""
+
+
+class StaleEntry(Exception):
+    """The entry's file is no longer under its path (a newer version replaced
+    it, or it was removed or renamed away): look the key up again."""
 
 
 @dataclass
@@ -93,6 +109,7 @@ class SSDEntry:
     # (written by this daemon without an fsync: see SSDTier._write_locked),
     # None (found at mount: a daemon killed before may have left it unsynced)
     synced: Optional[bool] = None
+    ino: int = 0                # the file's inode number (0: not known, never checked)
 
 
 def _name_of(key: bytes) -> str:
@@ -128,7 +145,21 @@ def read_trailer(fd: int, path: str) -> SSDEntry:
         meta = json.loads(trailer[_FIXED.size + klen:])
     except ValueError as e:
         raise CorruptSlot(f"{path}: bad metadata: {e}") from None
-    return SSDEntry(key, version, size, crc, path, total, meta)
+    return SSDEntry(key, version, size, crc, path, total, meta, ino=os.fstat(fd).st_ino)
+
+
+def open_entry(entry: "SSDEntry") -> int:
+    """A read-only descriptor of entry's own file (close-on-exec): StaleEntry
+    if the path holds another inode now or nothing (replaced, removed or
+    renamed away since the entry was looked up)."""
+    try:
+        fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise StaleEntry(f"{entry.path}: gone") from None
+    if entry.ino and os.fstat(fd).st_ino != entry.ino:
+        os.close(fd)
+        raise StaleEntry(f"{entry.path}: replaced by another version")
+    return fd
 
 
 @dataclass(frozen=True)
@@ -183,6 +214,9 @@ class SSDTier:
         self.policy = SSDPolicy()               # eviction order (ssdpolicy.py; lock)
         self.evictions = 0                      # versions evicted for ssd_capacity
         self._policy_saved = -POLICY_SAVE_S     # monotonic time of the last policy.json
+        # fault hooks for tests, by point name ("renamed": a file was renamed
+        # into place, under `lock`, before the index learns it); empty in use
+        self.hooks: dict[str, Any] = {}
 
     # ---- mount ----
 
@@ -216,6 +250,7 @@ class SSDTier:
                     log.error("ssd: cannot read %s: %s", path, e)
                     continue
                 found[entry.key] = entry
+        self._complete_renames(found)
         with self.lock:
             self.index = found
             self.used_bytes = sum(e.file_bytes for e in found.values())
@@ -223,7 +258,42 @@ class SSDTier:
             self.policy.reset(sorted(found, key=lambda k: _mtime(found[k].path)))
         return list(found.values())
 
+    def _complete_renames(self, found: dict[bytes, SSDEntry]) -> None:
+        """A rename moves a slot by copying its file under the new key's name
+        (marked `moved_from`: the old file's key, inode and ctime), then
+        unlinking the old file.  A crash between the two leaves both; the old
+        file, still the very one the copy came from (same inode and ctime: not
+        a later slot of that name), goes now, so the slot has exactly one
+        name, as rename(2) leaves it."""
+        for entry in list(found.values()):
+            mark = entry.meta.get("moved_from")
+            if not isinstance(mark, dict):
+                continue
+            try:
+                src = found.get(bytes.fromhex(str(mark.get("key", ""))))
+            except ValueError:
+                continue
+            if src is None or src is entry:
+                continue
+            try:
+                st = os.stat(src.path)
+            except OSError:
+                continue
+            if (st.st_ino, st.st_ctime_ns) != (mark.get("ino"), mark.get("ctime_ns")):
+                continue
+            log.info("ssd: completing a rename a crash interrupted: %r -> %r",
+                     src.key, entry.key)
+            try:
+                os.unlink(src.path)
+            except OSError as e:
+                log.error("ssd: cannot remove %s (%s)", src.path, e)
+                continue
+            del found[src.key]
+            self._dirty_dirs.add(os.path.dirname(src.path))
+
     def _set_aside(self, path: str, why: str) -> None:
+        """Move a file that failed its checks into corrupt/ (counted once per
+        file: callers make sure it is the file that failed)."""
         with self.lock:
             self.corrupt += 1
         log.error("ssd: corrupt slot file set aside: %s", why)
@@ -306,34 +376,43 @@ class SSDTier:
                 _pwrite_all(fd, trailer, size)
                 if sync_now:
                     os.fsync(fd)
+                ino = os.fstat(fd).st_ino
             finally:
                 os.close(fd)
-            os.rename(tmp, final)
+            entry = SSDEntry(key, ref.version, size, crc, final, total, dict(meta),
+                             synced=sync_now, ino=ino)
+            with self.lock:
+                # the file and the index entry change together (see the
+                # module docstring: a reader never pairs one with the other's)
+                os.rename(tmp, final)
+                self._hook("renamed")
+                old = self.index.get(key)
+                self.used_bytes += total - (old.file_bytes if old else 0)
+                self.index[key] = entry
+                self.policy.written(key)
+                self.writes += 1
+                self.write_bytes += size
+                if sync_now:
+                    self._unsynced.pop(key, None)
+                else:
+                    self._unsynced[key] = entry
+                    self.unsynced_writes += 1
         except OSError:
             with self.lock:
                 self.write_errors += 1
             _discard(tmp)
             raise
-        entry = SSDEntry(key, ref.version, size, crc, final, total, dict(meta),
-                         synced=sync_now)
-        with self.lock:
-            old = self.index.get(key)
-            self.used_bytes += total - (old.file_bytes if old else 0)
-            self.index[key] = entry
-            self.policy.written(key)
-            self.writes += 1
-            self.write_bytes += size
-            if sync_now:
-                self._unsynced.pop(key, None)
-            else:
-                self._unsynced[key] = entry
-                self.unsynced_writes += 1
         if durable:
             _fsync_dir(sdir)
         else:
             with self.lock:
                 self._dirty_dirs.add(sdir)
         return entry
+
+    def _hook(self, point: str) -> None:
+        fn = self.hooks.get(point)
+        if fn is not None:
+            fn()
 
     def _path_of(self, key: bytes) -> tuple[str, str]:
         """(shard folder, file path) of key's slot file."""
@@ -365,11 +444,11 @@ class SSDTier:
             raise SSDFull(after - self.capacity)
 
     def load_into(self, entry: SSDEntry, draft: "_native.Draft") -> None:
-        """Read a version into a draft, checking its payload checksum."""
-        try:
-            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise CorruptSlot(f"{entry.path}: gone") from None
+        """Read a version into a draft, checking its payload checksum.
+        StaleEntry: the path holds another version now (look again);
+        CorruptSlot: entry's own file does not check out (`report_corrupt`
+        decides)."""
+        fd = open_entry(entry)
         try:
             if os.fstat(fd).st_size != entry.file_bytes:
                 raise CorruptSlot(f"{entry.path}: size changed on disk")
@@ -400,14 +479,61 @@ class SSDTier:
         finally:
             os.close(fd)
 
-    def report_corrupt(self, entry: SSDEntry, why: str) -> None:
-        """A version failed its check when read: forget it, set the file aside."""
+    def report_corrupt(self, entry: SSDEntry, why: str) -> bool:
+        """A version failed its check when read.  Under the writer lock (no
+        file can be renamed in or out meanwhile) and only while the index
+        still points at `entry`: the file under its path is checked again,
+        by its own trailer and payload; if it is entry's file and fails, the
+        entry goes and the file is set aside (True).  Otherwise nothing is
+        set aside (False): the index moved on (a newer version), or the path
+        holds a valid file of this key, which the index then takes."""
+        with self.write_lock:
+            with self.lock:
+                if self.index.get(entry.key) is not entry:
+                    return False
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                log.error("ssd: %s: the file of %r vanished (%s)", entry.path, entry.key, why)
+                self._forget(entry)
+                return False
+            try:
+                found: Optional[SSDEntry] = read_trailer(fd, entry.path)
+                if found.key != entry.key:
+                    raise CorruptSlot(f"{entry.path}: holds key {found.key!r}")
+                if os.fstat(fd).st_ino == entry.ino and (found.version, found.crc) \
+                        == (entry.version, entry.crc):
+                    _check_payload(fd, found)
+                    found = None            # entry's file, whole: a passing glitch
+            except CorruptSlot as e:
+                why = str(e)
+                found = entry
+            finally:
+                os.close(fd)
+            if found is None:
+                log.warning("ssd: %s checks out when read again (%s before)",
+                            entry.path, why)
+                return False
+            if found is not entry:
+                # a valid file of this key the index had not learnt: take it
+                with self.lock:
+                    if self.index.get(entry.key) is entry:
+                        self.index[entry.key] = found       # (synced: not known)
+                        self.used_bytes += found.file_bytes - entry.file_bytes
+                log.warning("ssd: %s holds version %d, not %d: the index follows the file",
+                            entry.path, found.version, entry.version)
+                return False
+            self._forget(entry)
+            self._set_aside(entry.path, why)
+            return True
+
+    def _forget(self, entry: SSDEntry) -> None:
         with self.lock:
             if self.index.get(entry.key) is entry:
                 del self.index[entry.key]
                 self.used_bytes -= entry.file_bytes
                 self.policy.removed(entry.key)
-        self._set_aside(entry.path, why)
+                self._unsynced.pop(entry.key, None)
 
     def remove(self, key: bytes, entry: Optional[SSDEntry] = None,
                evicted: bool = False) -> bool:
@@ -454,6 +580,15 @@ class SSDTier:
                 self._check_room(new, ref.size + _trailer_bound(new, meta))
                 return self._write_locked(ref, new, meta, durable=False)
             sdir, final = self._path_of(new)
+            # the file under new's name says which file it was copied from: a
+            # crash between its rename into place and the unlink of old's file
+            # leaves both, and the next scan completes the rename (see scan)
+            try:
+                st = os.stat(entry.path)
+                meta = dict(meta, moved_from={"key": old.hex(), "ino": st.st_ino,
+                                              "ctime_ns": st.st_ctime_ns})
+            except FileNotFoundError:
+                pass
             trailer = encode_trailer(new, entry.version, entry.size, entry.crc, meta)
             total = entry.size + len(trailer)
             self._check_room(new, total)
@@ -467,33 +602,85 @@ class SSDTier:
                         _copy_range(src, dst, entry.size)
                         _pwrite_all(dst, trailer, entry.size)
                         os.fsync(dst)
+                        ino = os.fstat(dst).st_ino
                     finally:
                         os.close(dst)
                 finally:
                     os.close(src)
-                os.rename(tmp, final)
+                moved = SSDEntry(new, entry.version, entry.size, entry.crc, final, total,
+                                 dict(meta), synced=True, ino=ino)
+                with self.lock:
+                    # the file and both index entries change together
+                    os.rename(tmp, final)
+                    self._hook("renamed")
+                    replaced = self.index.pop(new, None)
+                    if replaced is not None:
+                        self.used_bytes -= replaced.file_bytes
+                        self._unsynced.pop(new, None)
+                    self.index[new] = moved
+                    self.used_bytes += total
+                    if self.index.get(old) is entry:
+                        del self.index[old]
+                        self.used_bytes -= entry.file_bytes
+                        self._unsynced.pop(old, None)
+                        self.policy.renamed(old, new)
+                    else:
+                        self.policy.written(new)
                 _fsync_dir(sdir)                # new's name is durable before old's goes
             except OSError:
                 with self.lock:
                     self.write_errors += 1
                 _discard(tmp)
                 raise
-            moved = SSDEntry(new, entry.version, entry.size, entry.crc, final, total,
-                             dict(meta), synced=True)
-            with self.lock:
-                replaced = self.index.pop(new, None)
-                if replaced is not None:
-                    self.used_bytes -= replaced.file_bytes
-                self.index[new] = moved
-                self.used_bytes += total
-                if self.index.get(old) is entry:
-                    del self.index[old]
-                    self.used_bytes -= entry.file_bytes
-                    self.policy.renamed(old, new)
-                else:
-                    self.policy.written(new)
             self._unlink_locked(entry.path)
             return moved
+
+    # ---- consistency (tests; memosfs at unmount with MEMOSFS_CHECK_AT_UNMOUNT=1) ----
+
+    def check(self) -> None:
+        """The index and the folder agree: every entry's file is there, is
+        the entry's inode, and its trailer says the entry's key, version,
+        size and checksum; every slot file is indexed; used_bytes is their
+        sum.  AssertionError says what does not.  (Payloads are not read.)"""
+        with self.write_lock, self.lock:
+            index = dict(self.index)
+            used = self.used_bytes
+            files = set()
+            for shard in os.listdir(self.slots_dir):
+                sdir = os.path.join(self.slots_dir, shard)
+                if os.path.isdir(sdir):
+                    files |= {os.path.join(sdir, n) for n in os.listdir(sdir)
+                              if n.endswith(".slot")}
+            for key, e in index.items():
+                assert e.key == key, f"ssd: entry of {key!r} says {e.key!r}"
+                try:
+                    fd = os.open(e.path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    raise AssertionError(f"ssd: {key!r}: its file {e.path} is missing") \
+                        from None
+                try:
+                    found = read_trailer(fd, e.path)
+                except CorruptSlot as c:
+                    raise AssertionError(f"ssd: {key!r}: {c}") from None
+                finally:
+                    os.close(fd)
+                assert not e.ino or found.ino == e.ino, \
+                    f"ssd: {key!r}: {e.path} is inode {found.ino}, the index says {e.ino}"
+                assert (found.key, found.version, found.size, found.crc, found.file_bytes) \
+                    == (e.key, e.version, e.size, e.crc, e.file_bytes), \
+                    f"ssd: {key!r}: the file says version {found.version} of {found.key!r}, " \
+                    f"the index version {e.version}"
+                files.discard(e.path)
+            assert not files, f"ssd: slot files no entry names: {sorted(files)[:5]}"
+            assert used == sum(e.file_bytes for e in index.values()), \
+                f"ssd: used_bytes {used}, the entries {sum(e.file_bytes for e in index.values())}"
+            tracked = set(self.policy.keys())
+            assert tracked == set(index), \
+                f"ssd: the policy tracks {sorted(tracked - set(index))[:5]} beyond the " \
+                f"index, misses {sorted(set(index) - tracked)[:5]}"
+            native_policy = getattr(self.policy, "policy", None)
+            if native_policy is not None:
+                native_policy.check()
 
     # ---- durability ----
 
@@ -675,17 +862,9 @@ class SSDReader:
         self.version = entry.version
         self.size = entry.size
         self.stored = entry.file_bytes
-        self._fd: Optional[int] = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+        self._fd: Optional[int] = open_entry(entry)     # StaleEntry: look again
         try:
-            crc, off = 0, 0
-            while off < entry.size:
-                chunk = os.pread(self._fd, min(4 << 20, entry.size - off), off)
-                if not chunk:
-                    break
-                crc = _native.crc32c(chunk, crc)
-                off += len(chunk)
-            if off != entry.size or crc != entry.crc:
-                raise CorruptSlot(f"{entry.path}: payload checksum mismatch")
+            _check_payload(self._fd, entry)
         except BaseException:
             self.release()
             raise
@@ -708,6 +887,19 @@ class SSDFull(OSError):
     def __init__(self, excess: int) -> None:
         super().__init__(errno.ENOSPC, f"ssd tier {excess} bytes over ssd_capacity")
         self.excess = excess
+
+
+def _check_payload(fd: int, entry: SSDEntry) -> None:
+    """CorruptSlot unless the first entry.size bytes of fd have entry's crc32c."""
+    crc, off = 0, 0
+    while off < entry.size:
+        chunk = os.pread(fd, min(4 << 20, entry.size - off), off)
+        if not chunk:
+            break
+        crc = _native.crc32c(chunk, crc)
+        off += len(chunk)
+    if off != entry.size or crc != entry.crc:
+        raise CorruptSlot(f"{entry.path}: payload checksum mismatch")
 
 
 def _trailer_bound(key: bytes, meta: dict[str, Any]) -> int:

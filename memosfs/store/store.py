@@ -319,7 +319,10 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
         unsaved: list[bytes] = []
         try:
             try:
-                self.flush()
+                wrote = self.flush()
+                if self.ssd is not None:
+                    log.info("unmount: %d dirty slot%s written to the SSD tier", wrote,
+                             "" if wrote == 1 else "s")
             except UnsavedSlots as e:
                 failed = e.cause                # the slots are counted below
             except OSError as e:

@@ -78,12 +78,15 @@ class Daemon:
     capture: the daemon's stdout and stderr go to a pipe (read into the error
     if it does not mount), else to /dev/null.  stats_format: what `stats()`
     reads by default ("json" or "text", see read_stats).  stop_timeout:
-    seconds `stop()` waits for the daemon after unmounting before SIGTERM."""
+    seconds `stop()` waits for the daemon after unmounting before SIGTERM.
+    env: variables added to the daemon's environment (the tests set
+    MEMOSFS_CHECK_AT_UNMOUNT=1: every consistency check runs at unmount and
+    its verdict goes to the log)."""
 
     def __init__(self, mnt: str | os.PathLike, ssd: str | os.PathLike,
                  log: str | os.PathLike, opts: Opts = None, timeout: float = 30,
                  capture: bool = False, stats_format: str = "json",
-                 stop_timeout: float = 60) -> None:
+                 stop_timeout: float = 60, env: Optional[Mapping[str, str]] = None) -> None:
         self.path = Path(mnt)
         self.ssd = Path(ssd)
         self.log = Path(log)
@@ -96,7 +99,8 @@ class Daemon:
         self.t_start = time.perf_counter()
         self.proc = subprocess.Popen([sys.executable, "-m", "memosfs", "memos", str(self.path),
                                       "-f", "-o", options], stdout=out,
-                                     stderr=subprocess.STDOUT if capture else subprocess.DEVNULL)
+                                     stderr=subprocess.STDOUT if capture else subprocess.DEVNULL,
+                                     env={**os.environ, **env} if env else None)
         deadline = time.monotonic() + timeout
         while not is_mounted(self.path):
             if self.proc.poll() is not None or time.monotonic() > deadline:

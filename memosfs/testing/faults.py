@@ -39,6 +39,8 @@ The rules the checker applies, per name:
     restart) must be present, as that version or a later one — else lost;
   - a rename not yet made durable may or may not have happened, but its
     acknowledged version is under one of the two names — else lost;
+  - a rename that may or may not have happened happened whole: its version is
+    never under both names (ext4 leaves exactly one) — else duplicated;
   - a name unlinked or renamed away, durably (its directory fsync returned),
     or found absent after a restart, never comes back with a version older
     than that — else resurrected;
@@ -272,6 +274,8 @@ class History:
     gone: dict[str, int] = field(default_factory=dict)      # no version <= this may be back
     # renames not yet durable: src -> (dst, the acknowledged version of src)
     pending: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # the last rename started from each name since the last restart: src -> (dst, version)
+    renaming: dict[str, tuple[str, int]] = field(default_factory=dict)
     sessions: set[str] = field(default_factory=set)         # made by a durable mkdir
     state: dict[str, int] = field(default_factory=dict)     # the namespace, as the writer left it
     dirs: set[str] = field(default_factory=set)             # its sessions
@@ -304,6 +308,7 @@ class History:
             elif kind == "N":                   # rename src dst: may or may not happen
                 src, dst, v = ev[1], ev[2], int(ev[3])
                 self.written.setdefault(dst, set()).add(v)
+                self.renaming[src] = (dst, v)
                 if src in self.floor:
                     self.pending[src] = (dst, self.floor.pop(src))
             elif kind == "M":
@@ -394,6 +399,11 @@ def check_mount(mnt: str | os.PathLike, hist: History, exact: bool = False) -> C
         elif v < floor:
             res.lost += 1
             res.problems.append(f"{key}: version {v} came back, {floor} was durable")
+    for src, (dst, v) in sorted(hist.renaming.items()):
+        if present.get(src) == v and present.get(dst) == v:
+            res.corrupted += 1
+            res.problems.append(f"{src}: version {v} is under both {src} and {dst}: the "
+                                f"rename happened half")
     for src, (dst, v) in sorted(hist.pending.items()):
         if present.get(src, 0) < v and present.get(dst, 0) < v:
             res.lost += 1
@@ -426,6 +436,7 @@ def check_mount(mnt: str | os.PathLike, hist: History, exact: bool = False) -> C
             hist.gone[key] = max(hist.gone.get(key, 0), max(versions))
             hist.floor.pop(key, None)
     hist.pending.clear()
+    hist.renaming.clear()
     hist._moved, hist._unlinked, hist._made = [], [], []
     hist.state = dict(present)
     hist.dirs = set(sessions)

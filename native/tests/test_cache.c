@@ -220,6 +220,14 @@ static void test_replace_while_pinned(void)
     CHECK_EQ(memos_entry_size(d), 0);
     memos_unpin(c, d);
     CHECK_EQ(memos_publish(c, d, "x", 1, 0, 1), MEMOS_EINVAL);   /* not a draft */
+    /* A pin (sticky) belongs to the key: the next version keeps it. */
+    CHECK_EQ(get(c, "k", &nw), MEMOS_OK);
+    memos_set_sticky(c, nw, 1);
+    memos_unpin(c, nw);
+    memos_draft_new(c, NULL, &d);
+    CHECK_EQ(memos_publish(c, d, "k", 1, 0, 1), MEMOS_OK);
+    CHECK_EQ(memos_entry_sticky(d), 1);
+    memos_unpin(c, d);
     check_ok(c);
     memos_cache_free(c);
 }

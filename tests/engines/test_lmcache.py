@@ -7,9 +7,9 @@ folder: the chunk files on memosfs are the index.
 `local_disk: file://MNT/agent/session/...`: store and retrieve through the
 mount in one process; a second LMCache process finds nothing (LMCache keeps
 that backend's index in memory, on any filesystem), which is checked too so
-the README's advice (use fs:// for reuse across processes) stays true.
+docs/engines.md's advice (use fs:// for reuse across processes) stays true.
 
-PYTHONHASHSEED is fixed in every LMCache process as the README says: without
+PYTHONHASHSEED is fixed in every LMCache process as docs/engines.md says: without
 vLLM installed LMCache's chain of chunk hashes starts at 0 and names match in
 any case, but with vLLM it starts from vLLM's NONE_HASH, random per process
 unless PYTHONHASHSEED is set.
