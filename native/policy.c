@@ -2796,6 +2796,8 @@ struct policy_bank {
     size_t   mmask, mused;
     uint64_t *vk;                           /* victims' keys, scratch */
     size_t   vkn;
+    policy_node **rj;                       /* nodes the cache refused in this call, scratch */
+    size_t   rjn;
 };
 
 static int map_grow(struct policy_bank *b)
@@ -2874,6 +2876,7 @@ static void bank_free(policy *p)
     }
     free(b->map);
     free(b->vk);
+    free(b->rj);
     free(b);
     p->bank = NULL;
 }
@@ -3160,10 +3163,27 @@ static void bank_stats(const policy *p, policy_stats *out)
 
 /* lru_lfu's victims: the synced leader's, those that may go; then the
  * least recently used.  Chosen nodes are marked (seg 1) while the walk runs. */
+/* A node the cache refused in this call (seg 2): asked once per call, as
+ * the other policies do (the cache's guards count the times they are passed
+ * over).  Without room to note it, it stays askable. */
+static void bank_refused(struct policy_bank *b, policy_node *x, size_t *nrj)
+{
+    if (*nrj == b->rjn) {
+        size_t m = b->rjn ? 2 * b->rjn : 16;
+        policy_node **r = realloc(b->rj, m * sizeof *r);
+        if (!r)
+            return;
+        b->rj = r;
+        b->rjn = m;
+    }
+    x->seg = 2;
+    b->rj[(*nrj)++] = x;
+}
+
 static size_t bank_victims(policy *p, policy_node **out, size_t n)
 {
     struct policy_bank *b = p->bank;
-    size_t got = 0;
+    size_t got = 0, nrj = 0;
     bank_fit(p);
     expert *lead = &b->y[p->expert];
     /* exactly as many as needed (asking a member for more than it evicts
@@ -3180,9 +3200,13 @@ static size_t bank_victims(policy *p, policy_node **out, size_t n)
         size_t k = x_victims(lead, b->vk, want);
         for (size_t j = 0; j < k && got < n; j++) {
             policy_node *x = map_get(b, b->vk[j]);
-            if (x && !x->seg && ok(p, x)) {
+            if (!x || x->seg)
+                continue;
+            if (ok(p, x)) {
                 x->seg = 1;
                 out[got++] = x;
+            } else {
+                bank_refused(b, x, &nrj);
             }
         }
         if (k < want)
@@ -3196,5 +3220,7 @@ static size_t bank_victims(policy *p, policy_node **out, size_t n)
         }
     for (size_t j = 0; j < got; j++)
         out[j]->seg = 0;
+    for (size_t j = 0; j < nrj; j++)
+        b->rj[j]->seg = 0;
     return got;
 }
