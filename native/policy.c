@@ -54,8 +54,13 @@
  * The switching rule (bank_choose): a switch is not free — the live entries
  * were chosen by the old leader, and until they turn over the new one does
  * not hit as it does alone — so the rule is rent or buy.  The start member
- * (BANK_START, lru_lfu@2) leads until the cache has seen BANK_FIRST x its
- * size accesses, then the member with the most hits so far; from there on,
+ * (BANK_START, lru_lfu@2: a slot read again and again outlives a scan from
+ * the first eviction on) leads until the cache has seen BANK_FIRST x its
+ * size accesses and BANK_DIVERGED x its size since two members first hit
+ * differently (before, the members are one policy: no evidence), then the
+ * member with the most hits so far, LRU on a tie (the goal's baseline: where
+ * LRU is as good as any, the cache follows it from the first evidence on,
+ * not after a switching cost was won back); from there on,
  * each member's gain over the leader since the last switch must pass what a
  * switch costs (measured: over BANK_MEASURE x the size accesses after each
  * switch, what the new leader hit alone less what the live cache hit; the
@@ -2159,6 +2164,7 @@ static const bank_member BANK[] = {
     { "lru_lfu@2", X_HYB, 2 }, { "lru_lfu@5", X_HYB, 5 },
 };
 #define BANK_N (sizeof BANK / sizeof BANK[0])
+#define BANK_LRU 0u                 /* BANK[0] */
 
 /* Capacity-derived sizes of each kind (XUNLIMITED: the cache was never full). */
 static void x_sizes(expert *x)
@@ -2777,6 +2783,7 @@ static void x_evicted(expert *x, uint64_t key)
 #define BANK_COST0      0.01    /* what a switch costs before one was measured, x the cache size */
 #define BANK_MEASURE    2.0     /* a switch's cost is measured over this many x the cache size accesses */
 #define BANK_FIRST      2.0     /* the first choice, after this many x the cache size accesses */
+#define BANK_DIVERGED   0.5     /* ... and this many x the size since two members first hit differently */
 #define BANK_WARM_USES  3u      /* a warm start replays an entry at most 1 + this many times */
 
 struct policy_bank {
@@ -2794,6 +2801,7 @@ struct policy_bank {
     policy  *p;                             /* the live policy */
     policy_node **map;                      /* key hash -> live node, linear probing (NULL: empty) */
     size_t   mmask, mused;
+    uint64_t diverged_at;                   /* the access when two members first hit differently (0: not yet) */
     uint64_t *vk;                           /* victims' keys, scratch */
     size_t   vkn;
     policy_node **rj;                       /* nodes the cache refused in this call, scratch */
@@ -2899,9 +2907,12 @@ static void bank_switch(policy *p, unsigned e)
 /* Ties go to the first of this order. */
 static const unsigned BANK_TIE[BANK_N] = { 10, 6, 2, 8, 4, 7, 3, 9, 5, 1, 0 };
 
-/* The choice.  Until the cache has seen BANK_FIRST x its size accesses, the
- * start member leads (before the first eviction, every member holds the
- * same); then, once, the member with the most hits so far.  From there on,
+/* The choice.  Until the cache has seen BANK_FIRST x its size accesses, and
+ * BANK_DIVERGED x its size since two members first hit differently, the
+ * start member leads (until then the members are one policy: before the
+ * first eviction every member holds the same, and a scan without returns
+ * hits in none); then, once, the member with the most hits so far, LRU on a
+ * tie with the start member or any other.  From there on,
  * rent or buy: since the last switch, each member has gained some hits over
  * the leader (possibly fewer than none); the live cache switches to the
  * one whose gain most exceeds what a switch costs, if that gain also passes
@@ -2925,9 +2936,12 @@ static void bank_choose(policy *p)
         b->blk[e] = 0;
     }
     if (!b->measured) {
-        if (b->cap == XUNLIMITED || (double)b->accesses < BANK_FIRST * size)
+        if (b->cap == XUNLIMITED || (double)b->accesses < BANK_FIRST * size || !b->diverged_at ||
+            (double)(b->accesses - b->diverged_at) < BANK_DIVERGED * size)
             return;
         unsigned top = cur;
+        if (b->hits[BANK_LRU] >= b->hits[cur] && !b->x[BANK_LRU].dead && !b->y[BANK_LRU].dead)
+            top = BANK_LRU;
         for (unsigned o = 0; o < BANK_N; o++)
             if (b->hits[BANK_TIE[o]] > b->hits[top] && !b->x[BANK_TIE[o]].dead && !b->y[BANK_TIE[o]].dead)
                 top = BANK_TIE[o];
@@ -2984,8 +2998,11 @@ static void bank_access(policy *p, uint64_t h, int live_hit)
         b->hits[e] += (uint64_t)hit[e];
     }
     lead_hit = hit[p->expert];
-    for (unsigned e = 0; e < BANK_N; e++)
+    for (unsigned e = 0; e < BANK_N; e++) {
         b->blk[e] += hit[e] - lead_hit;
+        if (hit[e] != lead_hit && !b->diverged_at)
+            b->diverged_at = b->accesses + 1;
+    }
     b->live_hits += (uint64_t)live_hit;
     if (++b->accesses % BANK_EVERY == 0)
         bank_choose(p);

@@ -310,6 +310,23 @@ def test_the_bank_reports_each_member_alone():
         N.policy_simulate("ref:FIFO", buf, cap)
 
 
+def test_the_first_choice_waits_for_evidence_and_lru_wins_its_ties():
+    """Until two members hit differently the bank is one policy: the start
+    member (scan-resistant) leads.  Where LRU is as good as any published
+    policy, the cache follows it from the first choice on and hits exactly as
+    LRU alone."""
+    keys = list(range(1, 12_001))               # a scan over a cache of 500: no hit anywhere
+    buf = array.array("Q", keys).tobytes()
+    b = N.policy_bank(buf, 500)
+    assert b["hits"] == 0 and b["switches"] == 0 and b["leader"] == "lru_lfu@2"
+    keys = workloads.generate("shared_prefix")
+    buf = array.array("Q", keys).tobytes()
+    cap = _cap(keys, 0.027)
+    b = N.policy_bank(buf, cap)
+    assert max(b["members"][p] for p in PUBLISHED) == b["members"]["LRU"]
+    assert b["leader"] == "LRU" and b["hits"] == b["members"]["LRU"]
+
+
 def test_adaptive_replay_is_deterministic():
     keys = workloads.prefix_suffix()
     buf = array.array("Q", keys).tobytes()
