@@ -60,7 +60,8 @@
  * differently (before, the members are one policy: no evidence), then the
  * member with the most hits so far, LRU on a tie (the goal's baseline: where
  * LRU is as good as any, the cache follows it from the first evidence on,
- * not after a switching cost was won back); from there on,
+ * not after a switching cost was won back), another member only if its lead
+ * passes the first estimate of a switch's cost; from there on,
  * each member's gain over the leader since the last switch must pass what a
  * switch costs (measured: over BANK_MEASURE x the size accesses after each
  * switch, what the new leader hit alone less what the live cache hit; the
@@ -2912,7 +2913,9 @@ static const unsigned BANK_TIE[BANK_N] = { 10, 6, 2, 8, 4, 7, 3, 9, 5, 1, 0 };
  * start member leads (until then the members are one policy: before the
  * first eviction every member holds the same, and a scan without returns
  * hits in none); then, once, the member with the most hits so far, LRU on a
- * tie with the start member or any other.  From there on,
+ * tie with the start member or any other — another member only if its lead
+ * over the start member passes what a switch is first taken to cost
+ * (BANK_COST0 x the size).  From there on,
  * rent or buy: since the last switch, each member has gained some hits over
  * the leader (possibly fewer than none); the live cache switches to the
  * one whose gain most exceeds what a switch costs, if that gain also passes
@@ -2947,6 +2950,8 @@ static void bank_choose(policy *p)
                 top = BANK_TIE[o];
         b->cost = BANK_COST0 * size;
         b->measured = 1;
+        if (top != BANK_LRU && (double)(b->hits[top] - b->hits[cur]) <= b->cost)
+            top = cur;                  /* a lead that does not pay for the switch */
         bank_switch(p, top);            /* (the baselines of the gains start here) */
         if (top == cur)
             p->switches--;
