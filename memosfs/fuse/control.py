@@ -175,6 +175,17 @@ def _apply_burst_poll_us(ctl: "ControlTree", value: int) -> int:
     return value
 
 
+def _apply_writeback_cache(ctl: "ControlTree", value: bool) -> bool:
+    """Negotiated with the kernel when the mount starts (pyfuse3.init, then the
+    INIT reply): settable before that only."""
+    ops = ctl.ops
+    if ops.is_mounted() and value != ops.wb:
+        raise KnobError("writeback_cache is negotiated with the kernel at mount: give it "
+                        "with -o writeback_cache=0 or =1")
+    ops.enable_writeback_cache = ops.wb = bool(value)
+    return value
+
+
 def _read_at_use(ctl: "ControlTree", value: Any) -> Any:
     """Recorded in ops.knobs; its reader (named in KNOB_APPLY) looks it up
     each time it needs it, so the next use sees the new value."""
@@ -195,6 +206,7 @@ KNOB_APPLY: dict[str, Callable[["ControlTree", Any], Any]] = {
     "quant_error_max": _read_at_use,            # each publish (publish.py)
     "page_cache_push": _read_at_use,            # each publish and close (publish.py, files.py)
     "fast_path": _apply_fast_path,
+    "writeback_cache": _apply_writeback_cache,  # the mount (cli.py _negotiate_kernel_flags)
     "burst_poll_us": _apply_burst_poll_us,
     "coherence_protocol": _apply_coherence_protocol,    # and each open (coherence.py)
     "coherence_timeout_ms": _read_at_use,       # each wait (coherence.py)

@@ -153,6 +153,11 @@ class OpsCore:
     handles: dict[int, Handle]
     root: Dir
     mounted: bool               # pyfuse3.init succeeded: the kernel can be told of changes
+    wb: bool = False            # the kernel's writeback cache is on (knob writeback_cache):
+                                # it keeps a regular file's size and mtime itself, so an
+                                # inode's bytes change only through its own page cache
+                                # (its writers) -- any other new version of a name gets a
+                                # fresh inode (publish.py `_published`)
     coherence: "Coherence"
     tenants: "Tenants"
     prefetch: "PrefetchEngine"
@@ -283,7 +288,11 @@ class OpsCore:
         a.attr_timeout = ATTR_TIMEOUT
         a.entry_timeout = ENTRY_TIMEOUT
         if isinstance(node, Slot) and (node.writers or node.draft is not None):
-            a.attr_timeout = 0
+            if not self.wb:
+                # (with the writeback cache the kernel keeps a regular file's
+                # size and mtime itself and asks for nothing per write: a
+                # zero timeout would cost a GETATTR per write(2))
+                a.attr_timeout = 0
             if ctx is None or tgid_of(ctx.pid) in node.writer_pids:
                 size = node.draft_size()
                 a.st_size = size

@@ -239,7 +239,14 @@ class OpenOps(OpsCore):
         inode_node's draft (other writers are in; never page-cache readers,
         whose pages and size its O_TRUNC would take): its draft is its own,
         written around the page cache (direct_io; no shared mmap), and
-        published under the name like any other (the last publish wins)."""
+        published under the name like any other (the last publish wins).
+
+        With the writeback cache there is no such draft: the kernel truncates
+        the inode's pages for an O_TRUNC open (its size is the kernel's), so
+        the writer shares the inode's draft and truncates it, as O_TRUNC does
+        on any filesystem (the other writers' bytes so far go with it)."""
+        if self.wb:
+            return self._open_slot(inode_node, flags | os.O_TRUNC, None, ctx=ctx)
         shadow = Slot(self._new_ino(), inode_node.name, inode_node.parent,
                       stat.S_IMODE(inode_node.mode), inode_node.uid, inode_node.gid)
         shadow.version = inode_node.version or 1   # (never "unpublished": not in the tree)

@@ -48,6 +48,8 @@
 #include <string.h>
 #include <sys/uio.h>
 #include <fuse_lowlevel.h>
+#include <linux/fuse.h>
+#include <unistd.h>
 
 typedef struct fuse_session *(*session_new_fn)(struct fuse_args *,
                                                const struct fuse_lowlevel_ops *,
@@ -58,6 +60,8 @@ static void (*pyfuse3_flush)(fuse_req_t, fuse_ino_t, struct fuse_file_info *);
 static PyObject *fallocate_cb;                 /* owned; GIL */
 static PyObject *flush_note_cb;                /* owned; GIL */
 static int intercepted;                        /* fuse_session_new came here */
+
+static void take_kill_suidgid(fuse_ino_t ino);
 
 /* ---- the added operations ---- */
 
@@ -376,6 +380,7 @@ static int fast_write(fuse_req_t req, const char *buf, size_t size, off_t off,
 static void shim_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size,
                        off_t off, struct fuse_file_info *fi)
 {
+    take_kill_suidgid(ino);
     PyGILState_STATE g = PyGILState_Ensure();
     int done = fast_write(req, buf, size, off, fi);
     PyGILState_Release(g);
@@ -389,6 +394,7 @@ static void shim_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *b
                            off_t off, struct fuse_file_info *fi)
 {
     int done = 0;
+    take_kill_suidgid(ino);
     if (bufv->count == 1 && !(bufv->buf[0].flags & FUSE_BUF_IS_FD) && bufv->idx == 0) {
         const struct fuse_buf *b = &bufv->buf[0];
         PyGILState_STATE g = PyGILState_Ensure();
@@ -554,6 +560,7 @@ static void shim_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int 
                          struct fuse_file_info *fi)
 {
     int done = 0;
+    take_kill_suidgid(ino);
     if (fast_truncate_cb && to_set == FUSE_SET_ATTR_SIZE) {
         const struct fuse_ctx *ctx = fuse_req_ctx(req);
         PyGILState_STATE g = PyGILState_Ensure();
@@ -686,6 +693,7 @@ static PyObject *fast_create_cb;               /* owned; GIL */
 static void shim_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     int done = 0;
+    take_kill_suidgid(ino);
     if (fast_open_cb) {
         const struct fuse_ctx *ctx = fuse_req_ctx(req);
         PyGILState_STATE g = PyGILState_Ensure();
@@ -778,6 +786,118 @@ static void shim_init(void *userdata, struct fuse_conn_info *conn)
     if (pyfuse3_init)
         pyfuse3_init(userdata, conn);
     conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+}
+
+/* ---- the connection's own I/O: INIT flags libfuse 3.14 does not know ----
+ *
+ * libfuse 3.14 builds the INIT reply from the capabilities it knows;
+ * FUSE_HANDLE_KILLPRIV_V2 (kernel 5.11) is not among them.  With it the
+ * kernel sets SB_NOSEC on the superblock and stops asking for
+ * security.capability (GETXATTR) before every write(2); the server clears
+ * suid/sgid itself when a write, truncate or O_TRUNC open says so (the
+ * KILL_SUIDGID flags, noted below for the handlers).  fuse_session_mount is
+ * interposed: once libfuse has mounted, the session's fd gets this library's
+ * read and writev (fuse_session_custom_io), which note the INIT request and
+ * add `extra_init_flags` (set_init_flags(), what the kernel offered only) to
+ * its reply.  Every other request and reply passes through untouched, but
+ * for the KILL_SUIDGID bits of WRITE, SETATTR and OPEN requests, noted per
+ * request in `kill_suidgid_unique` (read by kill_suidgid()). */
+static uint32_t extra_init_flags;              /* FUSE_* INIT flags to add (GIL) */
+static uint32_t granted_init_flags;            /* of those, what the kernel got */
+static uint64_t init_unique;                   /* the INIT request's id, until answered */
+static uint32_t kernel_init_flags;             /* what the kernel offered */
+static uint64_t kill_suidgid_unique;           /* the last request that asked to
+                                                * clear suid/sgid (0: none) */
+typedef int (*session_mount_fn)(struct fuse_session *, const char *);
+
+static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
+{
+    ssize_t n = read(fd, buf, len);
+    if (n < (ssize_t)sizeof(struct fuse_in_header))
+        return n;
+    const struct fuse_in_header *h = buf;
+    const char *arg = (const char *)buf + sizeof *h;
+    size_t alen = (size_t)n - sizeof *h;
+    switch (h->opcode) {
+    case FUSE_INIT:
+        if (alen >= 4 * sizeof(uint32_t)) {
+            init_unique = h->unique;
+            kernel_init_flags = ((const struct fuse_init_in *)arg)->flags;
+        }
+        break;
+    case FUSE_WRITE:
+        if (alen >= sizeof(struct fuse_write_in) &&
+            (((const struct fuse_write_in *)arg)->write_flags & FUSE_WRITE_KILL_SUIDGID))
+            kill_suidgid_unique = h->unique;
+        break;
+    case FUSE_SETATTR:
+        if (alen >= sizeof(struct fuse_setattr_in) &&
+            (((const struct fuse_setattr_in *)arg)->valid & FATTR_KILL_SUIDGID))
+            kill_suidgid_unique = h->unique;
+        break;
+    case FUSE_OPEN:
+        if (alen >= sizeof(struct fuse_open_in) &&
+            (((const struct fuse_open_in *)arg)->open_flags & FUSE_OPEN_KILL_SUIDGID))
+            kill_suidgid_unique = h->unique;
+        break;
+    default:
+        break;
+    }
+    return n;
+}
+
+static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
+{
+    if (init_unique && count >= 2 && iov[0].iov_len >= sizeof(struct fuse_out_header)) {
+        struct fuse_out_header *oh = iov[0].iov_base;
+        if (oh->unique == init_unique) {
+            if (oh->error == 0 && iov[1].iov_len >= 4 * sizeof(uint32_t)) {
+                struct fuse_init_out *o = iov[1].iov_base;
+                granted_init_flags = extra_init_flags & kernel_init_flags;
+                o->flags |= granted_init_flags;
+            }
+            init_unique = 0;
+        }
+    }
+    return writev(fd, iov, count);
+}
+
+static const struct fuse_custom_io shim_io = { io_writev, io_read, NULL, NULL };
+
+static PyObject *kill_suidgid_cb;              /* owned; GIL: kill_suidgid(ino) */
+
+/* At the top of the WRITE, SETATTR and OPEN wrappers: libfuse dispatches the
+ * request it has just read, so a KILL_SUIDGID note is this request's.  The
+ * callable clears the inode's suid/sgid bits before its handler runs. */
+static void take_kill_suidgid(fuse_ino_t ino)
+{
+    if (!kill_suidgid_unique)
+        return;
+    kill_suidgid_unique = 0;
+    if (!kill_suidgid_cb)
+        return;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *r = PyObject_CallFunction(kill_suidgid_cb, "K", (unsigned long long)ino);
+    if (!r)
+        PyErr_WriteUnraisable(kill_suidgid_cb);
+    Py_XDECREF(r);
+    PyGILState_Release(g);
+}
+
+__attribute__((visibility("default")))
+int fuse_session_mount(struct fuse_session *se, const char *mountpoint)
+{
+    session_mount_fn real = (session_mount_fn)dlvsym(RTLD_NEXT, "fuse_session_mount",
+                                                     "FUSE_3.0");
+    if (!real)
+        real = (session_mount_fn)dlsym(RTLD_NEXT, "fuse_session_mount");
+    if (!real)
+        return -1;
+    int rc = real(se, mountpoint);
+    if (rc == 0 && se == shim_se && extra_init_flags &&
+        fuse_session_custom_io(se, &shim_io, fuse_session_fd(se)) != 0)
+        extra_init_flags = 0;                  /* (init_flags() says nothing was added) */
+    return rc;
 }
 
 /* ---- the interposed libfuse entry point ---- */
@@ -908,6 +1028,27 @@ static PyObject *py_active(PyObject *self, PyObject *unused)
     return PyBool_FromLong(intercepted);
 }
 
+static PyObject *py_set_init_flags(PyObject *self, PyObject *arg)
+{
+    unsigned long v = PyLong_AsUnsignedLong(arg);
+    if (v == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    extra_init_flags = (uint32_t)v;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_init_flags(PyObject *self, PyObject *unused)
+{
+    return Py_BuildValue("(kk)", (unsigned long)kernel_init_flags,
+                         (unsigned long)granted_init_flags);
+}
+
+static PyObject *py_set_kill_suidgid(PyObject *self, PyObject *cb)
+{
+    Py_XSETREF(kill_suidgid_cb, cb == Py_None ? NULL : Py_NewRef(cb));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"install", py_install, METH_VARARGS,
      "install(fallocate, flush_note[, interrupted[, write_note[, ioctl]]]): the callables the "
@@ -921,6 +1062,15 @@ static PyMethodDef methods[] = {
      "Counts of requests answered on the spot, in bursts, and declined."},
     {"active", py_active, METH_NOARGS,
      "Whether the mounted session went through this library."},
+    {"set_init_flags", py_set_init_flags, METH_O,
+     "set_init_flags(mask): FUSE_* INIT flags to add to libfuse's reply (before the mount; "
+     "only those the kernel offers are added)."},
+    {"init_flags", py_init_flags, METH_NOARGS,
+     "(offered by the kernel, added by set_init_flags and granted)."},
+    {"set_kill_suidgid", py_set_kill_suidgid, METH_O,
+     "set_kill_suidgid(fn): fn(ino) is called (before the handler) for a WRITE, SETATTR "
+     "or OPEN that asks the server to clear the inode's suid/sgid bits "
+     "(FUSE_HANDLE_KILLPRIV_V2); None: off."},
     {NULL, NULL, 0, NULL},
 };
 
