@@ -47,9 +47,11 @@ def test_bench_clients_small(tmp_path):
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-4000:]}"
     out = json.loads(r.stdout)
     assert out["bench"] == "clients" and out["repeat"] == 1 and out["scale"] == 0.02
-    assert set(out["targets"]) == set(TARGETS) | {"memosfs_nofast", "nullfs"}
+    assert set(out["targets"]) == set(TARGETS) | {"memosfs_nofast", "memosfs_wbc", "nullfs"}
     assert out["targets"]["memosfs"]["fstype"].startswith("fuse")
     assert out["targets"]["memosfs_nofast"]["knobs"] == {"fast_path": "0"}
+    assert out["targets"]["memosfs_wbc"]["knobs"] == {"writeback_cache": "1"}
+    assert out["targets"]["memosfs_wbc"]["fstype"].startswith("fuse")
     null = "skipped" not in out["targets"]["nullfs"]
     if null:
         assert out["targets"]["nullfs"]["fstype"].startswith("fuse")
@@ -68,14 +70,15 @@ def test_bench_clients_small(tmp_path):
         for fig, f in pat["figures"].items():
             s = f["seconds"]
             # every target, nullfs where it can be (it reads zeros: no loads)
-            timed = set(TARGETS) | {"memosfs_nofast"}
+            timed = set(TARGETS) | {"memosfs_nofast", "memosfs_wbc"}
             if null and not fig.startswith("load"):
                 timed.add("nullfs")
             assert set(s) == timed and all(s[t] > 0 for t in timed), (name, fig, f)
             unit = "ops_per_s" if name == "small" else "MBps"
             assert set(f[unit]) == timed, (name, fig, f)
             ratios = [("memosfs", "tmpfs", "memosfs_vs_tmpfs"), ("memosfs", "disk", "memosfs_vs_disk"),
-                      ("memosfs_nofast", "tmpfs", "nofast_vs_tmpfs")]
+                      ("memosfs_nofast", "tmpfs", "nofast_vs_tmpfs"),
+                      ("memosfs_wbc", "tmpfs", "wbc_vs_tmpfs"), ("memosfs_wbc", "disk", "wbc_vs_disk")]
             if "nullfs" in timed:
                 ratios += [("nullfs", "tmpfs", "nullfs_vs_tmpfs"),
                            ("memosfs", "nullfs", "memosfs_vs_nullfs")]

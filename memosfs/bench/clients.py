@@ -5,6 +5,7 @@ tmpfs and the local disk, with the same bytes, in one run.
                           [--with-persist-coherence]
 
 Three targets: a fresh memosfs mount (default options, capacity 1G or more),
+beside it a second one with the kernel's writeback cache (`memosfs_wbc`),
 a folder on tmpfs (/dev/shm) and a folder on the local disk (under /var/tmp;
 its filesystem type is in the JSON).  Times are the client's own calls, open
 to close; no fsync is added (on disk the bytes may still be in the page
@@ -69,7 +70,9 @@ TARGETS = ("memosfs", "tmpfs", "disk")
 # what the kernel's round trip alone costs; no FUSE file system without the
 # writeback cache goes below it).  nullfs has no directories and reads
 # zeros, so loads are not timed on it.
-EXTRA_TARGETS = ("memosfs_nofast", "nullfs")
+# And memosfs_wbc: a mount with the kernel's writeback cache (-o writeback_cache=1),
+# writers' pages handed over at close (docs/semantics.md).
+EXTRA_TARGETS = ("memosfs_nofast", "memosfs_wbc", "nullfs")
 PATTERNS = ("write_4k", "write_64k", "safetensors", "torch", "pickle", "small", "slot")
 EXTRA = ("persist", "coherence")        # only with --with-persist-coherence or --only
 
@@ -173,9 +176,12 @@ def figure(seconds: dict[str, float], amount: float, unit: str) -> dict[str, Any
         return round(s[a] / s[b], 4) if a in s and s.get(b) else None
     out["memosfs_vs_tmpfs"] = ratio("memosfs", "tmpfs")
     out["memosfs_vs_disk"] = ratio("memosfs", "disk")
-    for t, key in (("memosfs_nofast", "nofast_vs_tmpfs"), ("nullfs", "nullfs_vs_tmpfs")):
+    for t, key in (("memosfs_nofast", "nofast_vs_tmpfs"), ("memosfs_wbc", "wbc_vs_tmpfs"),
+                   ("nullfs", "nullfs_vs_tmpfs")):
         if t in s:
             out[key] = ratio(t, "tmpfs")
+    if "memosfs_wbc" in s:
+        out["wbc_vs_disk"] = ratio("memosfs_wbc", "disk")
     if "nullfs" in s:
         out["memosfs_vs_nullfs"] = ratio("memosfs", "nullfs")
     return out
@@ -447,6 +453,12 @@ def bench_clients(repeat: int = 3, scale: float = 1.0, only: tuple[str, ...] = P
             out["targets"]["memosfs"]["capacity"] = capacity
             dirs["memosfs"] = dirs["memosfs_nofast"] = sess
             out["targets"]["memosfs_nofast"] = {"dir": sess, "knobs": {"fast_path": "0"}}
+            wbc = os.path.join(stack.enter_context(memos_mount(capacity, "writeback_cache=1")),
+                               "bench", "clients")
+            os.makedirs(wbc)
+            dirs["memosfs_wbc"] = wbc
+            out["targets"]["memosfs_wbc"] = {"dir": wbc, "fstype": fstype(wbc),
+                                             "knobs": {"writeback_cache": "1"}}
             if null is not None:
                 dirs["nullfs"] = null
                 out["targets"]["nullfs"] = {"dir": null, "fstype": fstype(null)}

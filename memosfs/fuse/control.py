@@ -161,6 +161,13 @@ def _apply_prefetch_mode(ctl: "ControlTree", value: str) -> str:
 
 
 def _apply_coherence_protocol(ctl: "ControlTree", value: int) -> int:
+    if value == 2 and ctl.ops.wb:
+        # Strong coherence makes a writer wait for the other holders; under the
+        # writeback cache that wait would fall inside the kernel's flush of the
+        # writer's pages, which readers of the inode wait for: a deadlock that
+        # only a lease break ends.  It needs the write-through mount.
+        raise KnobError("coherence_protocol 2 needs a mount with writeback_cache=0 "
+                        "(mount with -o writeback_cache=0,coherence_protocol=2)")
     ctl.store.set_remote_strong(value == 2)
     return value
 
@@ -326,6 +333,10 @@ class ControlTree:
         unknown = set(given) - set(KNOB_BY_NAME)
         if unknown:
             raise KnobError(f"unknown knobs: {', '.join(sorted(unknown))}")
+        if str(given.get("coherence_protocol", "")).strip() == "2" \
+                and "writeback_cache" not in given:
+            given = dict(given, writeback_cache="0")    # (protocol 2 needs it off)
+            log.info("coherence_protocol=2: the mount writes through (writeback_cache=0)")
         for knob in KNOBS:
             value = given.get(knob.name, self.knobs[knob.name])
             try:

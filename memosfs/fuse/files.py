@@ -115,7 +115,12 @@ class FileOps(OpsCore):
             # kernel's copy of these pages is dropped
             off = d.size
             self._invalidate_pages(node)
-        self._fair_share(h, node, d, off + len(buf))
+        try:
+            self._fair_share(h, node, d, off + len(buf))
+        except pyfuse3.FUSEError:
+            node.write_failed = True        # (EDQUOT: refused like any write)
+            node.pages_trusted = False
+            raise
         self._draft_call(node, d.write, off, buf)
         self._changed(node)
         return len(buf)
@@ -285,6 +290,8 @@ class FileOps(OpsCore):
         d = self._ensure_draft(node)
         self._draft_call(node, d.truncate, size)
         self._changed(node)
+        if size == 0:
+            node.write_failed = False       # (nothing of what was refused is left)
 
     def _write_note(self, fh: int, off: int, writepage: int) -> None:
         """From memosfs._fuseshim, just before write(fh, off): whether the
@@ -441,6 +448,13 @@ class FileOps(OpsCore):
         owner = node.private_of
         if owner is not None:           # a private draft's last writer: its view goes
             owner.privates = {t: sh for t, sh in owner.privates.items() if sh is not node}
+        if self.wb and node.changed and node.write_failed and node.version \
+                and not node.detached and node.parent is not None \
+                and node.parent.children.get(node.name) is node:
+            # writes were refused and nothing was published: the kernel keeps
+            # this inode's size as the writers left it, not the version's; the
+            # name goes to a fresh inode that holds the version (and its size)
+            self._supersede(node)
         # the last writer: its draft goes; the pages it left in the kernel
         # are the published version's when everything was published
         clean = not node.changed and node.base_decoded is None   # (quantized: the

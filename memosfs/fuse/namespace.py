@@ -371,6 +371,9 @@ class NamespaceOps(OpsCore):
                 # whose lookup found the target before the rename opens it
                 # after: it is served the slot that holds the name now.
                 target.replaced_by = node
+                # writers sent back (ESTALE) to this name will find the slot
+                # renamed in: readers meanwhile read around its page cache
+                node.pending.update(target.pending)
             self._detach(target, "replaced")
         del src_dir.children[old]
         node.move(new, dst_dir)

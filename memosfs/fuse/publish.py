@@ -58,6 +58,16 @@ class PublishOps(OpsCore):
             # name goes with the last writer)
             src.changed = False
             return None
+        if self.wb and src.write_failed:
+            # Under the writeback cache a refused write is pages the kernel
+            # could not hand over (its close or fsync failed): the draft lacks
+            # them, and a version is never published with holes where written
+            # bytes were.  It stays unpublished until the writers truncate it
+            # to nothing (O_TRUNC, ftruncate 0) and write it again.
+            log.warning("%s: not published: some of its writers' pages were refused "
+                        "(see the refusal above); the version before stays", node.name)
+            raise refuse(errno.EIO, "publish %s: writes were refused since the last "
+                         "publish", node.name, level=logging.DEBUG)
         d = self._ensure_draft(src)
         # The writers go on from what is published now: their draft moves to
         # the store, they keep a (lazily copied) base.
