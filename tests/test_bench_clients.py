@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(FUSE_REASON is not None, reason=FUSE_REASON or "
 PATTERNS = {
     "write_4k": ("write",),
     "write_64k": ("write",),
+    "write_1m": ("write",),
     "safetensors": ("save", "load_warm", "load_cold"),
     "torch": ("save", "load_warm", "load_cold"),
     "pickle": ("dump", "load_warm", "load_cold"),
@@ -41,7 +42,8 @@ def test_bench_clients_small(tmp_path):
     tmp.mkdir()
     disk.mkdir()
     r = subprocess.run([sys.executable, "-m", "memosfs", "bench", "clients", "--json",
-                        "--scale", "0.02", "--repeat", "1", "--disk-dir", str(disk)],
+                        "--scale", "0.02", "--repeat", "1", "--disk-dir", str(disk),
+                        "--profile"],
                        capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, TMPDIR=str(tmp)))
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-4000:]}"
@@ -67,6 +69,19 @@ def test_bench_clients_small(tmp_path):
             continue
         measured += 1
         assert set(pat["figures"]) == set(figs), (name, pat)
+        # --profile: what each memosfs daemon saw while the pattern ran
+        prof = pat["profile"]
+        assert set(prof) == {"memosfs", "memosfs_nofast", "memosfs_wbc"}, prof
+        for t, p in prof.items():
+            assert p["requests"] > 0 and p["MB"] > 0, (name, t, p)
+            assert p["write_requests"] <= p["requests"], (name, t, p)
+            want = p["requests"] / p["MB"]
+            assert abs(p["requests_per_MB"] - want) <= 0.01 + 1e-3 * want, (name, t, p)
+            if name.startswith("write_"):
+                # at least one request per write() without the writeback cache
+                if t != "memosfs_wbc":
+                    assert p["write_requests"] >= pat["bytes"] // pat["write_bytes"], (t, p)
+                assert p["write_requests"] >= 1, (name, t, p)
         for fig, f in pat["figures"].items():
             s = f["seconds"]
             # every target, nullfs where it can be (it reads zeros: no loads)

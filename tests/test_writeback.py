@@ -117,11 +117,13 @@ def test_the_write_through_mount_refuses_the_write_itself(make_mount):
 
 
 @pytest.mark.skipif(not SETPRIV_OK, reason="needs root and setpriv")
-def test_a_write_by_another_uid_clears_the_set_user_id_bit(make_mount):
+@pytest.mark.parametrize("wb", [0, 1])
+def test_a_write_by_another_uid_clears_the_set_user_id_bit(make_mount, wb):
     """The mount clears suid (and sgid of a group-executable file) when the
-    kernel asks (FUSE_HANDLE_KILLPRIV_V2): a write by a uid without
+    kernel asks (FUSE_HANDLE_KILLPRIV_V2, negotiated with and without the
+    writeback cache): a write, a truncate or an O_TRUNC open by a uid without
     CAP_FSETID; root's write keeps them."""
-    m = make_mount(world=True, capacity="64M", writeback_cache=1)
+    m = make_mount(world=True, capacity="64M", writeback_cache=wb)
     d = m.p("a", "s")
     d.mkdir(parents=True)
     os.chmod(m.p("a"), 0o777)
@@ -135,3 +137,44 @@ def test_a_write_by_another_uid_clears_the_set_user_id_bit(make_mount):
     r = as_uid(5001, f"printf z >> {f}")
     assert r.returncode == 0, r.stderr
     assert stat.S_IMODE(os.stat(f).st_mode) == 0o0777
+    # sgid of a file that is not group-executable stays (it marks mandatory
+    # locking, not privilege); suid goes, by truncate and by an O_TRUNC open
+    for how in (f"truncate -s 1 {f}", f": > {f}"):
+        os.chmod(f, 0o6767)
+        r = as_uid(5001, how)
+        assert r.returncode == 0, (how, r.stderr)
+        assert stat.S_IMODE(os.stat(f).st_mode) == 0o2767, how
+
+
+def _requests(m) -> dict[str, int]:
+    text = (m.path / ".memos" / "debug" / "requests").read_text()
+    return {k: int(v) for k, v in (line.split() for line in text.splitlines())}
+
+
+@pytest.mark.parametrize("wb", [0, 1])
+def test_a_4k_write_stream_sends_no_request_besides_its_writes(make_mount, wb):
+    """FUSE_HANDLE_KILLPRIV_V2 lets the kernel skip its security.capability
+    getxattr before every write (once per inode): a 4 KiB write stream is one
+    WRITE per write without the writeback cache, and a handful with it
+    (.memos/debug/requests counts what the kernel sent)."""
+    m = make_mount(capacity="64M", writeback_cache=wb)
+    d = m.p("a", "s")
+    d.mkdir(parents=True)
+    block = os.urandom(4096)
+    before = _requests(m)
+    fd = os.open(d / "k", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for _ in range(512):
+            assert os.write(fd, block) == 4096
+    finally:
+        os.close(fd)
+    after = _requests(m)
+    sent = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    assert sent.get("getxattr", 0) <= 2, sent
+    if wb:
+        assert 1 <= sent["write"] <= 4, sent
+    else:
+        assert sent["write"] == 512, sent
+    # all of it there, in order
+    assert (d / "k").read_bytes() == block * 512
+    assert sum(sent.values()) <= sent["write"] + 16, sent

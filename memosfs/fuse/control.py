@@ -25,6 +25,8 @@ cache/revoke           0600  root writes `agent/session/slot`: revoke every read
 cache/reset_context    0600  root writes `agent/session`: drop that session's slots
 debug/trace            0600  root only.  write 1 (on, clears the buffer) or 0 (off);
                              read: one event a line, `<ns> <EVENT> field=value ...`
+debug/requests         0444  `kind count` lines: every request the kernel sent since
+                             the mount, by kind (lookup, write, ...), most first
 metrics                0444  Prometheus text exposition of the stats
 why                    0444  the reader's own last refused request: when, the
                              errno and the reason the log gives (why.py)
@@ -251,6 +253,10 @@ class FilesystemStats(Record):
                                  "(the C shim's synchronous callback; fast_path)")
     burst_requests: int = counter("of those, taken while waiting for the client's next "
                                   "request (burst_poll_us)")
+    requests: int = counter("requests the kernel sent, of every kind (counted as the shim "
+                            "reads them; 0 without the shim)")
+    write_requests: int = counter("of those, writes (one per request, however many pages)")
+    cpu_ms: int = counter("the daemon's CPU time, user and system, every thread (ms)")
     uptime_s: float = gauge("seconds since the mount", 0.0)
 
 
@@ -295,6 +301,8 @@ class ControlTree:
                    lambda: format_metrics(self.statistics()), None)
         # the reader's own last refusal (why.py): each uid sees only its own
         self._file(next(ino), "why", ctl, 0o444, self._why_text, None)
+        # every request the kernel sent since the mount, by kind (no names)
+        self._file(next(ino), "requests", debug, 0o444, self._requests_text, None)
 
     def _dir(self, ino: int, name: str, parent: Dir) -> Dir:
         return self.ops.add_fixed(Dir(ino, name, parent, 0o755, 0, 0, CTL))
@@ -303,6 +311,12 @@ class ControlTree:
               read: Optional[Callable[[], str]],
               write: Optional[Callable[[str], None]]) -> None:
         self.ops.add_fixed(Pseudo(ino, name, parent, mode, read, write))
+
+    def _requests_text(self) -> str:
+        counts = self.ops.op_counts()
+        if counts is None:
+            return "# not counted: the session does not read through memosfs._fuseshim\n"
+        return "".join(f"{k} {v}\n" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
 
     def _why_text(self) -> str:
         caller = CALLER.get()
@@ -418,4 +432,6 @@ class ControlTree:
             private_writers=r["private_writers"], room_waits=r["room_waits"],
             fast_requests=r["fast_requests"],
             burst_requests=r["burst_requests"],
+            requests=r["requests"], write_requests=r["write_requests"],
+            cpu_ms=r["cpu_ms"],
             uptime_s=round(time.monotonic() - self._started, 3))

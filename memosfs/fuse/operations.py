@@ -31,6 +31,7 @@ change, so each handler is atomic.
 from __future__ import annotations
 
 import stat
+import time
 from typing import Any, Optional
 
 import pyfuse3
@@ -140,13 +141,23 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         """Parse, check and apply a knob; KnobError leaves everything unchanged."""
         self.control.set_knob(name, text)
 
+    def op_counts(self) -> Optional[dict[str, int]]:
+        """Every request the kernel sent since the mount, by kind (the shim
+        counts them as it reads them); None without the shim's reads."""
+        if _fuseshim is None or not hasattr(_fuseshim, "op_counts"):
+            return None
+        return _fuseshim.op_counts()
+
     def request_stats(self) -> dict[str, int]:
         """The handlers' own counters."""
         fast = _fuseshim.fast_stats() if _fuseshim is not None and \
             hasattr(_fuseshim, "fast_stats") else dict.fromkeys(
                 ("fast_writes", "fast_reads", "fast_xattrs", "fast_other",
                  "burst_requests"), 0)
+        ops = self.op_counts() or {}
         return {"lookup_misses": self._lookup_misses,
+                "requests": sum(ops.values()), "write_requests": ops.get("write", 0),
+                "cpu_ms": time.process_time_ns() // 1_000_000,
                 "open_handles": len(self.handles),
                 "read_requests": self._read_requests,
                 "requests_refused": self._refused,

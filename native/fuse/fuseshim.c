@@ -810,12 +810,18 @@ static uint64_t kill_suidgid_unique;           /* the last request that asked to
                                                 * clear suid/sgid (0: none) */
 typedef int (*session_mount_fn)(struct fuse_session *, const char *);
 
+/* Every request the kernel sent, by opcode (bench clients --profile, stats
+ * `requests`): counted as it is read, whichever way it is then answered. */
+#define OP_SLOTS 64
+static uint64_t op_count[OP_SLOTS];            /* [0]: opcodes >= OP_SLOTS */
+
 static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
 {
     ssize_t n = read(fd, buf, len);
     if (n < (ssize_t)sizeof(struct fuse_in_header))
         return n;
     const struct fuse_in_header *h = buf;
+    __atomic_fetch_add(&op_count[h->opcode < OP_SLOTS ? h->opcode : 0], 1, __ATOMIC_RELAXED);
     const char *arg = (const char *)buf + sizeof *h;
     size_t alen = (size_t)n - sizeof *h;
     switch (h->opcode) {
@@ -863,6 +869,27 @@ static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
 }
 
 static const struct fuse_custom_io shim_io = { io_writev, io_read, NULL, NULL };
+static int counting;                           /* the session reads through io_read */
+
+static const struct { int op; const char *name; } op_names[] = {
+    {FUSE_LOOKUP, "lookup"}, {FUSE_FORGET, "forget"}, {FUSE_GETATTR, "getattr"},
+    {FUSE_SETATTR, "setattr"}, {FUSE_READLINK, "readlink"}, {FUSE_SYMLINK, "symlink"},
+    {FUSE_MKNOD, "mknod"}, {FUSE_MKDIR, "mkdir"}, {FUSE_UNLINK, "unlink"},
+    {FUSE_RMDIR, "rmdir"}, {FUSE_RENAME, "rename"}, {FUSE_LINK, "link"},
+    {FUSE_OPEN, "open"}, {FUSE_READ, "read"}, {FUSE_WRITE, "write"},
+    {FUSE_STATFS, "statfs"}, {FUSE_RELEASE, "release"}, {FUSE_FSYNC, "fsync"},
+    {FUSE_SETXATTR, "setxattr"}, {FUSE_GETXATTR, "getxattr"},
+    {FUSE_LISTXATTR, "listxattr"}, {FUSE_REMOVEXATTR, "removexattr"},
+    {FUSE_FLUSH, "flush"}, {FUSE_INIT, "init"}, {FUSE_OPENDIR, "opendir"},
+    {FUSE_READDIR, "readdir"}, {FUSE_RELEASEDIR, "releasedir"},
+    {FUSE_FSYNCDIR, "fsyncdir"}, {FUSE_GETLK, "getlk"}, {FUSE_SETLK, "setlk"},
+    {FUSE_SETLKW, "setlkw"}, {FUSE_ACCESS, "access"}, {FUSE_CREATE, "create"},
+    {FUSE_INTERRUPT, "interrupt"}, {FUSE_BMAP, "bmap"}, {FUSE_DESTROY, "destroy"},
+    {FUSE_IOCTL, "ioctl"}, {FUSE_POLL, "poll"}, {FUSE_NOTIFY_REPLY, "notify_reply"},
+    {FUSE_BATCH_FORGET, "batch_forget"}, {FUSE_FALLOCATE, "fallocate"},
+    {FUSE_READDIRPLUS, "readdirplus"}, {FUSE_RENAME2, "rename2"}, {FUSE_LSEEK, "lseek"},
+    {FUSE_COPY_FILE_RANGE, "copy_file_range"},
+};
 
 static PyObject *kill_suidgid_cb;              /* owned; GIL: kill_suidgid(ino) */
 
@@ -894,9 +921,15 @@ int fuse_session_mount(struct fuse_session *se, const char *mountpoint)
     if (!real)
         return -1;
     int rc = real(se, mountpoint);
-    if (rc == 0 && se == shim_se && extra_init_flags &&
-        fuse_session_custom_io(se, &shim_io, fuse_session_fd(se)) != 0)
+    /* the session reads and writes /dev/fuse through io_read/io_writev: plain
+     * read(2) and writev(2) as libfuse's own, plus the request counts and the
+     * INIT flags set_init_flags() adds */
+    if (rc == 0 && se == shim_se &&
+        fuse_session_custom_io(se, &shim_io, fuse_session_fd(se)) != 0) {
         extra_init_flags = 0;                  /* (init_flags() says nothing was added) */
+        counting = 0;
+    } else if (rc == 0 && se == shim_se)
+        counting = 1;
     return rc;
 }
 
@@ -1043,6 +1076,46 @@ static PyObject *py_init_flags(PyObject *self, PyObject *unused)
                          (unsigned long)granted_init_flags);
 }
 
+static PyObject *py_op_counts(PyObject *self, PyObject *unused)
+{
+    if (!counting)
+        Py_RETURN_NONE;
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    int named[OP_SLOTS] = {0};
+    uint64_t other = __atomic_load_n(&op_count[0], __ATOMIC_RELAXED);
+    for (size_t i = 0; i < sizeof op_names / sizeof op_names[0]; i++) {
+        int op = op_names[i].op;
+        if (op <= 0 || op >= OP_SLOTS)
+            continue;
+        named[op] = 1;
+        uint64_t c = __atomic_load_n(&op_count[op], __ATOMIC_RELAXED);
+        if (!c)
+            continue;
+        PyObject *v = PyLong_FromUnsignedLongLong(c);
+        if (!v || PyDict_SetItemString(d, op_names[i].name, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    for (int op = 1; op < OP_SLOTS; op++)
+        if (!named[op])
+            other += __atomic_load_n(&op_count[op], __ATOMIC_RELAXED);
+    if (other) {
+        PyObject *v = PyLong_FromUnsignedLongLong(other);
+        if (!v || PyDict_SetItemString(d, "other", v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
 static PyObject *py_set_kill_suidgid(PyObject *self, PyObject *cb)
 {
     Py_XSETREF(kill_suidgid_cb, cb == Py_None ? NULL : Py_NewRef(cb));
@@ -1067,6 +1140,9 @@ static PyMethodDef methods[] = {
      "only those the kernel offers are added)."},
     {"init_flags", py_init_flags, METH_NOARGS,
      "(offered by the kernel, added by set_init_flags and granted)."},
+    {"op_counts", py_op_counts, METH_NOARGS,
+     "The requests the kernel sent, by kind ({name: count}, nonzero only); None when the "
+     "session does not read through the shim."},
     {"set_kill_suidgid", py_set_kill_suidgid, METH_O,
      "set_kill_suidgid(fn): fn(ino) is called (before the handler) for a WRITE, SETATTR "
      "or OPEN that asks the server to clear the inode's suid/sgid bits "
