@@ -84,16 +84,38 @@ static int errno_of(PyObject *cb, PyObject *r)
     return err;
 }
 
+/* fallocate's requests the callback answers later (it returned None: it
+ * waits for room in the memory tier on the request loop), each answered once
+ * by fallocate_reply(token).  GIL. */
+#define DEFERRED_MAX 64
+static fuse_req_t deferred[DEFERRED_MAX];
+
 static void shim_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
                            off_t length, struct fuse_file_info *fi)
 {
     int err = EOPNOTSUPP;
     PyGILState_STATE g = PyGILState_Ensure();
     if (fallocate_cb) {
-        err = errno_of(fallocate_cb,
-                       PyObject_CallFunction(fallocate_cb, "KiLL",
-                                             (unsigned long long)fi->fh, mode,
-                                             (long long)offset, (long long)length));
+        int slot = -1;
+        for (int i = 0; i < DEFERRED_MAX && slot < 0; i++)
+            if (!deferred[i])
+                slot = i;
+        /* token 0: no room to defer it, the callback answers now */
+        PyObject *r = PyObject_CallFunction(fallocate_cb, "KiLLi",
+                                            (unsigned long long)fi->fh, mode,
+                                            (long long)offset, (long long)length,
+                                            slot + 1);
+        if (r == Py_None && slot >= 0) {
+            Py_DECREF(r);
+            deferred[slot] = req;
+            PyGILState_Release(g);
+            return;
+        }
+        if (r == Py_None) {
+            Py_DECREF(r);
+            r = PyLong_FromLong(EIO);
+        }
+        err = errno_of(fallocate_cb, r);
     }
     PyGILState_Release(g);
     fuse_reply_err(req, err);
@@ -1019,6 +1041,21 @@ static PyObject *py_install(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_fallocate_reply(PyObject *self, PyObject *args)
+{
+    int token, err;
+    if (!PyArg_ParseTuple(args, "ii:fallocate_reply", &token, &err))
+        return NULL;
+    if (token < 1 || token > DEFERRED_MAX || !deferred[token - 1]) {
+        PyErr_SetString(PyExc_ValueError, "fallocate_reply: no such deferred request");
+        return NULL;
+    }
+    fuse_req_t req = deferred[token - 1];
+    deferred[token - 1] = NULL;
+    fuse_reply_err(req, err < 0 ? -err : err);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_install_fast(PyObject *self, PyObject *args)
 {
     PyObject *w, *r, *x = Py_None, *fl = Py_None, *re = Py_None, *ga = Py_None,
@@ -1127,6 +1164,9 @@ static PyMethodDef methods[] = {
      "install(fallocate, flush_note[, interrupted[, write_note[, ioctl]]]): the callables the "
      "added requests "
      "call (None: off)."},
+    {"fallocate_reply", py_fallocate_reply, METH_VARARGS,
+     "fallocate_reply(token, errno): answer a fallocate whose callback returned None "
+     "(it was called with that token, 1 or more; 0 means it must answer at once)."},
     {"install_fast", py_install_fast, METH_VARARGS,
      "install_fast(write, read[, getxattr[, flush[, release[, getattr[, lookup[, open[, "
      "create[, truncate[, poll_ns[, burst_max]]]]]]]]]]): "
