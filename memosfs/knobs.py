@@ -249,6 +249,14 @@ KNOBS: tuple[Knob, ...] = (
          "1: reads and writes on open slots (and getxattr, which the kernel sends before "
          "every write) are answered on the spot by the C shim's callback, without a "
          "scheduler round per request; 0: every request goes through the async handlers"),
+    Knob("writeback_cache", "flag", (), False,
+         "1: writers write into the kernel page cache, whose pages reach the daemon in "
+         "requests of up to 1 MiB at close, fsync or the kernel's writeback (small writes "
+         "at page-cache speed); while a slot is rewritten in place, other processes' stat "
+         "shows the writer's size, a write the memory tier refuses fails the close or "
+         "fsync, and two whole-slot writers of one inode share its draft "
+         "(docs/semantics.md); 0: every write(2) is a request, refused at once",
+         "at mount (give it with -o)"),
     Knob("burst_poll_us", "int", (0, 1000), 30,
          "after answering a request on the fast path, how long the daemon waits for the "
          "client's next one to take it at once (a stream of small writes); 0: no waiting"),

@@ -154,6 +154,7 @@ static memos_entry *entry_new(memos_cache *c);
 static void     entry_destroy(memos_cache *c, memos_entry *e);
 static void     kill_entry(memos_cache *c, memos_entry *e, int in_index);
 static void     do_unpin(memos_cache *c, memos_entry *e);
+static int      held_by_others(memos_cache *c);
 static int      do_alloc(memos_cache *c, unsigned k, uint32_t gen, extent *out);
 static int      do_evict_run(memos_cache *c, uint32_t gen, size_t *picked);
 static int      draft_reserve(memos_cache *c, memos_entry *d, uint64_t size);
@@ -470,6 +471,7 @@ void memos_draft_free(memos_cache *c, memos_entry *d)
     c->st.drafts--;
     c->st.bytes_draft -= d->size;
     entry_destroy(c, d);
+    pthread_cond_broadcast(&c->evicted);   /* an allocation may be waiting */
     unlock(c);
 }
 
@@ -609,7 +611,7 @@ int memos_set_nowait(int on)
 int memos_wait_room(memos_cache *c, unsigned ms)
 {
     lock(c);
-    int why = c->evicting > 0 ? 1 : c->st.dead_pinned > 0 ? 2 : 0;
+    int why = c->evicting > 0 ? 1 : c->st.dead_pinned > 0 ? 2 : held_by_others(c) ? 3 : 0;
     if (why && ms) {
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
@@ -967,7 +969,25 @@ static void do_unpin(memos_cache *c, memos_entry *e)
         c->st.dead_pinned--;
         entry_destroy(c, e);
         pthread_cond_broadcast(&c->evicted);   /* an allocation may be waiting */
+    } else if (e->refs == 0) {
+        pthread_cond_broadcast(&c->evicted);   /* a victim again: the same */
     }
+}
+
+/* Whether pages that no eviction can take now will come free by themselves:
+ * another draft (its writer publishes or drops it, and a published version
+ * can be evicted) or a live version a reader holds (not a sticky pin, which
+ * only its owner lifts).  Lock held. */
+static int held_by_others(memos_cache *c)
+{
+    if (c->st.drafts > 1)
+        return 1;
+    for (policy_node *n = c->pol.head.next; n != &c->pol.head; n = n->next) {
+        memos_entry *e = entry_of_pnode(n);
+        if (e->refs > 0 && !e->sticky && !e->evicting)
+            return 1;
+    }
+    return 0;
 }
 
 /* k pages (32 = a whole block), evicting until they fit.  Lock held; it is
@@ -994,8 +1014,15 @@ static int do_alloc(memos_cache *c, unsigned k, uint32_t gen, extent *out)
         if (picked == 0 && arena_reclaim(&c->ar) == 0) {
             int wait_evict = c->evicting > 0 && waited_ms < ALLOC_WAIT_MS;
             int wait_dead = c->st.dead_pinned > 0 && waited_ms < DEAD_WAIT_MS;
-            if (!wait_evict && !wait_dead)
+            if (!wait_evict && !wait_dead) {
+                /* a caller that waits outside (memos_set_nowait: the
+                 * filesystem's request loop, which bounds the wait) is told
+                 * to wait when what fills memory is other requests' drafts
+                 * and readers' pins, released in a moment */
+                if (tl_nowait && held_by_others(c))
+                    return MEMOS_EAGAIN;
                 return MEMOS_ENOMEM;
+            }
             if (tl_nowait)
                 return MEMOS_EAGAIN;
             struct timespec until;

@@ -193,12 +193,15 @@ int memos_evict_run(memos_cache *c);
  * threads' write-backs, replaced versions still pinned): with on != 0 they
  * return MEMOS_EAGAIN instead, and nothing changes (a request loop that
  * must not block waits in memos_wait_room on another thread, then tries
- * again).  Per thread; returns the previous setting. */
+ * again).  Such a caller also gets MEMOS_EAGAIN, not MEMOS_ENOMEM, when
+ * nothing can be evicted but other drafts or readers' pins hold pages (it
+ * bounds that wait itself).  Per thread; returns the previous setting. */
 int memos_set_nowait(int on);
 /* Wait up to ms for room an allocation was told to wait for: returns 1
  * after waiting for other threads' write-backs, 2 after waiting for
- * replaced versions still pinned (none being written back), 0 at once
- * when there is neither (an allocation would evict or fail now). */
+ * replaced versions still pinned (none being written back), 3 after
+ * waiting for other drafts or readers' pins (neither of those), 0 at once
+ * when there is none of them (an allocation would evict or fail now). */
 int memos_wait_room(memos_cache *c, unsigned ms);
 /* Call fn(ctx, entry) for every live entry, in LRU order, most recent first,
  * under the lock: fn must not call back into the cache. */

@@ -680,7 +680,7 @@ static PyMethodDef Cache_methods[] = {
     { "wait_room", (PyCFunction)Cache_wait_room, METH_O,
       "wait_room(ms) -> int: wait (GIL released) for the room an allocation that "
       "raised BlockingIOError was told to wait for: 1 write-backs, 2 pinned replaced "
-      "versions, 0 neither (try again now)" },
+      "versions, 3 other drafts or readers' pins, 0 none of them (try again now)" },
     { "set_capacity", (PyCFunction)Cache_set_capacity, METH_O, "set_capacity(n)" },
     { "set_evict_batch", (PyCFunction)Cache_set_evict_batch, METH_O, "set_evict_batch(n)" },
     { "set_quota", (PyCFunction)Cache_set_quota, METH_VARARGS,

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(FUSE_REASON is not None, reason=FUSE_REASON or "
 PATTERNS = {
     "write_4k": ("write",),
     "write_64k": ("write",),
+    "write_1m": ("write",),
     "safetensors": ("save", "load_warm", "load_cold"),
     "torch": ("save", "load_warm", "load_cold"),
     "pickle": ("dump", "load_warm", "load_cold"),
@@ -41,15 +42,18 @@ def test_bench_clients_small(tmp_path):
     tmp.mkdir()
     disk.mkdir()
     r = subprocess.run([sys.executable, "-m", "memosfs", "bench", "clients", "--json",
-                        "--scale", "0.02", "--repeat", "1", "--disk-dir", str(disk)],
+                        "--scale", "0.02", "--repeat", "1", "--disk-dir", str(disk),
+                        "--profile"],
                        capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, TMPDIR=str(tmp)))
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-4000:]}"
     out = json.loads(r.stdout)
     assert out["bench"] == "clients" and out["repeat"] == 1 and out["scale"] == 0.02
-    assert set(out["targets"]) == set(TARGETS) | {"memosfs_nofast", "nullfs"}
+    assert set(out["targets"]) == set(TARGETS) | {"memosfs_nofast", "memosfs_wbc", "nullfs"}
     assert out["targets"]["memosfs"]["fstype"].startswith("fuse")
     assert out["targets"]["memosfs_nofast"]["knobs"] == {"fast_path": "0"}
+    assert out["targets"]["memosfs_wbc"]["knobs"] == {"writeback_cache": "1"}
+    assert out["targets"]["memosfs_wbc"]["fstype"].startswith("fuse")
     null = "skipped" not in out["targets"]["nullfs"]
     if null:
         assert out["targets"]["nullfs"]["fstype"].startswith("fuse")
@@ -65,17 +69,31 @@ def test_bench_clients_small(tmp_path):
             continue
         measured += 1
         assert set(pat["figures"]) == set(figs), (name, pat)
+        # --profile: what each memosfs daemon saw while the pattern ran
+        prof = pat["profile"]
+        assert set(prof) == {"memosfs", "memosfs_nofast", "memosfs_wbc"}, prof
+        for t, p in prof.items():
+            assert p["requests"] > 0 and p["MB"] > 0, (name, t, p)
+            assert p["write_requests"] <= p["requests"], (name, t, p)
+            want = p["requests"] / p["MB"]
+            assert abs(p["requests_per_MB"] - want) <= 0.01 + 1e-3 * want, (name, t, p)
+            if name.startswith("write_"):
+                # at least one request per write() without the writeback cache
+                if t != "memosfs_wbc":
+                    assert p["write_requests"] >= pat["bytes"] // pat["write_bytes"], (t, p)
+                assert p["write_requests"] >= 1, (name, t, p)
         for fig, f in pat["figures"].items():
             s = f["seconds"]
             # every target, nullfs where it can be (it reads zeros: no loads)
-            timed = set(TARGETS) | {"memosfs_nofast"}
+            timed = set(TARGETS) | {"memosfs_nofast", "memosfs_wbc"}
             if null and not fig.startswith("load"):
                 timed.add("nullfs")
             assert set(s) == timed and all(s[t] > 0 for t in timed), (name, fig, f)
             unit = "ops_per_s" if name == "small" else "MBps"
             assert set(f[unit]) == timed, (name, fig, f)
             ratios = [("memosfs", "tmpfs", "memosfs_vs_tmpfs"), ("memosfs", "disk", "memosfs_vs_disk"),
-                      ("memosfs_nofast", "tmpfs", "nofast_vs_tmpfs")]
+                      ("memosfs_nofast", "tmpfs", "nofast_vs_tmpfs"),
+                      ("memosfs_wbc", "tmpfs", "wbc_vs_tmpfs"), ("memosfs_wbc", "disk", "wbc_vs_disk")]
             if "nullfs" in timed:
                 ratios += [("nullfs", "tmpfs", "nullfs_vs_tmpfs"),
                            ("memosfs", "nullfs", "memosfs_vs_nullfs")]

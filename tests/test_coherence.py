@@ -303,7 +303,7 @@ def coherence_lines(m) -> list[str]:
 
 def test_seed_workflow_in_the_trace(make_mount, agents):
     """A reads -> S; B writes -> A invalidated -> A acks -> B exclusive -> M."""
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=0)   # (protocol 2 needs it)
     slot = shared_slot(m)
     knob(m, "coherence_protocol", "2")
     (m.path / ".memos" / "debug" / "trace").write_text("1\n")
@@ -341,7 +341,7 @@ def test_seed_workflow_in_the_trace(make_mount, agents):
 
 
 def test_strong_timeout_changes_nothing(make_mount, agents):
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=0)   # (protocol 2 needs it)
     slot = shared_slot(m, b"old" * 100)
     knob(m, "coherence_protocol", "2")
     knob(m, "coherence_timeout_ms", "300")
@@ -358,7 +358,7 @@ def test_strong_timeout_changes_nothing(make_mount, agents):
 
 
 def test_strong_holder_killed_counts_as_ack(make_mount, agents):
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=0)   # (protocol 2 needs it)
     slot = shared_slot(m)
     knob(m, "coherence_protocol", "2")
     a, b = agents(20001), agents(20002)
@@ -372,7 +372,7 @@ def test_strong_holder_killed_counts_as_ack(make_mount, agents):
 
 
 def test_strong_reader_waits_for_the_writer(make_mount, agents):
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=0)   # (protocol 2 needs it)
     slot = shared_slot(m, b"old" * 1000)
     knob(m, "coherence_protocol", "2")
     a, b = agents(20001), agents(20002)
@@ -511,7 +511,7 @@ def test_shared_slots_follow_rewrites(make_mount, agents, protocol):
     daemon read handler once cached), drops it when invalidated, and under
     protocol 2 acknowledges from its watcher so a writer is not kept waiting."""
     from memosfs.client.shared import SharedSlots
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=int(protocol != "2"))
     slot = shared_slot(m, b"one" * 50000)
     knob(m, "coherence_protocol", protocol)
     knob(m, "coherence_timeout_ms", "3000")
@@ -537,7 +537,7 @@ def test_regression_a_killed_strong_writer_dies_at_once_and_changes_nothing(make
     """A writer waiting in open() for acknowledgements is killed: FUSE's
     INTERRUPT ends its wait (EINTR), it dies at once, and its O_TRUNC open
     never happens (the shared prompt slot keeps its bytes)."""
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=0)   # (protocol 2 needs it)
     slot = shared_slot(m, b"prompt" * 100)
     knob(m, "coherence_protocol", "2")
     knob(m, "coherence_timeout_ms", "30000")

@@ -27,7 +27,8 @@ NEW = b"new"
 
 def strong(m, lease_ms: int) -> None:
     """Protocol 2 with a long open timeout, so only a lease break (or an
-    acknowledgement) lets a writer in before it."""
+    acknowledgement) lets a writer in before it (on a write-through mount:
+    writeback_cache=0, which protocol 2 needs)."""
     knob(m, "coherence_protocol", "2")
     knob(m, "coherence_timeout_ms", "20000")
     knob(m, "lease_break_ms", str(lease_ms))
@@ -128,7 +129,7 @@ def test_stopped_reader_is_revoked_and_the_writer_goes_on(make_mount, agents):
     no writer under uid B out past lease_break_ms; once it runs again, its
     old handle fails with ESTALE (it never reads the old version from the
     kernel's page cache), and a fresh open reads the new version."""
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=0)
     slot = shared_slot(m, OLD)
     strong(m, 1500)
     a, b = agents(20001), agents(20002)
@@ -167,7 +168,7 @@ def test_stopped_writer_does_not_keep_readers_out(make_mount, agents):
     version; once the writer runs again, its publish first takes the slot
     back from the reader (invalidation, then the reader's lease), and the
     slot holds the writer's version."""
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=0)
     slot = shared_slot(m, OLD)
     strong(m, 1000)
     a, b = agents(20001), agents(20002)
@@ -189,7 +190,7 @@ def test_stopped_writer_does_not_keep_readers_out(make_mount, agents):
 
 
 def test_acknowledging_holders_are_not_revoked(make_mount, agents):
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=0)
     slot = shared_slot(m, OLD)
     strong(m, 60000)
     a, b = agents(20001), agents(20002)
@@ -217,7 +218,7 @@ def test_lease_break_ms_is_checked(make_mount):
 
 
 def test_root_revokes_through_the_control_file(make_mount, agents):
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=0)
     slot = shared_slot(m, OLD)
     strong(m, 60000)                                  # no lease break: only root's
     revoke = m.path / ".memos" / "cache" / "revoke"
@@ -245,7 +246,7 @@ def test_root_revokes_through_the_control_file(make_mount, agents):
 
 def test_root_revokes_a_valid_reader(make_mount, agents):
     """Without a writer: the reader's copy (S) is voided all the same."""
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=0)
     slot = shared_slot(m, OLD)
     strong(m, 60000)
     a = agents(20001)
@@ -277,7 +278,7 @@ def test_read_only_holder_acks_with_ioctl(make_mount, agents):
     user.memos.ack (the kernel wants write permission), but acknowledges
     with ioctl(MEMOS_IOC_ACK) on the descriptor it reads from, without
     closing it, and the pending writer goes on."""
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=0)
     slot = shared_slot(m, OLD)
     os.chown(slot, 20003, 20003)
     os.chmod(slot, 0o444)
@@ -300,7 +301,7 @@ def test_read_only_holder_acks_with_ioctl(make_mount, agents):
 
 
 def test_ack_with_nothing_to_acknowledge_is_refused(make_mount, agents):
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=0)
     slot = shared_slot(m, OLD)
     strong(m, 60000)
     a, c = agents(20001), agents(20004)
@@ -328,7 +329,7 @@ def test_ack_with_nothing_to_acknowledge_is_refused(make_mount, agents):
 
 
 def test_protocol_0_ioctl_ack_is_refused(make_mount, agents):
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=0)
     slot = shared_slot(m, OLD)
     knob(m, "coherence_protocol", "0")
     a = agents(20001)
@@ -340,7 +341,7 @@ def test_shared_slots_after_a_revoke(make_mount):
     """memosfs.shared.SharedSlots drops a revoked copy (its watcher sees
     POLLERR) and reads the slot afresh."""
     from memosfs.client.shared import SharedSlots
-    m = make_mount(world=True)
+    m = make_mount(world=True, writeback_cache=0)
     slot = shared_slot(m, OLD)
     strong(m, 60000)
     with SharedSlots() as slots:

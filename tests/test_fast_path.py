@@ -53,8 +53,9 @@ def test_small_writes_take_the_fast_path_and_read_back(make_mount):
     want = stream(m.p("a", "s", "x"), 4096, 4 * MiB)
     after = m.stats()
     assert md5_of(m.p("a", "s", "x")) == want
-    # every write and the getxattr the kernel sends before each one
-    assert after["fast_requests"] - before["fast_requests"] >= 2 * 1024
+    # every write (the kernel's security.capability getxattr before each
+    # one is gone: FUSE_HANDLE_KILLPRIV_V2)
+    assert after["fast_requests"] - before["fast_requests"] >= 1024
     assert after["burst_requests"] > before["burst_requests"]
 
     m.ctl("fast_path").write_text("0")
@@ -69,7 +70,7 @@ def test_small_writes_take_the_fast_path_and_read_back(make_mount):
     before = m.stats()
     want = stream(m.p("a", "s", "z"), 4096, 1 * MiB)
     after = m.stats()
-    assert after["fast_requests"] - before["fast_requests"] >= 2 * 256
+    assert after["fast_requests"] - before["fast_requests"] >= 256
     assert after["burst_requests"] == before["burst_requests"]
     assert md5_of(m.p("a", "s", "z")) == want
 

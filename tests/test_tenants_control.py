@@ -306,7 +306,9 @@ GOOD = {
     "page_cache_push": [("0", "0\n"), ("1", "1\n")],
     "fast_path": [("0", "0\n"), ("1", "1\n")],
     "burst_poll_us": [("0", "0\n"), ("1000", "1000\n"), ("30", "30\n")],
-    "coherence_protocol": [("2", "2\n"), ("1", "1\n")],
+    # (2 needs a write-through mount: tests/test_coherence*.py mount so)
+    "coherence_protocol": [("0", "0\n"), ("1", "1\n")],
+    "writeback_cache": [("0", "0\n")],     # (negotiated at mount: the same value only)
     "coherence_timeout_ms": [("1", "1\n"), ("5000", "5000\n")],
     "lease_break_ms": [("1", "1\n"), ("250", "250\n"), ("1000", "1000\n")],
     "coherence_batch_ms": [("60000", "60000\n"), ("2", "2\n")],
@@ -406,3 +408,24 @@ def test_a_knob_accepts_only_ascii_values_in_its_bounds(knob, text):
         assert (knob.zero and v == 0) or lo <= v <= hi
         assert str(v) not in ("-0.0", "nan", "inf")
         assert knob.parse(knob.format(value)) == value      # reads back as written
+
+
+def test_writeback_cache_is_a_mount_time_choice_and_protocol_2_writes_through(make_mount):
+    """writeback_cache is negotiated with the kernel at mount: changing it
+    on a live mount is EINVAL with the reason; coherence protocol 2 needs
+    the write-through mount (EINVAL on a writeback one), and asking for it
+    at mount turns the writeback cache off unless that was asked for too."""
+    assert make_mount().ctl("writeback_cache").read_text() == "0\n"    # the default
+    m = make_mount(writeback_cache=1)
+    assert m.ctl("writeback_cache").read_text() == "1\n"
+    assert write_value(m.ctl("writeback_cache"), b"0\n") == errno.EINVAL
+    assert write_value(m.ctl("coherence_protocol"), b"2\n") == errno.EINVAL
+    assert m.ctl("coherence_protocol").read_text() == "1\n"
+    log = m.logtext()
+    assert "negotiated with the kernel at mount" in log
+    assert "coherence_protocol 2 needs a mount with writeback_cache=0" in log
+    strong = make_mount(coherence_protocol=2)
+    assert strong.ctl("writeback_cache").read_text() == "0\n"
+    assert strong.ctl("coherence_protocol").read_text() == "2\n"
+    through = make_mount(writeback_cache=0)
+    assert write_value(through.ctl("coherence_protocol"), b"2\n") == 0

@@ -2,9 +2,10 @@
 tmpfs and the local disk, with the same bytes, in one run.
 
     memosfs bench clients [--repeat 3] [--scale 1.0] [--only a,b] [--json]
-                          [--with-persist-coherence]
+                          [--with-persist-coherence] [--profile]
 
 Three targets: a fresh memosfs mount (default options, capacity 1G or more),
+beside it a second one with the kernel's writeback cache (`memosfs_wbc`),
 a folder on tmpfs (/dev/shm) and a folder on the local disk (under /var/tmp;
 its filesystem type is in the JSON).  Times are the client's own calls, open
 to close; no fsync is added (on disk the bytes may still be in the page
@@ -13,6 +14,7 @@ cache when the clock stops, as they are for the client).  The patterns
 
   write_4k      a 32 MiB file written with 4 KiB os.write()s, then closed
   write_64k     the same with 64 KiB writes
+  write_1m      the same with 1 MiB writes
   safetensors   safetensors.torch.save_file of 30 tensors of 2 MB (float16),
                 one per file (the vLLM connector's pattern); load_file of the
                 30 files right after (load_warm) and after dropping their
@@ -30,6 +32,12 @@ cache when the clock stops, as they are for the client).  The patterns
                 kill -9 cycles
   coherence     (with --with-persist-coherence) `bench coherence --agents 8`
                 at 10% and at 1% writes, 5 s per mode (1 s at least)
+
+--profile adds, per pattern and memosfs column, what the daemon saw while the
+pattern ran (all repeats): the requests the kernel sent, requests per MB
+moved, write requests per MB, and the daemon's CPU per request and per MB
+(its stats `requests`, `write_requests`, `cpu_ms`; the stats reads themselves
+subtracted).
 
 "Cold" drops the files' pages with posix_fadvise(DONTNEED) first (on disk
 after an fsync, so the pages are clean and do go); on memosfs the read then
@@ -69,8 +77,10 @@ TARGETS = ("memosfs", "tmpfs", "disk")
 # what the kernel's round trip alone costs; no FUSE file system without the
 # writeback cache goes below it).  nullfs has no directories and reads
 # zeros, so loads are not timed on it.
-EXTRA_TARGETS = ("memosfs_nofast", "nullfs")
-PATTERNS = ("write_4k", "write_64k", "safetensors", "torch", "pickle", "small", "slot")
+# And memosfs_wbc: a mount with the kernel's writeback cache (-o writeback_cache=1),
+# writers' pages handed over at close (docs/semantics.md).
+EXTRA_TARGETS = ("memosfs_nofast", "memosfs_wbc", "nullfs")
+PATTERNS = ("write_4k", "write_64k", "write_1m", "safetensors", "torch", "pickle", "small", "slot")
 EXTRA = ("persist", "coherence")        # only with --with-persist-coherence or --only
 
 
@@ -88,6 +98,9 @@ def add_parsers(bsub) -> None:
                    "--scale 1)")
     p.add_argument("--disk-dir", default="/var/tmp",
                    help="where the disk target's folder is made (default /var/tmp)")
+    p.add_argument("--profile", action="store_true",
+                   help="per pattern and memosfs column: the daemon's requests "
+                   "and CPU, per MB moved and per request")
     p.add_argument("--json", action="store_true", help="print JSON only")
     p.set_defaults(fn=cmd_bench_clients)
 
@@ -149,6 +162,60 @@ def pread_range(path: str, off: int, length: int, buf: bytearray) -> int:
         os.close(fd)
 
 
+PROFILED = ("memosfs", "memosfs_nofast", "memosfs_wbc")
+COUNTS = ("requests", "write_requests", "cpu_ms")
+
+
+def daemon_counts(root: str) -> dict[str, int]:
+    """The daemon's own request and CPU counters (its stats.json)."""
+    with open(os.path.join(root, ".memos", "cache", "stats.json")) as f:
+        d = json.load(f)
+    return {k: int(d.get(k, 0)) for k in COUNTS}
+
+
+class Profile:
+    """Per target, the daemon's counters summed over a pattern's runs, less
+    what reading them costs (measured once per mount)."""
+
+    def __init__(self, roots: dict[str, str]) -> None:
+        self.roots = roots
+        self.probe: dict[str, int] = {}
+        for t, root in roots.items():
+            a = daemon_counts(root)
+            b = daemon_counts(root)
+            self.probe[t] = b["requests"] - a["requests"]
+        self.sums: dict[str, dict[str, int]] = {}
+
+    @contextlib.contextmanager
+    def run(self, target: str) -> Iterator[None]:
+        if target not in self.roots:
+            yield
+            return
+        a = daemon_counts(self.roots[target])
+        try:
+            yield
+        finally:
+            b = daemon_counts(self.roots[target])
+            d = self.sums.setdefault(target, dict.fromkeys(COUNTS, 0))
+            for k in COUNTS:
+                d[k] += b[k] - a[k]
+            d["requests"] -= self.probe[target]
+
+    def report(self, mb_per_run: float, runs: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        mb = mb_per_run * runs
+        for t, d in self.sums.items():
+            r = max(d["requests"], 0)
+            out[t] = {"requests": r, "write_requests": d["write_requests"],
+                      "cpu_ms": d["cpu_ms"], "MB": round(mb, 3),
+                      "requests_per_MB": round(r / mb, 2) if mb else None,
+                      "write_requests_per_MB": round(d["write_requests"] / mb, 2) if mb else None,
+                      "cpu_us_per_request": round(1000 * d["cpu_ms"] / r, 1) if r else None,
+                      "cpu_ms_per_MB": round(d["cpu_ms"] / mb, 2) if mb else None}
+        self.sums = {}
+        return out
+
+
 class Timer:
     """Best-of per (figure, target)."""
 
@@ -173,9 +240,12 @@ def figure(seconds: dict[str, float], amount: float, unit: str) -> dict[str, Any
         return round(s[a] / s[b], 4) if a in s and s.get(b) else None
     out["memosfs_vs_tmpfs"] = ratio("memosfs", "tmpfs")
     out["memosfs_vs_disk"] = ratio("memosfs", "disk")
-    for t, key in (("memosfs_nofast", "nofast_vs_tmpfs"), ("nullfs", "nullfs_vs_tmpfs")):
+    for t, key in (("memosfs_nofast", "nofast_vs_tmpfs"), ("memosfs_wbc", "wbc_vs_tmpfs"),
+                   ("nullfs", "nullfs_vs_tmpfs")):
         if t in s:
             out[key] = ratio(t, "tmpfs")
+    if "memosfs_wbc" in s:
+        out["wbc_vs_disk"] = ratio("memosfs_wbc", "disk")
     if "nullfs" in s:
         out["memosfs_vs_nullfs"] = ratio("memosfs", "nullfs")
     return out
@@ -217,7 +287,7 @@ def missing(*mods: str) -> str | None:
 # repeats it and alternates the targets.
 
 def p_write(chunk: int, size: int) -> Callable:
-    block = memoryview(os.urandom(64 << 10))
+    block = memoryview(os.urandom(max(chunk, 64 << 10)))
 
     def run(d: str, target: str, tm: Timer, i: int) -> None:
         path = os.path.join(d, f"write{chunk}-{i}")
@@ -378,6 +448,7 @@ def plan(scale: float) -> dict[str, dict[str, Any]]:
         return max(align, int(n * scale) // align * align)
 
     w = sz(32 * MiB, 64 << 10)
+    w1 = sz(128 * MiB, MiB)
     st_n, st_b = 30, sz(2_000_000, 2)
     t_n, t_b = 25, sz(4_000_000, 2)
     p_n, p_b = 100, sz(1_000_000, 1)
@@ -390,6 +461,9 @@ def plan(scale: float) -> dict[str, dict[str, Any]]:
         "write_64k": {"needs": (), "make": lambda: p_write(64 << 10, w),
                       "info": {"bytes": w, "write_bytes": 64 << 10},
                       "amount": {"write": (w / 1e6, "MBps")}},
+        "write_1m": {"needs": (), "make": lambda: p_write(MiB, w1),
+                     "info": {"bytes": w1, "write_bytes": MiB},
+                     "amount": {"write": (w1 / 1e6, "MBps")}},
         "safetensors": {"needs": ("torch", "safetensors.torch"),
                         "make": lambda: p_safetensors(st_n, st_b),
                         "info": {"files": st_n, "tensor_bytes": st_b, "bytes": st_n * st_b,
@@ -415,9 +489,17 @@ def plan(scale: float) -> dict[str, dict[str, Any]]:
     }
 
 
+def moved_mb(p: dict[str, Any]) -> float:
+    """MB a pattern's run moves between client and file system: each figure's
+    bytes (a 4 KiB file per small-file operation)."""
+    return sum(a if unit == "MBps" else a * 4096 / 1e6
+               for a, unit in p["amount"].values())
+
+
 def bench_clients(repeat: int = 3, scale: float = 1.0, only: tuple[str, ...] = PATTERNS,
                   disk_base: str = "/var/tmp",
-                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  progress: Callable[[str], None] | None = None,
+                  profile: bool = False) -> dict[str, Any]:
     say = progress or (lambda msg: None)
     pl = plan(scale)
     out: dict[str, Any] = {"bench": "clients", "repeat": repeat, "scale": scale,
@@ -447,12 +529,20 @@ def bench_clients(repeat: int = 3, scale: float = 1.0, only: tuple[str, ...] = P
             out["targets"]["memosfs"]["capacity"] = capacity
             dirs["memosfs"] = dirs["memosfs_nofast"] = sess
             out["targets"]["memosfs_nofast"] = {"dir": sess, "knobs": {"fast_path": "0"}}
+            wbc_root = stack.enter_context(memos_mount(capacity, "writeback_cache=1"))
+            wbc = os.path.join(wbc_root, "bench", "clients")
+            os.makedirs(wbc)
+            dirs["memosfs_wbc"] = wbc
+            out["targets"]["memosfs_wbc"] = {"dir": wbc, "fstype": fstype(wbc),
+                                             "knobs": {"writeback_cache": "1"}}
             if null is not None:
                 dirs["nullfs"] = null
                 out["targets"]["nullfs"] = {"dir": null, "fstype": fstype(null)}
             else:
                 out["targets"]["nullfs"] = {"skipped": why}
             targets = tuple(t for t in TARGETS + EXTRA_TARGETS if t in dirs)
+            prof = Profile({"memosfs": mnt, "memosfs_nofast": mnt,
+                            "memosfs_wbc": wbc_root}) if profile else None
             for name, run in runners.items():
                 tm = Timer()
                 for i in range(repeat):
@@ -464,13 +554,16 @@ def bench_clients(repeat: int = 3, scale: float = 1.0, only: tuple[str, ...] = P
                         if t == "memosfs_nofast":
                             set_knob(mnt, "fast_path", 0)
                         try:
-                            run(dirs[t], t, tm, i)
+                            with prof.run(t) if prof else contextlib.nullcontext():
+                                run(dirs[t], t, tm, i)
                         finally:
                             if t == "memosfs_nofast":
                                 set_knob(mnt, "fast_path", 1)
                 res: dict[str, Any] = dict(pl[name]["info"])
                 res["figures"] = {fig: figure(tm.best[fig], *pl[name]["amount"][fig])
                                   for fig in pl[name]["amount"]}
+                if prof:
+                    res["profile"] = prof.report(moved_mb(pl[name]), repeat)
                 out["patterns"][name] = res
     out["clients_s"] = round(time.perf_counter() - t_start, 2)
     return out
@@ -527,7 +620,8 @@ def cmd_bench_clients(args: argparse.Namespace) -> int:
     elif args.with_persist_coherence:
         only = only + EXTRA
     say = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    result = bench_clients(args.repeat, args.scale, only, args.disk_dir, progress=say)
+    result = bench_clients(args.repeat, args.scale, only, args.disk_dir, progress=say,
+                           profile=args.profile)
     extra = tuple(x for x in EXTRA if x in only)
     if extra:
         result |= persist_coherence(args.repeat, args.scale, extra, progress=say)

@@ -198,7 +198,11 @@ def bench_coherence(agents: int = 8, nslots: int = 32, size: int = 64 << 10,
         "seconds": seconds, "write_ratio": write_ratio, "zipf": zipf,
         "cpus": os.cpu_count(), "modes": {}}
     capacity = max(256 << 20, 4 * nslots * size * len(modes))
-    options = "agent_identity=pid,coherence_timeout_ms=5000" + (f",{opts}" if opts else "")
+    # (a write-through mount: protocol 2 needs writeback_cache=0, and every
+    # mode is measured on the same mount)
+    options = "agent_identity=pid,coherence_timeout_ms=5000" + (
+        ",writeback_cache=0" if "protocol2" in modes and "writeback_cache" not in opts
+        else "") + (f",{opts}" if opts else "")
     out["opts"] = options
     with memos_mount(capacity, options) as mnt, \
             tmpfs_dir() as lockdir:

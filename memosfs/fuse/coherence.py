@@ -187,15 +187,33 @@ class Coherence:
     # ---- acquire / release ----
 
     async def acquire(self, key: bytes, agent: int, writer: bool, nonblock: bool,
-                      handle: object = None, pid: int = 0) -> Optional[Hold]:
+                      handle: object = None, pid: int = 0, defer: bool = False
+                      ) -> Optional[Hold]:
         """Register a handle; under protocol 2 wait for the right to.  Returns
         None when the protocol is 0 (nothing tracked).  A wait that ends
         without a grant (timeout, O_NONBLOCK, the kernel interrupting thread
-        `pid`: EINTR) changes nothing."""
+        `pid`: EINTR) changes nothing.
+
+        defer (a writer): never wait here.  The writer asks once: granted, it
+        holds E; pending, it stays in P (the holders are told now); told to
+        wait for another writer, it holds nothing yet.  Either way its first
+        write or its publish waits instead (`upgrade`: may_write is false
+        until it holds E).  For an O_TRUNC open under the kernel's writeback
+        cache, which holds the inode's lock for the whole open: the holders
+        it would wait for may need that lock to acknowledge (a setxattr, a
+        close)."""
         protocol = self.protocol
         if protocol == 0:
             return None
         deadline = _Deadline(int(self.knobs["coherence_timeout_ms"]), pid)
+        if writer and defer and protocol >= 2:
+            rc = self.dir.write(key, agent, protocol)
+            self._after_change()
+            hold = Hold(key, agent, True, handle)
+            self.holds.setdefault((key, agent), set()).add(hold)
+            if rc == PENDING:
+                self.deliver()
+            return hold
         if writer:
             rc = await self._request(lambda: self.dir.write(key, agent, protocol),
                                      key, agent, nonblock, deadline)

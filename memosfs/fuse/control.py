@@ -25,6 +25,8 @@ cache/revoke           0600  root writes `agent/session/slot`: revoke every read
 cache/reset_context    0600  root writes `agent/session`: drop that session's slots
 debug/trace            0600  root only.  write 1 (on, clears the buffer) or 0 (off);
                              read: one event a line, `<ns> <EVENT> field=value ...`
+debug/requests         0444  `kind count` lines: every request the kernel sent since
+                             the mount, by kind (lookup, write, ...), most first
 metrics                0444  Prometheus text exposition of the stats
 why                    0444  the reader's own last refused request: when, the
                              errno and the reason the log gives (why.py)
@@ -161,6 +163,13 @@ def _apply_prefetch_mode(ctl: "ControlTree", value: str) -> str:
 
 
 def _apply_coherence_protocol(ctl: "ControlTree", value: int) -> int:
+    if value == 2 and ctl.ops.wb:
+        # Strong coherence makes a writer wait for the other holders; under the
+        # writeback cache that wait would fall inside the kernel's flush of the
+        # writer's pages, which readers of the inode wait for: a deadlock that
+        # only a lease break ends.  It needs the write-through mount.
+        raise KnobError("coherence_protocol 2 needs a mount with writeback_cache=0 "
+                        "(mount with -o writeback_cache=0,coherence_protocol=2)")
     ctl.store.set_remote_strong(value == 2)
     return value
 
@@ -172,6 +181,17 @@ def _apply_fast_path(ctl: "ControlTree", value: bool) -> bool:
 
 def _apply_burst_poll_us(ctl: "ControlTree", value: int) -> int:
     ctl.ops.configure_fast_path(poll_us=value)
+    return value
+
+
+def _apply_writeback_cache(ctl: "ControlTree", value: bool) -> bool:
+    """Negotiated with the kernel when the mount starts (pyfuse3.init, then the
+    INIT reply): settable before that only."""
+    ops = ctl.ops
+    if ops.is_mounted() and value != ops.wb:
+        raise KnobError("writeback_cache is negotiated with the kernel at mount: give it "
+                        "with -o writeback_cache=0 or =1")
+    ops.enable_writeback_cache = ops.wb = bool(value)
     return value
 
 
@@ -195,6 +215,7 @@ KNOB_APPLY: dict[str, Callable[["ControlTree", Any], Any]] = {
     "quant_error_max": _read_at_use,            # each publish (publish.py)
     "page_cache_push": _read_at_use,            # each publish and close (publish.py, files.py)
     "fast_path": _apply_fast_path,
+    "writeback_cache": _apply_writeback_cache,  # the mount (cli.py _negotiate_kernel_flags)
     "burst_poll_us": _apply_burst_poll_us,
     "coherence_protocol": _apply_coherence_protocol,    # and each open (coherence.py)
     "coherence_timeout_ms": _read_at_use,       # each wait (coherence.py)
@@ -232,6 +253,10 @@ class FilesystemStats(Record):
                                  "(the C shim's synchronous callback; fast_path)")
     burst_requests: int = counter("of those, taken while waiting for the client's next "
                                   "request (burst_poll_us)")
+    requests: int = counter("requests the kernel sent, of every kind (counted as the shim "
+                            "reads them; 0 without the shim)")
+    write_requests: int = counter("of those, writes (one per request, however many pages)")
+    cpu_ms: int = counter("the daemon's CPU time, user and system, every thread (ms)")
     uptime_s: float = gauge("seconds since the mount", 0.0)
 
 
@@ -276,6 +301,8 @@ class ControlTree:
                    lambda: format_metrics(self.statistics()), None)
         # the reader's own last refusal (why.py): each uid sees only its own
         self._file(next(ino), "why", ctl, 0o444, self._why_text, None)
+        # every request the kernel sent since the mount, by kind (no names)
+        self._file(next(ino), "requests", debug, 0o444, self._requests_text, None)
 
     def _dir(self, ino: int, name: str, parent: Dir) -> Dir:
         return self.ops.add_fixed(Dir(ino, name, parent, 0o755, 0, 0, CTL))
@@ -284,6 +311,12 @@ class ControlTree:
               read: Optional[Callable[[], str]],
               write: Optional[Callable[[str], None]]) -> None:
         self.ops.add_fixed(Pseudo(ino, name, parent, mode, read, write))
+
+    def _requests_text(self) -> str:
+        counts = self.ops.op_counts()
+        if counts is None:
+            return "# not counted: the session does not read through memosfs._fuseshim\n"
+        return "".join(f"{k} {v}\n" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
 
     def _why_text(self) -> str:
         caller = CALLER.get()
@@ -314,6 +347,10 @@ class ControlTree:
         unknown = set(given) - set(KNOB_BY_NAME)
         if unknown:
             raise KnobError(f"unknown knobs: {', '.join(sorted(unknown))}")
+        if str(given.get("coherence_protocol", "")).strip() == "2" \
+                and "writeback_cache" not in given:
+            given = dict(given, writeback_cache="0")    # (protocol 2 needs it off)
+            log.info("coherence_protocol=2: the mount writes through (writeback_cache=0)")
         for knob in KNOBS:
             value = given.get(knob.name, self.knobs[knob.name])
             try:
@@ -395,4 +432,6 @@ class ControlTree:
             private_writers=r["private_writers"], room_waits=r["room_waits"],
             fast_requests=r["fast_requests"],
             burst_requests=r["burst_requests"],
+            requests=r["requests"], write_requests=r["write_requests"],
+            cpu_ms=r["cpu_ms"],
             uptime_s=round(time.monotonic() - self._started, 3))

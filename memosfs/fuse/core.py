@@ -110,6 +110,7 @@ def physical_memory() -> int:
 ROOM_WAIT_S = 30.0              # how long a request waits for other threads' write-backs
                                 # to make room in a full memory tier (then ENOSPC)
 ROOM_DEAD_WAIT_S = 1.0          # ... for replaced versions that readers still pin
+ROOM_HELD_WAIT_S = 5.0          # ... for other writers' drafts and readers' pins
 ROOM_POLL_MS = 50               # one wait for room, in a worker thread
 
 
@@ -153,6 +154,11 @@ class OpsCore:
     handles: dict[int, Handle]
     root: Dir
     mounted: bool               # pyfuse3.init succeeded: the kernel can be told of changes
+    wb: bool = False            # the kernel's writeback cache is on (knob writeback_cache):
+                                # it keeps a regular file's size and mtime itself, so an
+                                # inode's bytes change only through its own page cache
+                                # (its writers) -- any other new version of a name gets a
+                                # fresh inode (publish.py `_published`)
     coherence: "Coherence"
     tenants: "Tenants"
     prefetch: "PrefetchEngine"
@@ -283,7 +289,11 @@ class OpsCore:
         a.attr_timeout = ATTR_TIMEOUT
         a.entry_timeout = ENTRY_TIMEOUT
         if isinstance(node, Slot) and (node.writers or node.draft is not None):
-            a.attr_timeout = 0
+            if not self.wb:
+                # (with the writeback cache the kernel keeps a regular file's
+                # size and mtime itself and asks for nothing per write: a
+                # zero timeout would cost a GETATTR per write(2))
+                a.attr_timeout = 0
             if ctx is None or tgid_of(ctx.pid) in node.writer_pids:
                 size = node.draft_size()
                 a.st_size = size
@@ -382,8 +392,9 @@ class OpsCore:
         serves other requests meanwhile (the closes that unpin what a full
         memory tier holds), then fn runs again.  ENOSPC after ROOM_WAIT_S
         (ROOM_DEAD_WAIT_S when only pinned replaced versions would free
-        room); `node` is then marked as having had a write refused."""
-        waited = dead = 0.0
+        room, ROOM_HELD_WAIT_S when only other writers' drafts and readers'
+        pins would); `node` is then marked as having had a write refused."""
+        waited = dead = held = 0.0
         while True:
             self._room_ok = True
             try:
@@ -394,7 +405,7 @@ class OpsCore:
                 self._room_ok = False
             if self._running_now:
                 raise NeedRoom()        # (from a fast twin: its handler runs it)
-            if waited >= ROOM_WAIT_S or dead >= ROOM_DEAD_WAIT_S:
+            if waited >= ROOM_WAIT_S or dead >= ROOM_DEAD_WAIT_S or held >= ROOM_HELD_WAIT_S:
                 self._refused += 1
                 if node is not None:
                     node.write_failed = True
@@ -409,6 +420,8 @@ class OpsCore:
             waited += spent
             if why == 2:
                 dead += spent
+            elif why == 3:
+                held += spent
             elif why == 0:
                 await trio.sleep(0)     # the room came meanwhile: try again now
 

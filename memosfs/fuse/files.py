@@ -34,7 +34,7 @@ import trio
 
 from memosfs import _native
 from memosfs.knobs import KnobError
-from memosfs.fuse.core import OpsCore, log, refuse, tgid_of
+from memosfs.fuse.core import NeedRoom, OpsCore, log, refuse, tgid_of
 from memosfs.fuse.nodes import PUSH_LOCK, Handle, Pseudo, Slot, now_ns
 from memosfs.fuse.tenants import OverLimit
 
@@ -115,7 +115,12 @@ class FileOps(OpsCore):
             # kernel's copy of these pages is dropped
             off = d.size
             self._invalidate_pages(node)
-        self._fair_share(h, node, d, off + len(buf))
+        try:
+            self._fair_share(h, node, d, off + len(buf))
+        except pyfuse3.FUSEError:
+            node.write_failed = True        # (EDQUOT: refused like any write)
+            node.pages_trusted = False
+            raise
         self._draft_call(node, d.write, off, buf)
         self._changed(node)
         return len(buf)
@@ -170,10 +175,14 @@ class FileOps(OpsCore):
             raise refuse(errno.EDQUOT, "write %s: %s", node.name, e,
                          level=logging.WARNING) from None
 
-    def fallocate(self, fh: int, mode: int, offset: int, length: int) -> int:
+    def fallocate(self, fh: int, mode: int, offset: int, length: int,
+                  token: int = 0) -> Optional[int]:
         """fallocate(2) (through memosfs._fuseshim, on the trio thread):
         mode 0 extends the writers' draft to offset+length (zeros); other
-        modes are EOPNOTSUPP.  Returns an errno (0: done)."""
+        modes are EOPNOTSUPP.  Returns an errno (0: done), or None when the
+        memory tier must make room first: a task waits for it (as a write
+        does, `_with_room`) and answers with _fuseshim.fallocate_reply(token)
+        (token 0: the shim cannot wait, ENOSPC now)."""
         h = self.handles.get(fh)
         if h is None or h.kind != "write":
             return errno.EBADF
@@ -182,16 +191,43 @@ class FileOps(OpsCore):
             return errno.EOPNOTSUPP
         if offset < 0 or length <= 0:
             return errno.EINVAL
-        node = h.node
+        self._room_ok = True
         try:
-            d = self._ensure_draft(node)
-            if offset + length > d.size:
-                self._fair_share(h, node, d, offset + length)
-                self._draft_call(node, d.truncate, offset + length)
-                self._changed(node)
+            self._extend(h, offset + length)
+            return 0
+        except NeedRoom:
+            pass
         except pyfuse3.FUSEError as e:
             return e.errno
-        return 0
+        finally:
+            self._room_ok = False
+        if not token or not self.mounted:
+            return errno.ENOSPC
+        trio.lowlevel.spawn_system_task(self._fallocate_later, token, h, offset + length)
+        return None
+
+    def _extend(self, h: Handle, end: int) -> None:
+        node = h.node
+        d = self._ensure_draft(node)
+        if end > d.size:
+            self._fair_share(h, node, d, end)
+            self._draft_call(node, d.truncate, end)
+            self._changed(node)
+
+    async def _fallocate_later(self, token: int, h: Handle, end: int) -> None:
+        """The rest of a fallocate that waits for room; answered exactly once."""
+        err = errno.EIO
+        try:
+            await self._with_room(self._extend, h, end, node=h.node)
+            err = 0
+        except pyfuse3.FUSEError as e:
+            err = e.errno
+        except Exception:
+            self._refused += 1
+            log.exception("fallocate failed; answering EIO")
+        finally:
+            from memosfs import _fuseshim
+            _fuseshim.fallocate_reply(token, err)
 
     def _write_pseudo(self, h: Handle, off: int, buf: bytes) -> int:
         node = h.node
@@ -285,6 +321,8 @@ class FileOps(OpsCore):
         d = self._ensure_draft(node)
         self._draft_call(node, d.truncate, size)
         self._changed(node)
+        if size == 0:
+            node.write_failed = False       # (nothing of what was refused is left)
 
     def _write_note(self, fh: int, off: int, writepage: int) -> None:
         """From memosfs._fuseshim, just before write(fh, off): whether the
@@ -441,6 +479,13 @@ class FileOps(OpsCore):
         owner = node.private_of
         if owner is not None:           # a private draft's last writer: its view goes
             owner.privates = {t: sh for t, sh in owner.privates.items() if sh is not node}
+        if self.wb and node.changed and node.write_failed and node.version \
+                and not node.detached and node.parent is not None \
+                and node.parent.children.get(node.name) is node:
+            # writes were refused and nothing was published: the kernel keeps
+            # this inode's size as the writers left it, not the version's; the
+            # name goes to a fresh inode that holds the version (and its size)
+            self._supersede(node)
         # the last writer: its draft goes; the pages it left in the kernel
         # are the published version's when everything was published
         clean = not node.changed and node.base_decoded is None   # (quantized: the

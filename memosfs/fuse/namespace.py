@@ -150,10 +150,13 @@ class NamespaceOps(OpsCore):
         node = self._node(inode)
         if isinstance(node, Pseudo) or (isinstance(node, Dir) and node.level == CTL):
             if fields.update_mode or fields.update_uid or fields.update_gid or (
-                    (fields.update_atime or fields.update_mtime) and not fields.update_size):
+                    (fields.update_atime or fields.update_mtime) and not fields.update_size
+                    and fh is None):
                 raise refuse(errno.EPERM, "chmod/chown/utimes of %s: the control plane "
                              "is fixed", node.name)
-            return self._attr(node, ctx)    # O_TRUNC of a knob file: nothing to do
+            # O_TRUNC of a knob file, or the times a write through an open
+            # descriptor sets (the kernel's writeback cache): nothing to do
+            return self._attr(node, ctx)
         now = now_ns()
         if fields.update_size:
             if isinstance(node, Dir):
@@ -173,8 +176,12 @@ class NamespaceOps(OpsCore):
             if isinstance(node, Slot):
                 node.draft_mtime_ns = attr.st_mtime_ns
         node.ctime_ns = now
+        # (the times a writer's close or the kernel's writeback sets through an
+        # open descriptor go with the version its publish makes: the
+        # published one is not written back again for them)
+        by_writer = fh is not None and isinstance(node, Slot) and node.writers > 0
         self._metadata_changed(node, fields.update_mode or fields.update_uid
-                               or fields.update_gid or fields.update_mtime)
+                               or fields.update_gid or (fields.update_mtime and not by_writer))
         return self._attr(node, ctx)
 
     def _metadata_changed(self, node: Node, persisted: bool = True) -> None:
@@ -364,6 +371,9 @@ class NamespaceOps(OpsCore):
                 # whose lookup found the target before the rename opens it
                 # after: it is served the slot that holds the name now.
                 target.replaced_by = node
+                # writers sent back (ESTALE) to this name will find the slot
+                # renamed in: readers meanwhile read around its page cache
+                node.pending.update(target.pending)
             self._detach(target, "replaced")
         del src_dir.children[old]
         node.move(new, dst_dir)

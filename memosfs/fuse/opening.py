@@ -199,7 +199,7 @@ class OpenOps(OpsCore):
         live = node.latest()
         hold = await self.coherence.acquire(
             live.key, self.coherence.agent_of(ctx), (flags & os.O_ACCMODE) != os.O_RDONLY,
-            bool(flags & os.O_NONBLOCK), pid=ctx.pid)
+            bool(flags & os.O_NONBLOCK), pid=ctx.pid, defer=self._holds_inode_lock(flags))
         try:
             fi = await self._open_version(inode, flags, ctx, retry=self._is_retry(flags, ctx.pid))
         except BaseException:
@@ -207,6 +207,15 @@ class OpenOps(OpsCore):
             raise
         self._attach(fi, hold)
         return fi
+
+    def _holds_inode_lock(self, flags: int) -> bool:
+        """Whether the kernel holds the opened inode's lock until this open is
+        answered: an O_TRUNC open under the writeback cache (it truncates the
+        inode's pages at once).  Such an open must not wait for anything that
+        needs that lock: another opener's close (FLUSH takes it), a holder's
+        setxattr acknowledgement."""
+        return self.wb and bool(flags & os.O_TRUNC) \
+            and flags & os.O_ACCMODE != os.O_RDONLY
 
     def _attach(self, fi: pyfuse3.FileInfo, hold: Optional[Hold]) -> None:
         if hold is not None:
@@ -239,7 +248,14 @@ class OpenOps(OpsCore):
         inode_node's draft (other writers are in; never page-cache readers,
         whose pages and size its O_TRUNC would take): its draft is its own,
         written around the page cache (direct_io; no shared mmap), and
-        published under the name like any other (the last publish wins)."""
+        published under the name like any other (the last publish wins).
+
+        With the writeback cache there is no such draft: the kernel truncates
+        the inode's pages for an O_TRUNC open (its size is the kernel's), so
+        the writer shares the inode's draft and truncates it, as O_TRUNC does
+        on any filesystem (the other writers' bytes so far go with it)."""
+        if self.wb:
+            return self._open_slot(inode_node, flags | os.O_TRUNC, None, ctx=ctx)
         shadow = Slot(self._new_ino(), inode_node.name, inode_node.parent,
                       stat.S_IMODE(inode_node.mode), inode_node.uid, inode_node.gid)
         shadow.version = inode_node.version or 1   # (never "unpublished": not in the tree)
@@ -259,7 +275,8 @@ class OpenOps(OpsCore):
         node = self._node(inode)
         acc = flags & os.O_ACCMODE
         inode_node = node               # the inode the kernel opens
-        if retry and not waited and (inode_node.readers or inode_node.pushing):
+        locked = self._holds_inode_lock(flags)     # (then: no wait on this inode's openers)
+        if retry and not waited and not locked and (inode_node.readers or inode_node.pushing):
             # The kernel's one retry after ESTALE found an inode whose page
             # cache readers hold (the name moved on again meanwhile: another
             # rename or publish).  A second ESTALE would reach the
@@ -314,6 +331,9 @@ class OpenOps(OpsCore):
             # write request from the pages after it unlocks them).  Or a
             # writer sent here (ESTALE) to replace the slot finds another
             # writer in: two O_TRUNC writers never share a draft.
+            if locked:
+                # (the others' closes need the inode's lock this open holds)
+                return bool(node.pushing or inode_node.pushing)
             return bool(node.pushing or inode_node.pushing or (
                 flags & os.O_TRUNC and pid in node.pending and node.writers) or (
                 # a writer whose lookup found an inode that another writer has
@@ -491,6 +511,7 @@ class OpenOps(OpsCore):
                     node.draft = self._native_call(self.store.draft)
                 else:
                     self._draft_call(node, node.draft.truncate, 0)
+                node.write_failed = False       # (a whole new version)
                 self._changed(node)
             elif ref is not None:
                 node.base = ref

@@ -30,6 +30,8 @@ change, so each handler is atomic.
 
 from __future__ import annotations
 
+import stat
+import time
 from typing import Any, Optional
 
 import pyfuse3
@@ -44,7 +46,7 @@ from memosfs.fuse.fedtree import FedTree
 from memosfs.fuse.files import FileOps
 from memosfs.fuse.namespace import NamespaceOps
 from memosfs.fuse.nodes import (
-    AGENT, CONTROL_DIR, FIXED_LOOKUPS, NAME_MAX, ROOT, Dir, Handle, Node, Pseudo, Slot)
+    AGENT, CONTROL_DIR, FIXED_LOOKUPS, NAME_MAX, ROOT, Dir, Handle, Node, Pseudo, Slot, now_ns)
 from memosfs.fuse.notify import KernelNotify
 from memosfs.fuse.opening import OpenOps
 from memosfs.fuse.pagecache import PageCachePusher, Refresher
@@ -73,7 +75,7 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
                       XattrOps, KernelNotify, pyfuse3.Operations):
     """The memosfs request handlers (see the module docstring)."""
 
-    enable_writeback_cache = False
+    enable_writeback_cache = False      # (per mount: the writeback_cache knob, below)
 
     def __init__(self, store: Store, knobs: Optional[dict[str, Any]] = None,
                  trace: Optional[Trace] = None) -> None:
@@ -115,6 +117,8 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         if _fuseshim is not None:
             _fuseshim.install(self.fallocate, self._flush_note, self.coherence_interrupt,
                               self._write_note, self.ioctl)
+            if hasattr(_fuseshim, "set_kill_suidgid"):
+                _fuseshim.set_kill_suidgid(self._kill_suidgid)
         self.coherence = Coherence(self.knobs, self.trace, self._invalidate_pages)
         self.coherence.drop_pages = self._drop_pages_now
         self.tenants = Tenants(store, self.knobs)
@@ -137,13 +141,23 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         """Parse, check and apply a knob; KnobError leaves everything unchanged."""
         self.control.set_knob(name, text)
 
+    def op_counts(self) -> Optional[dict[str, int]]:
+        """Every request the kernel sent since the mount, by kind (the shim
+        counts them as it reads them); None without the shim's reads."""
+        if _fuseshim is None or not hasattr(_fuseshim, "op_counts"):
+            return None
+        return _fuseshim.op_counts()
+
     def request_stats(self) -> dict[str, int]:
         """The handlers' own counters."""
         fast = _fuseshim.fast_stats() if _fuseshim is not None and \
             hasattr(_fuseshim, "fast_stats") else dict.fromkeys(
                 ("fast_writes", "fast_reads", "fast_xattrs", "fast_other",
                  "burst_requests"), 0)
+        ops = self.op_counts() or {}
         return {"lookup_misses": self._lookup_misses,
+                "requests": sum(ops.values()), "write_requests": ops.get("write", 0),
+                "cpu_ms": time.process_time_ns() // 1_000_000,
                 "open_handles": len(self.handles),
                 "read_requests": self._read_requests,
                 "requests_refused": self._refused,
@@ -190,6 +204,20 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
     async def background(self) -> None:
         """Long-running tasks of a mounted filesystem (run by the CLI)."""
         await self.coherence.batch_loop()
+
+    def _kill_suidgid(self, ino: int) -> None:
+        """The kernel asks (FUSE_HANDLE_KILLPRIV_V2, with the writeback cache)
+        that a write, truncate or O_TRUNC open by a caller without CAP_FSETID
+        clear the file's set-user-ID bit, and its set-group-ID bit when it is
+        group-executable, as the kernel itself does otherwise."""
+        node = self.inodes.get(ino)
+        if node is None or not isinstance(node, Slot):
+            return
+        kill = stat.S_ISUID | (stat.S_ISGID if node.mode & stat.S_IXGRP else 0)
+        if node.mode & kill:
+            node.mode &= ~kill
+            node.ctime_ns = now_ns()
+            self._metadata_changed(node)
 
     # ---- consistency (tests) ----
 

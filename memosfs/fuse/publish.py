@@ -58,6 +58,16 @@ class PublishOps(OpsCore):
             # name goes with the last writer)
             src.changed = False
             return None
+        if self.wb and src.write_failed:
+            # Under the writeback cache a refused write is pages the kernel
+            # could not hand over (its close or fsync failed): the draft lacks
+            # them, and a version is never published with holes where written
+            # bytes were.  It stays unpublished until the writers truncate it
+            # to nothing (O_TRUNC, ftruncate 0) and write it again.
+            log.warning("%s: not published: some of its writers' pages were refused "
+                        "(see the refusal above); the version before stays", node.name)
+            raise refuse(errno.EIO, "publish %s: writes were refused since the last "
+                         "publish", node.name, level=logging.DEBUG)
         d = self._ensure_draft(src)
         # The writers go on from what is published now: their draft moves to
         # the store, they keep a (lazily copied) base.
@@ -96,7 +106,8 @@ class PublishOps(OpsCore):
                 parent.children[node.name] = node
                 current = node
         target = current if isinstance(current, Slot) else node
-        job = self._published(target, ref, src.draft_mtime_ns or now_ns(), logical)
+        job = self._published(target, ref, src.draft_mtime_ns or now_ns(), logical,
+                              own=target is src)
         if target is src and src.version == ref.version and logical is None:
             src.pages_version = ref.version     # its writers' pages hold this version
         else:
@@ -116,10 +127,15 @@ class PublishOps(OpsCore):
                         key.decode("utf-8", "replace"), e)
 
     def _published(self, node: Slot, ref: "_native.Ref", mtime_ns: int,
-                   logical: Optional[bytes] = None) -> Optional[tuple]:
+                   logical: Optional[bytes] = None, own: bool = True) -> Optional[tuple]:
         """Point the name at the new version: in place, or on a fresh inode
-        when readers hold this one (they keep their snapshot)."""
-        if node.readers > 0 or node.pushing > 0:
+        when readers hold this one (they keep their snapshot).  own: the
+        version was written through this inode (its writers' pages, or the
+        kernel's own setattr); with the writeback cache the kernel keeps the
+        size of an inode it knows, so a version from elsewhere (a writer on
+        an older inode, a draft of its own) gets a fresh inode too."""
+        if node.readers > 0 or node.pushing > 0 or (
+                self.wb and not own and (node.lookups > 0 or node.handles > 0)):
             node = self._supersede(node)
         node.cache_version = -2 if node.writers else node.cache_version
         node.version = ref.version

@@ -29,6 +29,7 @@ from typing import Callable, Optional
 
 import pyfuse3
 
+from memosfs.fuse.core import NeedRoom
 from memosfs.fuse.fedtree import FED_INO
 from memosfs.fuse.why import CALLER
 
@@ -104,7 +105,10 @@ def _guard(fn):
         token = CALLER.set((uid, self.why)) if uid is not None else None
         try:
             return await fn(self, *args)
-        except pyfuse3.FUSEError:
+        except (pyfuse3.FUSEError, NeedRoom):
+            # NeedRoom: a fast twin ran the handler (_run_now) and the memory
+            # tier must make room first; the twin declines and the request
+            # comes back to this handler, which then waits for room
             raise
         except Exception:
             self._refused += 1

@@ -48,6 +48,8 @@
 #include <string.h>
 #include <sys/uio.h>
 #include <fuse_lowlevel.h>
+#include <linux/fuse.h>
+#include <unistd.h>
 
 typedef struct fuse_session *(*session_new_fn)(struct fuse_args *,
                                                const struct fuse_lowlevel_ops *,
@@ -58,6 +60,8 @@ static void (*pyfuse3_flush)(fuse_req_t, fuse_ino_t, struct fuse_file_info *);
 static PyObject *fallocate_cb;                 /* owned; GIL */
 static PyObject *flush_note_cb;                /* owned; GIL */
 static int intercepted;                        /* fuse_session_new came here */
+
+static void take_kill_suidgid(fuse_ino_t ino);
 
 /* ---- the added operations ---- */
 
@@ -80,16 +84,38 @@ static int errno_of(PyObject *cb, PyObject *r)
     return err;
 }
 
+/* fallocate's requests the callback answers later (it returned None: it
+ * waits for room in the memory tier on the request loop), each answered once
+ * by fallocate_reply(token).  GIL. */
+#define DEFERRED_MAX 64
+static fuse_req_t deferred[DEFERRED_MAX];
+
 static void shim_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
                            off_t length, struct fuse_file_info *fi)
 {
     int err = EOPNOTSUPP;
     PyGILState_STATE g = PyGILState_Ensure();
     if (fallocate_cb) {
-        err = errno_of(fallocate_cb,
-                       PyObject_CallFunction(fallocate_cb, "KiLL",
-                                             (unsigned long long)fi->fh, mode,
-                                             (long long)offset, (long long)length));
+        int slot = -1;
+        for (int i = 0; i < DEFERRED_MAX && slot < 0; i++)
+            if (!deferred[i])
+                slot = i;
+        /* token 0: no room to defer it, the callback answers now */
+        PyObject *r = PyObject_CallFunction(fallocate_cb, "KiLLi",
+                                            (unsigned long long)fi->fh, mode,
+                                            (long long)offset, (long long)length,
+                                            slot + 1);
+        if (r == Py_None && slot >= 0) {
+            Py_DECREF(r);
+            deferred[slot] = req;
+            PyGILState_Release(g);
+            return;
+        }
+        if (r == Py_None) {
+            Py_DECREF(r);
+            r = PyLong_FromLong(EIO);
+        }
+        err = errno_of(fallocate_cb, r);
     }
     PyGILState_Release(g);
     fuse_reply_err(req, err);
@@ -376,6 +402,7 @@ static int fast_write(fuse_req_t req, const char *buf, size_t size, off_t off,
 static void shim_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size,
                        off_t off, struct fuse_file_info *fi)
 {
+    take_kill_suidgid(ino);
     PyGILState_STATE g = PyGILState_Ensure();
     int done = fast_write(req, buf, size, off, fi);
     PyGILState_Release(g);
@@ -389,6 +416,7 @@ static void shim_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *b
                            off_t off, struct fuse_file_info *fi)
 {
     int done = 0;
+    take_kill_suidgid(ino);
     if (bufv->count == 1 && !(bufv->buf[0].flags & FUSE_BUF_IS_FD) && bufv->idx == 0) {
         const struct fuse_buf *b = &bufv->buf[0];
         PyGILState_STATE g = PyGILState_Ensure();
@@ -554,6 +582,7 @@ static void shim_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int 
                          struct fuse_file_info *fi)
 {
     int done = 0;
+    take_kill_suidgid(ino);
     if (fast_truncate_cb && to_set == FUSE_SET_ATTR_SIZE) {
         const struct fuse_ctx *ctx = fuse_req_ctx(req);
         PyGILState_STATE g = PyGILState_Ensure();
@@ -686,6 +715,7 @@ static PyObject *fast_create_cb;               /* owned; GIL */
 static void shim_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     int done = 0;
+    take_kill_suidgid(ino);
     if (fast_open_cb) {
         const struct fuse_ctx *ctx = fuse_req_ctx(req);
         PyGILState_STATE g = PyGILState_Ensure();
@@ -780,6 +810,151 @@ static void shim_init(void *userdata, struct fuse_conn_info *conn)
     conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
 }
 
+/* ---- the connection's own I/O: INIT flags libfuse 3.14 does not know ----
+ *
+ * libfuse 3.14 builds the INIT reply from the capabilities it knows;
+ * FUSE_HANDLE_KILLPRIV_V2 (kernel 5.11) is not among them.  With it the
+ * kernel sets SB_NOSEC on the superblock and stops asking for
+ * security.capability (GETXATTR) before every write(2); the server clears
+ * suid/sgid itself when a write, truncate or O_TRUNC open says so (the
+ * KILL_SUIDGID flags, noted below for the handlers).  fuse_session_mount is
+ * interposed: once libfuse has mounted, the session's fd gets this library's
+ * read and writev (fuse_session_custom_io), which note the INIT request and
+ * add `extra_init_flags` (set_init_flags(), what the kernel offered only) to
+ * its reply.  Every other request and reply passes through untouched, but
+ * for the KILL_SUIDGID bits of WRITE, SETATTR and OPEN requests, noted per
+ * request in `kill_suidgid_unique` (read by kill_suidgid()). */
+static uint32_t extra_init_flags;              /* FUSE_* INIT flags to add (GIL) */
+static uint32_t granted_init_flags;            /* of those, what the kernel got */
+static uint64_t init_unique;                   /* the INIT request's id, until answered */
+static uint32_t kernel_init_flags;             /* what the kernel offered */
+static uint64_t kill_suidgid_unique;           /* the last request that asked to
+                                                * clear suid/sgid (0: none) */
+typedef int (*session_mount_fn)(struct fuse_session *, const char *);
+
+/* Every request the kernel sent, by opcode (bench clients --profile, stats
+ * `requests`): counted as it is read, whichever way it is then answered. */
+#define OP_SLOTS 64
+static uint64_t op_count[OP_SLOTS];            /* [0]: opcodes >= OP_SLOTS */
+
+static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
+{
+    ssize_t n = read(fd, buf, len);
+    if (n < (ssize_t)sizeof(struct fuse_in_header))
+        return n;
+    const struct fuse_in_header *h = buf;
+    __atomic_fetch_add(&op_count[h->opcode < OP_SLOTS ? h->opcode : 0], 1, __ATOMIC_RELAXED);
+    const char *arg = (const char *)buf + sizeof *h;
+    size_t alen = (size_t)n - sizeof *h;
+    switch (h->opcode) {
+    case FUSE_INIT:
+        if (alen >= 4 * sizeof(uint32_t)) {
+            init_unique = h->unique;
+            kernel_init_flags = ((const struct fuse_init_in *)arg)->flags;
+        }
+        break;
+    case FUSE_WRITE:
+        if (alen >= sizeof(struct fuse_write_in) &&
+            (((const struct fuse_write_in *)arg)->write_flags & FUSE_WRITE_KILL_SUIDGID))
+            kill_suidgid_unique = h->unique;
+        break;
+    case FUSE_SETATTR:
+        if (alen >= sizeof(struct fuse_setattr_in) &&
+            (((const struct fuse_setattr_in *)arg)->valid & FATTR_KILL_SUIDGID))
+            kill_suidgid_unique = h->unique;
+        break;
+    case FUSE_OPEN:
+        if (alen >= sizeof(struct fuse_open_in) &&
+            (((const struct fuse_open_in *)arg)->open_flags & FUSE_OPEN_KILL_SUIDGID))
+            kill_suidgid_unique = h->unique;
+        break;
+    default:
+        break;
+    }
+    return n;
+}
+
+static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
+{
+    if (init_unique && count >= 2 && iov[0].iov_len >= sizeof(struct fuse_out_header)) {
+        struct fuse_out_header *oh = iov[0].iov_base;
+        if (oh->unique == init_unique) {
+            if (oh->error == 0 && iov[1].iov_len >= 4 * sizeof(uint32_t)) {
+                struct fuse_init_out *o = iov[1].iov_base;
+                granted_init_flags = extra_init_flags & kernel_init_flags;
+                o->flags |= granted_init_flags;
+            }
+            init_unique = 0;
+        }
+    }
+    return writev(fd, iov, count);
+}
+
+static const struct fuse_custom_io shim_io = { io_writev, io_read, NULL, NULL };
+static int counting;                           /* the session reads through io_read */
+
+static const struct { int op; const char *name; } op_names[] = {
+    {FUSE_LOOKUP, "lookup"}, {FUSE_FORGET, "forget"}, {FUSE_GETATTR, "getattr"},
+    {FUSE_SETATTR, "setattr"}, {FUSE_READLINK, "readlink"}, {FUSE_SYMLINK, "symlink"},
+    {FUSE_MKNOD, "mknod"}, {FUSE_MKDIR, "mkdir"}, {FUSE_UNLINK, "unlink"},
+    {FUSE_RMDIR, "rmdir"}, {FUSE_RENAME, "rename"}, {FUSE_LINK, "link"},
+    {FUSE_OPEN, "open"}, {FUSE_READ, "read"}, {FUSE_WRITE, "write"},
+    {FUSE_STATFS, "statfs"}, {FUSE_RELEASE, "release"}, {FUSE_FSYNC, "fsync"},
+    {FUSE_SETXATTR, "setxattr"}, {FUSE_GETXATTR, "getxattr"},
+    {FUSE_LISTXATTR, "listxattr"}, {FUSE_REMOVEXATTR, "removexattr"},
+    {FUSE_FLUSH, "flush"}, {FUSE_INIT, "init"}, {FUSE_OPENDIR, "opendir"},
+    {FUSE_READDIR, "readdir"}, {FUSE_RELEASEDIR, "releasedir"},
+    {FUSE_FSYNCDIR, "fsyncdir"}, {FUSE_GETLK, "getlk"}, {FUSE_SETLK, "setlk"},
+    {FUSE_SETLKW, "setlkw"}, {FUSE_ACCESS, "access"}, {FUSE_CREATE, "create"},
+    {FUSE_INTERRUPT, "interrupt"}, {FUSE_BMAP, "bmap"}, {FUSE_DESTROY, "destroy"},
+    {FUSE_IOCTL, "ioctl"}, {FUSE_POLL, "poll"}, {FUSE_NOTIFY_REPLY, "notify_reply"},
+    {FUSE_BATCH_FORGET, "batch_forget"}, {FUSE_FALLOCATE, "fallocate"},
+    {FUSE_READDIRPLUS, "readdirplus"}, {FUSE_RENAME2, "rename2"}, {FUSE_LSEEK, "lseek"},
+    {FUSE_COPY_FILE_RANGE, "copy_file_range"},
+};
+
+static PyObject *kill_suidgid_cb;              /* owned; GIL: kill_suidgid(ino) */
+
+/* At the top of the WRITE, SETATTR and OPEN wrappers: libfuse dispatches the
+ * request it has just read, so a KILL_SUIDGID note is this request's.  The
+ * callable clears the inode's suid/sgid bits before its handler runs. */
+static void take_kill_suidgid(fuse_ino_t ino)
+{
+    if (!kill_suidgid_unique)
+        return;
+    kill_suidgid_unique = 0;
+    if (!kill_suidgid_cb)
+        return;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *r = PyObject_CallFunction(kill_suidgid_cb, "K", (unsigned long long)ino);
+    if (!r)
+        PyErr_WriteUnraisable(kill_suidgid_cb);
+    Py_XDECREF(r);
+    PyGILState_Release(g);
+}
+
+__attribute__((visibility("default")))
+int fuse_session_mount(struct fuse_session *se, const char *mountpoint)
+{
+    session_mount_fn real = (session_mount_fn)dlvsym(RTLD_NEXT, "fuse_session_mount",
+                                                     "FUSE_3.0");
+    if (!real)
+        real = (session_mount_fn)dlsym(RTLD_NEXT, "fuse_session_mount");
+    if (!real)
+        return -1;
+    int rc = real(se, mountpoint);
+    /* the session reads and writes /dev/fuse through io_read/io_writev: plain
+     * read(2) and writev(2) as libfuse's own, plus the request counts and the
+     * INIT flags set_init_flags() adds */
+    if (rc == 0 && se == shim_se &&
+        fuse_session_custom_io(se, &shim_io, fuse_session_fd(se)) != 0) {
+        extra_init_flags = 0;                  /* (init_flags() says nothing was added) */
+        counting = 0;
+    } else if (rc == 0 && se == shim_se)
+        counting = 1;
+    return rc;
+}
+
 /* ---- the interposed libfuse entry point ---- */
 
 __attribute__((visibility("default")))
@@ -866,6 +1041,21 @@ static PyObject *py_install(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_fallocate_reply(PyObject *self, PyObject *args)
+{
+    int token, err;
+    if (!PyArg_ParseTuple(args, "ii:fallocate_reply", &token, &err))
+        return NULL;
+    if (token < 1 || token > DEFERRED_MAX || !deferred[token - 1]) {
+        PyErr_SetString(PyExc_ValueError, "fallocate_reply: no such deferred request");
+        return NULL;
+    }
+    fuse_req_t req = deferred[token - 1];
+    deferred[token - 1] = NULL;
+    fuse_reply_err(req, err < 0 ? -err : err);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_install_fast(PyObject *self, PyObject *args)
 {
     PyObject *w, *r, *x = Py_None, *fl = Py_None, *re = Py_None, *ga = Py_None,
@@ -908,11 +1098,75 @@ static PyObject *py_active(PyObject *self, PyObject *unused)
     return PyBool_FromLong(intercepted);
 }
 
+static PyObject *py_set_init_flags(PyObject *self, PyObject *arg)
+{
+    unsigned long v = PyLong_AsUnsignedLong(arg);
+    if (v == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    extra_init_flags = (uint32_t)v;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_init_flags(PyObject *self, PyObject *unused)
+{
+    return Py_BuildValue("(kk)", (unsigned long)kernel_init_flags,
+                         (unsigned long)granted_init_flags);
+}
+
+static PyObject *py_op_counts(PyObject *self, PyObject *unused)
+{
+    if (!counting)
+        Py_RETURN_NONE;
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    int named[OP_SLOTS] = {0};
+    uint64_t other = __atomic_load_n(&op_count[0], __ATOMIC_RELAXED);
+    for (size_t i = 0; i < sizeof op_names / sizeof op_names[0]; i++) {
+        int op = op_names[i].op;
+        if (op <= 0 || op >= OP_SLOTS)
+            continue;
+        named[op] = 1;
+        uint64_t c = __atomic_load_n(&op_count[op], __ATOMIC_RELAXED);
+        if (!c)
+            continue;
+        PyObject *v = PyLong_FromUnsignedLongLong(c);
+        if (!v || PyDict_SetItemString(d, op_names[i].name, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    for (int op = 1; op < OP_SLOTS; op++)
+        if (!named[op])
+            other += __atomic_load_n(&op_count[op], __ATOMIC_RELAXED);
+    if (other) {
+        PyObject *v = PyLong_FromUnsignedLongLong(other);
+        if (!v || PyDict_SetItemString(d, "other", v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+static PyObject *py_set_kill_suidgid(PyObject *self, PyObject *cb)
+{
+    Py_XSETREF(kill_suidgid_cb, cb == Py_None ? NULL : Py_NewRef(cb));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"install", py_install, METH_VARARGS,
      "install(fallocate, flush_note[, interrupted[, write_note[, ioctl]]]): the callables the "
      "added requests "
      "call (None: off)."},
+    {"fallocate_reply", py_fallocate_reply, METH_VARARGS,
+     "fallocate_reply(token, errno): answer a fallocate whose callback returned None "
+     "(it was called with that token, 1 or more; 0 means it must answer at once)."},
     {"install_fast", py_install_fast, METH_VARARGS,
      "install_fast(write, read[, getxattr[, flush[, release[, getattr[, lookup[, open[, "
      "create[, truncate[, poll_ns[, burst_max]]]]]]]]]]): "
@@ -921,6 +1175,18 @@ static PyMethodDef methods[] = {
      "Counts of requests answered on the spot, in bursts, and declined."},
     {"active", py_active, METH_NOARGS,
      "Whether the mounted session went through this library."},
+    {"set_init_flags", py_set_init_flags, METH_O,
+     "set_init_flags(mask): FUSE_* INIT flags to add to libfuse's reply (before the mount; "
+     "only those the kernel offers are added)."},
+    {"init_flags", py_init_flags, METH_NOARGS,
+     "(offered by the kernel, added by set_init_flags and granted)."},
+    {"op_counts", py_op_counts, METH_NOARGS,
+     "The requests the kernel sent, by kind ({name: count}, nonzero only); None when the "
+     "session does not read through the shim."},
+    {"set_kill_suidgid", py_set_kill_suidgid, METH_O,
+     "set_kill_suidgid(fn): fn(ino) is called (before the handler) for a WRITE, SETATTR "
+     "or OPEN that asks the server to clear the inode's suid/sgid bits "
+     "(FUSE_HANDLE_KILLPRIV_V2); None: off."},
     {NULL, NULL, 0, NULL},
 };
 
