@@ -2928,7 +2928,8 @@ static const unsigned BANK_TIE[BANK_N] = { 10, 6, 2, 8, 4, 7, 3, 9, 5, 1, 0 };
  * leader made alone less those the live cache made (not below 0); the
  * estimate starts at BANK_COST0 x the cache size and is then the mean of
  * itself and each new measure (a switch made before the last one's measure
- * is complete folds in what that one cost so far). */
+ * is complete folds in what that one cost so far, scaled to the whole
+ * measure, at most the size). */
 static void bank_choose(policy *p)
 {
     struct policy_bank *b = p->bank;
@@ -2983,10 +2984,14 @@ static void bank_choose(policy *p)
                 pick = BANK_TIE[o];
     if (pick != BANK_N && b->measuring) {
         /* switching again before the last switch's cost was measured: what
-         * it cost so far counts (an underestimate) */
+         * it cost so far, scaled to the whole measure (the turnover is not
+         * over: as it stands it is an underestimate, and switches that come
+         * fast one after another would keep the estimate low), at most the
+         * size */
         double c = (double)lead_gain - (double)(b->live_hits - b->sw_live);
-        if (c > 0)
-            b->cost = 0.5 * (b->cost + c);
+        double f = (double)(b->accesses - b->sw_at) / (BANK_MEASURE * size);
+        if (c > 0 && f > 0)
+            b->cost = 0.5 * (b->cost + (c / f < size ? c / f : size));
     }
     if (pick != BANK_N)
         bank_switch(p, pick);
