@@ -28,15 +28,10 @@ def _fill(path, size: int) -> None:
         f.write(os.urandom(size))
 
 
-@pytest.mark.parametrize("fast_path", [1, 0])
-def test_ftruncate_waits_for_a_replaced_version_a_reader_holds(make_mount, fast_path):
-    """A reader keeps a replaced 3 MiB version (dead, pinned) in a 4 MiB
-    memory tier; ftruncate of another open slot to 2 MiB must wait for the
-    reader's close, not answer EIO (the fast path's size-only setattr once
-    turned "wait for room" into EIO) nor ENOSPC."""
-    m = make_mount(capacity="4M", fast_path=fast_path, writeback_delay_ms=60000)
-    d = m.p("a", "s")
-    d.mkdir(parents=True)
+def _grow_while_a_reader_holds_a_replaced_version(d, grow) -> None:
+    """A reader keeps a replaced 3 MiB version (dead, pinned) of `big` in a
+    4 MiB memory tier; grow(fd) runs on a newly created slot `t` while a
+    timer closes the reader half a second later."""
     _fill(d / "big", 3 * MiB)
     r = os.open(d / "big", os.O_RDONLY)
     try:
@@ -47,8 +42,7 @@ def test_ftruncate_waits_for_a_replaced_version_a_reader_holds(make_mount, fast_
         try:
             closer = _later(0.5, lambda: os.close(r))
             try:
-                os.ftruncate(w, 2 * MiB)
-                os.pwrite(w, b"end", 2 * MiB - 3)
+                grow(w)
             finally:
                 closer.join()
                 r = -1
@@ -58,6 +52,22 @@ def test_ftruncate_waits_for_a_replaced_version_a_reader_holds(make_mount, fast_
     finally:
         if r >= 0:
             os.close(r)
+
+
+@pytest.mark.parametrize("fast_path", [1, 0])
+def test_ftruncate_waits_for_a_replaced_version_a_reader_holds(make_mount, fast_path):
+    """A reader keeps a replaced 3 MiB version (dead, pinned) in a 4 MiB
+    memory tier; ftruncate of another open slot to 2 MiB must wait for the
+    reader's close, not answer EIO (the fast path's size-only setattr once
+    turned "wait for room" into EIO) nor ENOSPC."""
+    m = make_mount(capacity="4M", fast_path=fast_path, writeback_delay_ms=60000)
+    d = m.p("a", "s")
+    d.mkdir(parents=True)
+
+    def grow(w: int) -> None:
+        os.ftruncate(w, 2 * MiB)
+        os.pwrite(w, b"end", 2 * MiB - 3)
+    _grow_while_a_reader_holds_a_replaced_version(d, grow)
     with open(d / "t", "rb") as f:
         data = f.read()
     assert len(data) == 2 * MiB and data.endswith(b"end") and data[:4096] == bytes(4096)
@@ -96,28 +106,12 @@ def test_fallocate_waits_for_room_too(make_mount):
     m = make_mount(capacity="4M", writeback_delay_ms=60000)
     d = m.p("a", "s")
     d.mkdir(parents=True)
-    _fill(d / "big", 3 * MiB)
-    r = os.open(d / "big", os.O_RDONLY)
-    try:
-        assert len(os.pread(r, 4096, 0)) == 4096
-        with open(d / "big", "wb") as f:
-            f.write(b"new")
-        w = os.open(d / "t", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            closer = _later(0.5, lambda: os.close(r))
-            try:
-                os.posix_fallocate(w, 0, 2 * MiB)
-            finally:
-                closer.join()
-                r = -1
-            assert os.fstat(w).st_size == 2 * MiB
-            # the loop served other requests while it waited
-            assert (d / "big").read_bytes() == b"new"
-        finally:
-            os.close(w)
-    finally:
-        if r >= 0:
-            os.close(r)
+
+    def grow(w: int) -> None:
+        os.posix_fallocate(w, 0, 2 * MiB)
+        # the loop served other requests while it waited
+        assert (d / "big").read_bytes() == b"new"
+    _grow_while_a_reader_holds_a_replaced_version(d, grow)
     assert os.stat(d / "t").st_size == 2 * MiB
     assert "answering EIO" not in m.logtext()
 

@@ -1113,6 +1113,17 @@ static PyObject *py_init_flags(PyObject *self, PyObject *unused)
                          (unsigned long)granted_init_flags);
 }
 
+/* d[name] = c when c is not 0; -1 with an exception set on failure. */
+static int put_count(PyObject *d, const char *name, uint64_t c)
+{
+    if (!c)
+        return 0;
+    PyObject *v = PyLong_FromUnsignedLongLong(c);
+    int rc = v ? PyDict_SetItemString(d, name, v) : -1;
+    Py_XDECREF(v);
+    return rc;
+}
+
 static PyObject *py_op_counts(PyObject *self, PyObject *unused)
 {
     if (!counting)
@@ -1127,30 +1138,19 @@ static PyObject *py_op_counts(PyObject *self, PyObject *unused)
         if (op <= 0 || op >= OP_SLOTS)
             continue;
         named[op] = 1;
-        uint64_t c = __atomic_load_n(&op_count[op], __ATOMIC_RELAXED);
-        if (!c)
-            continue;
-        PyObject *v = PyLong_FromUnsignedLongLong(c);
-        if (!v || PyDict_SetItemString(d, op_names[i].name, v) < 0) {
-            Py_XDECREF(v);
-            Py_DECREF(d);
-            return NULL;
-        }
-        Py_DECREF(v);
+        if (put_count(d, op_names[i].name,
+                      __atomic_load_n(&op_count[op], __ATOMIC_RELAXED)) < 0)
+            goto fail;
     }
     for (int op = 1; op < OP_SLOTS; op++)
         if (!named[op])
             other += __atomic_load_n(&op_count[op], __ATOMIC_RELAXED);
-    if (other) {
-        PyObject *v = PyLong_FromUnsignedLongLong(other);
-        if (!v || PyDict_SetItemString(d, "other", v) < 0) {
-            Py_XDECREF(v);
-            Py_DECREF(d);
-            return NULL;
-        }
-        Py_DECREF(v);
-    }
+    if (put_count(d, "other", other) < 0)
+        goto fail;
     return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
 }
 
 static PyObject *py_set_kill_suidgid(PyObject *self, PyObject *cb)
