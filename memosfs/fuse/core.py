@@ -174,6 +174,7 @@ class OpsCore:
     _refresher: "Refresher"
     _next_ino: int
     _next_fh: int
+    _dir_opens: dict[int, tuple[int, int]]   # directory handle -> (inode, opener's tgid)
     _lookup_misses: int         # lookups of a name no tier has (counted as misses)
     _refused: int               # requests refused for a store error or a bad write
     _read_requests: int

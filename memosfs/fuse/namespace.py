@@ -242,18 +242,31 @@ class NamespaceOps(OpsCore):
         self.store.namespace_changed()
 
     async def opendir(self, inode, ctx):
+        """A handle on a directory, which remembers who opened it: readdir
+        lists what lookup finds for that process."""
         self._dir(inode)
-        return inode
+        fh = self._fh()
+        self._dir_opens[fh] = (inode, tgid_of(ctx.pid))
+        return fh
 
     async def readdir(self, fh, start_id, token):
         """List a directory: `.`, `..`, then the children in creation order.
+        A slot that is being created and was never published is listed only
+        to its writers, as lookup finds it only for them (so `ls -l`, `du`,
+        `tar`, `rsync` and `rm -r` never meet a listed name that is
+        ENOENT).  Offsets count every child, listed or not, so that a
+        listing continued after a publish neither repeats nor skips a name.
         Each child handed over adds one lookup (the kernel takes none for
         `.` and `..`)."""
-        d = self._dir(fh)
+        ino, tgid = self._dir_opens.get(fh, (fh, 0))
+        d = self._dir(ino)
         items: list[tuple[str, Node]] = [(".", d), ("..", d.parent or d)]
         items += list(d.children.items())
         for i in range(start_id, len(items)):
             name, node = items[i]
+            if i >= 2 and isinstance(node, Slot) and not node.version \
+                    and tgid not in node.writer_pids:
+                continue                # created, not published: not found (lookup)
             attr = self.fed.root_attr() if node.ino == FED_INO else self._attr(node)
             if not pyfuse3.readdir_reply(token, name.encode("utf-8", "surrogateescape"),
                                          attr, i + 1):
@@ -262,7 +275,7 @@ class NamespaceOps(OpsCore):
                 node.lookups += 1
 
     async def releasedir(self, fh):
-        pass
+        self._dir_opens.pop(fh, None)
 
     async def statfs(self, ctx):
         """Both tiers, in 4 KiB blocks (what df shows; docs/df.md):

@@ -92,6 +92,9 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         self.handles: dict[int, Handle] = {}
         self._next_ino = FIRST_DYNAMIC_INO
         self._next_fh = 1
+        self._dir_opens: dict[int, tuple[int, int]] = {}  # directory handle ->
+                                        # (its inode, the opener's tgid): readdir
+                                        # lists what lookup finds for that process
         self._lookup_misses = 0
         self._refused = 0
         self._read_requests = 0
