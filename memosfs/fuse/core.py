@@ -290,7 +290,7 @@ class OpsCore:
         a.attr_timeout = ATTR_TIMEOUT
         a.entry_timeout = ENTRY_TIMEOUT
         if isinstance(node, Slot) and (node.writers or node.draft is not None):
-            if not self.wb:
+            if not self.wb and node.version:
                 # (with the writeback cache the kernel keeps a regular file's
                 # size and mtime itself and asks for nothing per write: a
                 # zero timeout would cost a GETATTR per write(2))
