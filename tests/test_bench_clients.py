@@ -77,6 +77,14 @@ def test_bench_clients_small(tmp_path):
             assert p["write_requests"] <= p["requests"], (name, t, p)
             want = p["requests"] / p["MB"]
             assert abs(p["requests_per_MB"] - want) <= 0.01 + 1e-3 * want, (name, t, p)
+            if name == "small":
+                # a created file costs at least its create, write and release
+                # (the writer's flush publishes); a read at least open and release
+                assert set(p["per_op"]) == {"create", "read"}, (t, p)
+                assert p["per_op"]["create"]["requests"] >= 3, (t, p)
+                assert p["per_op"]["read"]["requests"] >= 2, (t, p)
+            else:
+                assert "per_op" not in p, (name, t, p)
             if name.startswith("write_"):
                 # at least one request per write() without the writeback cache
                 if t != "memosfs_wbc":

@@ -65,7 +65,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 from memosfs.bench.common import (
     MiB, drop_cached_pages, memos_mount, nullfs_mount, set_knob, tmpfs_dir, write_file)
@@ -185,6 +185,7 @@ class Profile:
             b = daemon_counts(root)
             self.probe[t] = b["requests"] - a["requests"]
         self.sums: dict[str, dict[str, int]] = {}
+        self.phases: dict[str, dict[str, dict[str, int]]] = {}
 
     @contextlib.contextmanager
     def run(self, target: str) -> Iterator[None]:
@@ -201,6 +202,24 @@ class Profile:
                 d[k] += b[k] - a[k]
             d["requests"] -= self.probe[target]
 
+    @contextlib.contextmanager
+    def phase(self, target: str, name: str, ops: int) -> Iterator[None]:
+        """Count one phase of a pattern's run on its own (the small files'
+        creates, their reads): requests and daemon CPU per operation."""
+        if target not in self.roots:
+            yield
+            return
+        a = daemon_counts(self.roots[target])
+        try:
+            yield
+        finally:
+            b = daemon_counts(self.roots[target])
+            d = self.phases.setdefault(target, {}).setdefault(
+                name, {"ops": 0, "requests": 0, "cpu_ms": 0})
+            d["ops"] += ops
+            d["requests"] += b["requests"] - a["requests"] - self.probe[target]
+            d["cpu_ms"] += b["cpu_ms"] - a["cpu_ms"]
+
     def report(self, mb_per_run: float, runs: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
         mb = mb_per_run * runs
@@ -212,15 +231,27 @@ class Profile:
                       "write_requests_per_MB": round(d["write_requests"] / mb, 2) if mb else None,
                       "cpu_us_per_request": round(1000 * d["cpu_ms"] / r, 1) if r else None,
                       "cpu_ms_per_MB": round(d["cpu_ms"] / mb, 2) if mb else None}
+            phases = self.phases.get(t, {})
+            if phases:
+                out[t]["per_op"] = {
+                    name: {"requests": round(p["requests"] / p["ops"], 2),
+                           "cpu_us": round(1000 * p["cpu_ms"] / p["ops"], 1)}
+                    for name, p in phases.items() if p["ops"]}
         self.sums = {}
+        self.phases = {}
         return out
 
 
 class Timer:
     """Best-of per (figure, target)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prof: Optional[Profile] = None) -> None:
         self.best: dict[str, dict[str, float]] = {}
+        self.prof = prof
+
+    def phase(self, target: str, name: str, ops: int):
+        """The profile's count of one phase (a no-op without --profile)."""
+        return self.prof.phase(target, name, ops) if self.prof else contextlib.nullcontext()
 
     def keep(self, figure: str, target: str, seconds: float) -> None:
         d = self.best.setdefault(figure, {})
@@ -387,19 +418,21 @@ def p_small(count: int) -> Callable:
     def run(d: str, target: str, tm: Timer, i: int) -> None:
         at, cleanup = scratch(d, target, f"small{i}")
         paths = [at(f"f{j:05d}") for j in range(count)]
-        t0 = time.perf_counter()
-        for p in paths:
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.write(fd, data)
-            os.close(fd)
-        tm.keep("create", target, time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        with tm.phase(target, "create", count):
+            t0 = time.perf_counter()
+            for p in paths:
+                fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.write(fd, data)
+                os.close(fd)
+            tm.keep("create", target, time.perf_counter() - t0)
         n = 0
-        for p in paths:
-            fd = os.open(p, os.O_RDONLY)
-            n += os.readv(fd, [buf])
-            os.close(fd)
-        tm.keep("read", target, time.perf_counter() - t0)
+        with tm.phase(target, "read", count):
+            t0 = time.perf_counter()
+            for p in paths:
+                fd = os.open(p, os.O_RDONLY)
+                n += os.readv(fd, [buf])
+                os.close(fd)
+            tm.keep("read", target, time.perf_counter() - t0)
         if n != 4096 * count:
             raise RuntimeError(f"{target}: read {n} of {4096 * count} bytes")
         cleanup()
@@ -544,7 +577,7 @@ def bench_clients(repeat: int = 3, scale: float = 1.0, only: tuple[str, ...] = P
             prof = Profile({"memosfs": mnt, "memosfs_nofast": mnt,
                             "memosfs_wbc": wbc_root}) if profile else None
             for name, run in runners.items():
-                tm = Timer()
+                tm = Timer(prof)
                 for i in range(repeat):
                     say(f"[{i + 1}/{repeat}] {name}")
                     # alternate which target goes first, so none always runs right
