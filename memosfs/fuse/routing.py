@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 import pyfuse3
 
-from memosfs.fuse.core import NeedRoom
+from memosfs.fuse.core import SUBJECT, NeedRoom
 from memosfs.fuse.fedtree import FED_INO
 from memosfs.fuse.why import CALLER
 
@@ -96,6 +96,32 @@ def _caller_uid(ops, name: str, args: tuple) -> Optional[int]:
     return uid if isinstance(uid, int) else None
 
 
+# handlers whose first argument is an inode (the slot a refusal names)
+_BY_INODE = frozenset(("open", "setattr", "getxattr", "setxattr", "removexattr"))
+
+
+def _subject(ops, name: str, args: tuple) -> Optional[str]:
+    """The path below the mount of the slot a request acts on (what its
+    refusals name), or None."""
+    node = None
+    if name in _BY_FH and args:
+        h = ops.handles.get(args[0])
+        node = getattr(h, "node", None)
+    elif name in _BY_INODE and args:
+        node = ops.inodes.get(args[0])
+    elif name == "create" and len(args) > 1:
+        parent = ops.inodes.get(args[0])
+        key_of = getattr(parent, "key_of", None)
+        if key_of is not None:
+            try:
+                return key_of(args[1].decode("utf-8", "surrogateescape")).decode(
+                    "utf-8", "replace")
+            except Exception:
+                return None
+    key = getattr(node, "key", None) if getattr(node, "draft_size", None) else None
+    return key.decode("utf-8", "replace") if isinstance(key, bytes) else None
+
+
 def _guard(fn):
     name = fn.__name__
 
@@ -103,6 +129,8 @@ def _guard(fn):
     async def handler(self, *args):
         uid = _caller_uid(self, name, args)
         token = CALLER.set((uid, self.why)) if uid is not None else None
+        subject = _subject(self, name, args)
+        about = SUBJECT.set(subject) if subject is not None else None
         try:
             return await fn(self, *args)
         except (pyfuse3.FUSEError, NeedRoom):
@@ -118,6 +146,8 @@ def _guard(fn):
                               f"daemon's log has the traceback)")
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
+            if about is not None:
+                SUBJECT.reset(about)
             if token is not None:
                 CALLER.reset(token)
 
