@@ -41,6 +41,8 @@ CLEAN_AHEAD_TO = 0.5        # ... until the dirty ones beyond this share of memo
 CLEAN_AHEAD_WAKE = 1 << 20  # a publish this large wakes the background writer to check
 META_SAVE_GAP_S = 0.5       # order.json / policy.json in the background at most this often
 SSD_VICTIMS_BATCH = 8       # SSD victims asked of the policy at a time
+EVICT_LOG_GAP_S = 5.0       # SSD evictions are logged at most this often (the rest folded)
+EVICT_LOG_NAMES = 5         # slots a folded line names (then a count)
 
 
 class WriteBackMixin:
@@ -95,6 +97,14 @@ class WriteBackMixin:
         try:
             entry = self.ssd.put(ref, meta, durable)
         except SSDFull as full:
+            if self.ssd_full == "refuse":
+                # the tier keeps what it holds: this version stays in memory
+                # (dirty), and new writes are refused once memory is full
+                self._c["ssd_full_refusals"] += 1
+                said = (f"the SSD tier reached its ssd_capacity ({self.ssd.capacity} bytes) "
+                        f"and ssd_full=refuse keeps the slots it holds")
+                self.ssd.trouble = said
+                raise OSError(errno.ENOSPC, said) from None
             self._make_ssd_room(full.excess, keep=key, older_only=room_from_older)
             entry = self.ssd.put(ref, meta, durable)
         with self.lock:
@@ -144,8 +154,42 @@ class WriteBackMixin:
                         self._dirty_since.setdefault(entry.key, time.monotonic())
                 if ref is None:
                     self._c["drops_lost"] += 1
+                    self._c["ssd_evicted_slots"] += 1
                     self.trace.emit("SSD_EVICT", key=_k(entry.key), bytes=entry.size)
+                    self._note_ssd_eviction(entry.key, keep)
                     self._dropped(entry.key, "ssd-evicted")
+
+    def _note_ssd_eviction(self, key: bytes, keep: bytes) -> None:
+        """Log a slot the SSD tier evicted (no other tier holds it: it is gone),
+        at most once every EVICT_LOG_GAP_S: the first at once, the ones that
+        follow folded into the next line (count and the first few names)."""
+        with self.lock:
+            folded = self._ssd_evict_log
+            folded[0] += 1
+            if len(folded[1]) < EVICT_LOG_NAMES:
+                folded[1].append(_k(key))
+            now = time.monotonic()
+            if now - folded[2] < EVICT_LOG_GAP_S:
+                return
+            count, names = folded[0], folded[1]
+            self._ssd_evict_log = [0, [], now]
+        self._log_ssd_evictions(count, names, f"to make room for {_k(keep)}")
+
+    def _log_ssd_evictions(self, count: int, names: list, why: str) -> None:
+        more = f" and {count - len(names)} more" if count > len(names) else ""
+        log.warning("the SSD tier reached its ssd_capacity (%d bytes): %d slot%s evicted from "
+                    "it %s, the coldest first (no other tier held them: they are gone): %s%s "
+                    "(ssd_full=evict; ssd_full=refuse refuses new writes instead)",
+                    self.ssd.capacity, count, "" if count == 1 else "s", why,
+                    ", ".join(names), more)
+
+    def flush_eviction_log(self) -> None:
+        """Log the SSD evictions folded since the last line (at unmount)."""
+        with self.lock:
+            count, names = self._ssd_evict_log[0], self._ssd_evict_log[1]
+            self._ssd_evict_log = [0, [], self._ssd_evict_log[2]]
+        if count:
+            self._log_ssd_evictions(count, names, "since the last such line")
 
     def _log_io_error(self, fmt: str, *args: object) -> None:
         """SSD trouble (a full disk) repeats for every slot: log it at ERROR
