@@ -398,8 +398,9 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
             log.error("unmount: %s", e.strerror)
             unsaved, error, status = e.count, e.strerror, 1
         except OSError as e:
-            log.error("unmount: could not persist every dirty slot: %s", e)
-            error, status = f"could not persist every dirty slot: {e}", 1
+            said = e.strerror or str(e)
+            log.error("unmount: could not persist every dirty slot: %s", said)
+            error, status = f"could not persist every dirty slot: {said}", 1
         finally:
             pyfuse3.close(unmount=unmount)
         log.info("unmounted %s", mountpoint)

@@ -154,11 +154,14 @@ def _apply_ssd_capacity(ctl: "ControlTree", value: int) -> int:
             raise KnobError("no SSD tier is mounted")
         return value
     ctl.store.ssd.capacity = value
+    ctl.store.ssd.trouble = None        # (the next write-back tells anew)
     return value
 
 
 def _apply_ssd_full(ctl: "ControlTree", value: str) -> str:
     ctl.store.ssd_full = value
+    if ctl.store.ssd is not None:
+        ctl.store.ssd.trouble = None    # (the next write-back tells anew)
     return value
 
 

@@ -164,9 +164,17 @@ class FileOps(OpsCore):
     def _fair_share(self, h: Handle, node: Slot, d: "_native.Draft", end: int) -> None:
         """Before a draft grows to end bytes: the writer's uid stays within
         hold_max_per_uid and the agent within its quota (making room from
-        its own slots first).  EDQUOT otherwise; nothing changes."""
+        its own slots first).  EDQUOT otherwise; nothing changes.  ENOSPC
+        while the SSD tier takes nothing under ssd_full=refuse."""
         if end <= d.size:
             return
+        ssd = self.store.ssd
+        if ssd is not None and ssd.trouble and self.store.ssd_full == "refuse":
+            # the SSD tier takes nothing more and may not evict: a slot
+            # written now could not be saved (ssd_full=refuse)
+            self._refused += 1
+            raise refuse(errno.ENOSPC, "%s; new writes are refused until there is room",
+                         ssd.trouble, level=logging.WARNING)
         self.tenants.draft_started(h.uid, node)
         try:
             self.tenants.check_draft(h.uid, node, end)

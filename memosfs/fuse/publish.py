@@ -66,8 +66,9 @@ class PublishOps(OpsCore):
             r = src.refused
             before = "the version before stays" if node.version else \
                 "the name goes with its last writer"
-            raise refuse(r.code or errno.EIO, "not published: a write to it was refused "
+            raise refuse(r.code or errno.EIO, "%s: not published: a write to it was refused "
                          "(%s), so it lacks bytes its writers wrote; %s",
+                         node.key.decode("utf-8", "replace"),
                          r.reason or errno.errorcode.get(r.code, "refused"), before,
                          level=logging.WARNING)
         d = self._ensure_draft(src)

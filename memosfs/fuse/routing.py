@@ -16,8 +16,11 @@ while the handler runs (why.CALLER: the context's uid, or for read, write,
 flush, release and fsync the uid of the handle's opener), so that a
 refusal reaches that uid's `.memos/why`.
 
-May call: `ops.fed` (FedTree), `ops.handles` and `ops.why` (to know and
-tell the caller), the handlers it wraps; nothing else.
+It also says which slot the request acts on (core.SUBJECT: its path
+below the mount), so that every refusal's log line names it.
+
+May call: `ops.fed` (FedTree), `ops.handles`, `ops.inodes` and `ops.why` (to
+know and tell the caller and the slot), the handlers it wraps; nothing else.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import pyfuse3
 
 from memosfs.fuse.core import SUBJECT, NeedRoom
 from memosfs.fuse.fedtree import FED_INO
+from memosfs.fuse.nodes import SLOT_DIRS
 from memosfs.fuse.why import CALLER
 
 log = logging.getLogger("memosfs.fuse.operations")
@@ -112,7 +116,7 @@ def _subject(ops, name: str, args: tuple) -> Optional[str]:
     elif name == "create" and len(args) > 1:
         parent = ops.inodes.get(args[0])
         key_of = getattr(parent, "key_of", None)
-        if key_of is not None:
+        if key_of is not None and getattr(parent, "level", None) in SLOT_DIRS:
             try:
                 return key_of(args[1].decode("utf-8", "surrogateescape")).decode(
                     "utf-8", "replace")

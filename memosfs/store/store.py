@@ -103,7 +103,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from memosfs import _native
 from memosfs.trace import Trace
 from memosfs.store import kvfile
-from memosfs.store.common import UnsavedSlots, _k, make_key, split_key
+from memosfs.store.common import UnsavedSlots, _k, make_key, said, split_key
 from memosfs.store.namespace import NamespaceMixin
 from memosfs.store.prefetch import PrefetchEngine
 from memosfs.store.reads import ReadMixin
@@ -339,9 +339,10 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
                         continue
                     if ref.dirty:
                         unsaved.append(key)
+                        cause = said(failed) if failed is not None else self.ssd.trouble
                         log.error("unmount: %s (version %d, %d bytes) could not be saved "
-                                  "to the SSD tier: it is lost", _k(key), ref.version,
-                                  ref.size)
+                                  "to the SSD tier%s: it is lost", _k(key), ref.version,
+                                  ref.size, f" ({cause})" if cause else "")
                     ref.release()
                 self._c["slots_unsaved"] += len(unsaved)
         finally:

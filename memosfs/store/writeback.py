@@ -27,7 +27,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Optional
 
-from memosfs.store.common import UnsavedSlots, _k
+from memosfs.store.common import UnsavedSlots, _k, said
 from memosfs.store.ssd import SSDFull
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class WriteBackMixin:
                 self._c["evict_writebacks"] += 1
             except OSError as e:
                 self._log_io_error("eviction kept %s in memory: write-back failed: %s",
-                                   _k(ref.key), e)
+                                   _k(ref.key), said(e))
                 return False
         with self.lock:                         # publish and rename take it too
             if not ref.live:
@@ -243,7 +243,7 @@ class WriteBackMixin:
                         self._write_back(ref, durable=False, room_from_older=True)
                         written += 1
                 except OSError as e:
-                    log.error("flush could not write %s: %s", _k(key), e)
+                    log.error("flush could not write %s: %s", _k(key), said(e))
                     failed = failed or e
                 finally:
                     ref.release()
@@ -277,7 +277,7 @@ class WriteBackMixin:
                     self._write_back(ref, durable=False)
                 except OSError as e:
                     self._log_io_error("quota: %s stays in memory: write-back failed: %s",
-                                       _k(key), e)
+                                       _k(key), said(e))
                     return False
             with self.lock:                     # publish and rename take it too
                 cur = self.cache.peek(key)
@@ -344,7 +344,7 @@ class WriteBackMixin:
                 elif self.ssd.policy_dirty:
                     self.ssd.save_policy(durable=False)     # rate-limited
             except OSError as e:
-                self._log_io_error("background writer: %s", e)
+                self._log_io_error("background writer: %s", said(e))
             except Exception:
                 log.exception("background writer")
 
@@ -375,7 +375,8 @@ class WriteBackMixin:
                     self._c["clean_ahead"] += 1
                     budget -= ref.size
             except OSError as e:
-                self._log_io_error("write-back ahead of eviction of %s failed: %s", _k(key), e)
+                self._log_io_error("write-back ahead of eviction of %s failed: %s", _k(key),
+                                   said(e))
                 return
             finally:
                 ref.release()
@@ -403,6 +404,6 @@ class WriteBackMixin:
                     if key in self._dirty_since:
                         self._dirty_since[key] = time.monotonic() + WRITEBACK_RETRY_S
                 self._log_io_error("background write-back of %s failed (retrying in %.0f s): %s",
-                                   _k(key), WRITEBACK_RETRY_S, e)
+                                   _k(key), WRITEBACK_RETRY_S, said(e))
             finally:
                 ref.release()
