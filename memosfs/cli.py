@@ -291,6 +291,7 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
     import trio
 
     from memosfs import _native
+    from memosfs.fuse.core import flush_folded
     from memosfs.fuse.operations import MemosOperations
     from memosfs.store.ssd import SSDTier
     from memosfs.store.store import Store, UnsavedSlots
@@ -403,6 +404,7 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
             error, status = f"could not persist every dirty slot: {said}", 1
         finally:
             pyfuse3.close(unmount=unmount)
+        flush_folded()                  # (a refusal that came again: its count)
         log.info("unmounted %s", mountpoint)
         if error:
             print(f"memosfs: unmount of {mountpoint}: {error}", file=sys.stderr, flush=True)

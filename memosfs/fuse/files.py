@@ -109,7 +109,7 @@ class FileOps(OpsCore):
     def _write_now(self, h: Handle, off: int, buf, writeback: bool) -> int:
         """The write, once the handle may write (coherence granted)."""
         node = h.node
-        d = self._ensure_draft(node)
+        d = self._draft_for(node, off, off + len(buf))
         if h.append and off != d.size and not writeback:
             # the kernel placed this append by a size another process's stat
             # gave it: the record goes to the end all the same, and the
@@ -218,7 +218,7 @@ class FileOps(OpsCore):
 
     def _extend(self, h: Handle, end: int) -> None:
         node = h.node
-        d = self._ensure_draft(node)
+        d = self._draft_for(node, end - 1, end)
         if end > d.size:
             try:
                 self._fair_share(h, node, d, end)
@@ -280,6 +280,15 @@ class FileOps(OpsCore):
         node.trunc_only = False
         node.pages_trusted = False
 
+    def _draft_for(self, node: Slot, start: int, end: int) -> "_native.Draft":
+        """The writers' draft for a change of bytes [start, end): one that
+        cannot be made (memory is full) refuses that change (`Slot.refused`)."""
+        try:
+            return self._ensure_draft(node)
+        except pyfuse3.FUSEError as e:
+            self._refused_span(node, start, end, e)
+            raise
+
     def _ensure_draft(self, node: Slot) -> "_native.Draft":
         """The writers' draft, made from the base at the first change."""
         if node.draft is None:
@@ -340,7 +349,7 @@ class FileOps(OpsCore):
             trio.lowlevel.spawn_system_task(self.pusher.run, job)
 
     def _truncate_draft(self, node: Slot, size: int) -> None:
-        d = self._ensure_draft(node)
+        d = self._draft_for(node, size, size + 1)
         self._draft_call(node, d.truncate, size, span=(size, size + 1))
         self._changed(node)
         node.refused.truncated(size)        # (what was refused beyond size is not wanted)
@@ -384,7 +393,7 @@ class FileOps(OpsCore):
     def _flush_now(self, fh: int, h: Handle, note: Optional[tuple[int, int]]) -> Optional[tuple]:
         """flush's work: the publish (if due; `note` is who closes); returns
         the page-cache push to run, if any."""
-        if h.kind != "write" or not h.node.changed:
+        if h.kind != "write" or not (h.node.changed or h.node.refused):
             return None
         if note is not None and note[0] == fh and note[1] != h.opener \
                 and tgid_of(note[1]) != h.opener:
@@ -489,7 +498,7 @@ class FileOps(OpsCore):
         if h.kind == "pseudo":
             return
         node = h.node
-        if h.kind == "write" and node.changed:
+        if h.kind == "write" and (node.changed or node.refused):
             await self._may_publish(h)
             job = await self._with_room(self._publish, h)
             if job is not None:
@@ -519,7 +528,7 @@ class FileOps(OpsCore):
         h = self.handles.pop(fh)
         node = h.node
         try:
-            if h.kind == "write" and node.writers == 1 and node.changed:
+            if h.kind == "write" and node.writers == 1 and (node.changed or node.refused):
                 try:
                     job = self._publish(h)
                 except pyfuse3.FUSEError:
@@ -557,7 +566,7 @@ class FileOps(OpsCore):
         owner = node.private_of
         if owner is not None:           # a private draft's last writer: its view goes
             owner.privates = {t: sh for t, sh in owner.privates.items() if sh is not node}
-        if self.wb and node.changed and node.refused and node.version \
+        if self.wb and node.refused and node.version \
                 and not node.detached and node.parent is not None \
                 and node.parent.children.get(node.name) is node:
             # writes were refused and nothing was published: the kernel keeps
