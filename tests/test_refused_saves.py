@@ -8,6 +8,7 @@ tests/test_ssd_full.py."""
 
 from __future__ import annotations
 
+import collections
 import errno
 import os
 import subprocess
@@ -40,7 +41,12 @@ def test_head_beyond_the_tier_into_a_new_name_leaves_no_name(make_mount, wb):
     assert r.returncode != 0, r
     assert not (d / "new").exists()
     assert "new" not in os.listdir(d)
-    assert "a/s/new" in m.logtext()              # the log names the slot
+    log = m.logtext()
+    refusals = [line.split(" ", 4)[-1] for line in log.splitlines() if "refused (" in line]
+    assert refusals and all("a/s/new" in line for line in refusals), refusals
+    # one refused save, a few lines: identical refusals are folded (their count)
+    assert max(collections.Counter(refusals).values()) == 1, refusals
+    assert len(refusals) <= 6, refusals
 
 
 @pytest.mark.parametrize("wb", MODES)

@@ -132,10 +132,24 @@ class Refused(pyfuse3.FUSEError):
     noted = False
 
 
-# The slot a request acts on (its path below the mount), set while a
-# handler of a slot's bytes runs (`OpsCore._about`): `refuse` names it in
-# the reason when the reason does not already.
-SUBJECT: ContextVar[Optional[str]] = ContextVar("memosfs_subject", default=None)
+# The slot a request acts on, set while its handler runs (routing.py's
+# guard, `OpsCore._answer` for the fast path): a node, or (parent directory,
+# name) for a create.  `refuse` names it (its path below the mount) in the
+# reason when the reason does not already; it is made into text only then.
+SUBJECT: ContextVar[object] = ContextVar("memosfs_subject", default=None)
+
+
+def subject_text(subject: object) -> Optional[str]:
+    """The path below the mount of a SUBJECT, or None."""
+    try:
+        if isinstance(subject, tuple):
+            parent, name = subject
+            key = parent.key_of(name.decode("utf-8", "surrogateescape"))
+        else:
+            key = subject.key if isinstance(subject, Slot) else None
+    except Exception:               # (a name the tree refuses: said by the refusal)
+        return None
+    return key.decode("utf-8", "replace") if isinstance(key, bytes) else None
 
 FOLD_S = 10.0                   # identical refusals within this long share one log line
 
@@ -161,7 +175,7 @@ def refuse(code: int, fmt: str, *args: object, level: int = logging.INFO) -> Ref
         log.log(level, "refused (%s): " + fmt, errno.errorcode.get(code, code), *args)
         return r
     reason = r.bare = fmt % args if args else fmt
-    subject = SUBJECT.get()
+    subject = subject_text(SUBJECT.get())
     if subject and subject not in reason:
         reason = f"{subject}: {reason}"
     r.reason = reason
@@ -390,8 +404,7 @@ class OpsCore:
         request.  None when the memory tier must make room first (NeedRoom:
         the request goes to its handler, which waits off the loop)."""
         self._room_ok = True
-        h = next((a for a in args if isinstance(a, Handle)), None)
-        about = self._about(h.node) if h is not None else None
+        about = SUBJECT.set(args[0].node) if args and type(args[0]) is Handle else None
         try:
             return fn(*args)
         except NeedRoom:
@@ -538,12 +551,6 @@ class OpsCore:
                     f"make room")
         return ("the memory tier is full of slots that cannot go now (open, pinned, or "
                 "still being written back)")
-
-    def _about(self, node: Node):
-        """Set SUBJECT to node's path below the mount (for the refusals of
-        the request); returns the token to reset it with."""
-        return SUBJECT.set(node.key.decode("utf-8", "replace")
-                           if isinstance(node, Slot) else node.name)
 
 
 __all__ = ["OpsCore", "Refused", "refuse", "tgid_of", "physical_memory", "log", "FastCtx"]

@@ -104,26 +104,19 @@ def _caller_uid(ops, name: str, args: tuple) -> Optional[int]:
 _BY_INODE = frozenset(("open", "setattr", "getxattr", "setxattr", "removexattr"))
 
 
-def _subject(ops, name: str, args: tuple) -> Optional[str]:
-    """The path below the mount of the slot a request acts on (what its
-    refusals name), or None."""
-    node = None
+def _subject(ops, name: str, args: tuple) -> object:
+    """The slot a request acts on (core.SUBJECT: a node, or the parent and
+    the name of a create), or None."""
     if name in _BY_FH and args:
         h = ops.handles.get(args[0])
-        node = getattr(h, "node", None)
-    elif name in _BY_INODE and args:
-        node = ops.inodes.get(args[0])
-    elif name == "create" and len(args) > 1:
+        return getattr(h, "node", None)
+    if name in _BY_INODE and args:
+        return ops.inodes.get(args[0])
+    if name == "create" and len(args) > 1:
         parent = ops.inodes.get(args[0])
-        key_of = getattr(parent, "key_of", None)
-        if key_of is not None and getattr(parent, "level", None) in SLOT_DIRS:
-            try:
-                return key_of(args[1].decode("utf-8", "surrogateescape")).decode(
-                    "utf-8", "replace")
-            except Exception:
-                return None
-    key = getattr(node, "key", None) if getattr(node, "draft_size", None) else None
-    return key.decode("utf-8", "replace") if isinstance(key, bytes) else None
+        if getattr(parent, "level", None) in SLOT_DIRS:
+            return (parent, args[1])
+    return None
 
 
 def _guard(fn):
