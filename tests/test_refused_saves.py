@@ -13,9 +13,10 @@ import errno
 import os
 import subprocess
 
+import pyfuse3
 import pytest
+from conftest import CTX
 
-pytestmark = pytest.mark.mount
 MiB = 1 << 20
 MODES = [pytest.param(0, id="write-through"), pytest.param(1, id="writeback-cache")]
 
@@ -122,6 +123,43 @@ def _write_until_refused(fd: int, off: int) -> int:
         except OSError as e:
             return e.errno
     return 0
+
+
+def test_the_handlers_publish_nothing_after_a_refused_write(make_handlers):
+    """The rule below the mount: flush and fsync answer the refused write's
+    errno, the version before stays, a refused create's name goes with its
+    last writer; a truncate below the refused bytes lets the draft publish."""
+    fs = make_handlers(capacity=4 * MiB)
+    fs.mkdirs("a/s")
+    fs.write("a/s/k", b"v1")
+    ctx = CTX
+    fi = fs.call("open", fs.lookup("a/s/k"), os.O_WRONLY | os.O_TRUNC, ctx)
+    fs.call("write", fi.fh, 0, b"v2")
+    assert fs.err("write", fi.fh, 2, b"x" * (8 * MiB)) == errno.EFBIG
+    assert fs.err("flush", fi.fh) == errno.EFBIG
+    assert fs.err("fsync", fi.fh, False) == errno.EFBIG
+    assert fs.read("a/s/k") == b"v1"
+    fs.call("release", fi.fh)
+    assert fs.read("a/s/k") == b"v1"
+    parent = fs.lookup("a/s")
+    fi, _ = fs.call("create", parent, b"new", 0o644, os.O_WRONLY | os.O_TRUNC, ctx)
+    assert fs.err("write", fi.fh, 0, b"x" * (8 * MiB)) == errno.EFBIG
+    assert fs.err("flush", fi.fh) == errno.EFBIG
+    fs.call("release", fi.fh)
+    assert fs.err("lookup", parent, b"new", ctx) == errno.ENOENT
+    fi = fs.call("open", fs.lookup("a/s/k"), os.O_WRONLY, ctx)
+    fs.call("write", fi.fh, 2, b"+")
+    assert fs.err("write", fi.fh, 3, b"x" * (8 * MiB)) == errno.EFBIG
+    assert fs.err("flush", fi.fh) == errno.EFBIG
+    cut = pyfuse3.EntryAttributes()
+    cut.st_size = 3
+    fields = type("Fields", (), {f: False for f in (
+        "update_mode", "update_uid", "update_gid", "update_atime", "update_mtime")})()
+    fields.update_size = True
+    fs.call("setattr", fs.lookup("a/s/k"), cut, fields, fi.fh, ctx)     # ftruncate(3)
+    assert fs.err("flush", fi.fh) == 0
+    fs.call("release", fi.fh)
+    assert fs.read("a/s/k") == b"v1+"
 
 
 def test_refused_ranges_go_when_written_again_or_cut_off():

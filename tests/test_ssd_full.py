@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.mount
 MiB = 1 << 20
 MB = 1000 * 1000
 
