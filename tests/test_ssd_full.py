@@ -78,6 +78,7 @@ def test_a_full_ssd_disk_publishes_no_torn_slot_and_is_called_by_its_name(
     d.mkdir(parents=True)
     kept = _fill(d, "k", 6, 3 * MiB)           # 18 MiB into 8 + 8: some are refused
     assert kept and len(kept) < 6
+    assert sorted(os.listdir(d)) == sorted(kept)    # a refused Python writer: no name
     r = _sh(f"head -c 10M /dev/urandom > {d}/k7")
     assert r.returncode != 0 and "No space left" in r.stderr + r.stdout or wb, r
     assert not (d / "k7").exists()              # a new name never appears

@@ -183,13 +183,16 @@ class WriteBackMixin:
                     self.ssd.capacity, count, "" if count == 1 else "s", why,
                     ", ".join(names), more)
 
-    def flush_eviction_log(self) -> None:
-        """Log the SSD evictions folded since the last line (at unmount)."""
+    def flush_eviction_log(self, due_only: bool = False) -> None:
+        """Log the SSD evictions folded since the last line (at unmount; with
+        due_only, from the background writer, once EVICT_LOG_GAP_S has
+        passed since that line)."""
         with self.lock:
-            count, names = self._ssd_evict_log[0], self._ssd_evict_log[1]
-            self._ssd_evict_log = [0, [], self._ssd_evict_log[2]]
-        if count:
-            self._log_ssd_evictions(count, names, "since the last such line")
+            count, names, last = self._ssd_evict_log
+            if not count or (due_only and time.monotonic() - last < EVICT_LOG_GAP_S):
+                return
+            self._ssd_evict_log = [0, [], time.monotonic()]
+        self._log_ssd_evictions(count, names, "since the last such line")
 
     def _log_io_error(self, fmt: str, *args: object) -> None:
         """SSD trouble (a full disk) repeats for every slot: log it at ERROR
@@ -335,6 +338,7 @@ class WriteBackMixin:
             try:
                 self._write_back_due(time.monotonic() - delay)
                 self._clean_ahead()
+                self.flush_eviction_log(due_only=True)
                 now = time.monotonic()
                 if now - last_meta < META_SAVE_GAP_S:
                     continue                        # (woken by publishes: not each time)
