@@ -5,7 +5,9 @@ Owns: `OpsCore`, the base of the handler mixins (namespace.py, persist.py,
 opening.py, files.py, publish.py, xattrs.py, notify.py; composed in
 operations.py).  Its state (`inodes`, `handles`, `root`, the counters) is
 set up by `MemosOperations.__init__`; here are the helpers over it, `refuse`
-(a FUSEError whose reason is logged), and the narrow public interface that
+(a FUSEError whose reason is logged, naming the slot the request acts on,
+`SUBJECT`, and folding identical lines: `flush_folded`), the store's errors
+in words a user knows (`_said`, `_room_trouble`), and the narrow public interface that
 the two trees built beside the handlers use (`FedTree` in fedtree.py,
 `ControlTree` in control.py): `add_fixed`, `new_fh`, `parse_name`,
 `root_entry`, `root_attr`, `count_refused`, `is_mounted`.
@@ -553,4 +555,5 @@ class OpsCore:
                 "still being written back)")
 
 
-__all__ = ["OpsCore", "Refused", "refuse", "tgid_of", "physical_memory", "log", "FastCtx"]
+__all__ = ["OpsCore", "Refused", "refuse", "tgid_of", "physical_memory", "log", "FastCtx",
+           "SUBJECT", "subject_text", "flush_folded"]
