@@ -207,12 +207,13 @@ class Refusals:
 
     MAX = 32
 
-    __slots__ = ("spans", "code", "reason")
+    __slots__ = ("spans", "code", "reason", "told")
 
     def __init__(self) -> None:
         self.spans: list[list[int]] = []    # [start, end) byte ranges, sorted, disjoint
         self.code = 0                       # errno of the first refusal (0: none left)
         self.reason: Optional[str] = None   # why it was refused, as the log said
+        self.told = False                   # a publish refused for them was logged
 
     def __bool__(self) -> bool:
         return bool(self.spans)
@@ -221,7 +222,7 @@ class Refusals:
         """A change of [start, end) was refused with errno code."""
         end = max(end, start + 1)           # (a refused truncate to `start`: one byte)
         if not self.spans:
-            self.code, self.reason = code, reason
+            self.code, self.reason, self.told = code, reason, False
         out: list[list[int]] = []
         for a, b in self.spans:
             if b < start or a > end:

@@ -66,11 +66,12 @@ class PublishOps(OpsCore):
             r = src.refused
             before = "the version before stays" if node.version else \
                 "the name goes with its last writer"
+            told, r.told = r.told, True     # (said once: the close, then the release)
             raise refuse(r.code or errno.EIO, "%s: not published: a write to it was refused "
                          "(%s), so it lacks bytes its writers wrote; %s",
                          node.key.decode("utf-8", "replace"),
                          r.reason or errno.errorcode.get(r.code, "refused"), before,
-                         level=logging.WARNING)
+                         level=logging.DEBUG if told else logging.WARNING)
         d = self._ensure_draft(src)
         # The writers go on from what is published now: their draft moves to
         # the store, they keep a (lazily copied) base.
