@@ -291,6 +291,7 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
     import trio
 
     from memosfs import _native
+    from memosfs.fuse.core import flush_folded
     from memosfs.fuse.operations import MemosOperations
     from memosfs.store.ssd import SSDTier
     from memosfs.store.store import Store, UnsavedSlots
@@ -398,10 +399,12 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
             log.error("unmount: %s", e.strerror)
             unsaved, error, status = e.count, e.strerror, 1
         except OSError as e:
-            log.error("unmount: could not persist every dirty slot: %s", e)
-            error, status = f"could not persist every dirty slot: {e}", 1
+            said = e.strerror or str(e)
+            log.error("unmount: could not persist every dirty slot: %s", said)
+            error, status = f"could not persist every dirty slot: {said}", 1
         finally:
             pyfuse3.close(unmount=unmount)
+        flush_folded()                  # (a refusal that came again: its count)
         log.info("unmounted %s", mountpoint)
         if error:
             print(f"memosfs: unmount of {mountpoint}: {error}", file=sys.stderr, flush=True)

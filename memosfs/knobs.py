@@ -228,7 +228,12 @@ KNOBS: tuple[Knob, ...] = (
          "are then written back ahead of eviction, longest dirty first)"),
     Knob("ssd_capacity", "size", (1 << 20, 1 << 50), 0,
          "bytes the SSD tier may hold (accepts 100G); beyond it, its least recently used "
-         "slots go; 0 = as much as the disk has", zero=True),
+         "slots go (ssd_full); 0 = as much as the disk has", zero=True),
+    _choice("ssd_full", ("evict", "refuse"), "evict",
+            "what the SSD tier does at ssd_capacity: evict (its coldest slots go, as "
+            "memory's do: logged, counted in ssd_evicted_slots, shown in .memos/why) or "
+            "refuse (it keeps every slot it holds; a slot that does not fit stays in memory, "
+            "and new writes get ENOSPC once memory is full of such slots)"),
     Knob("warmup_ratio", "ratio", (0.0, 1.0), 0.5,
          "share of capacity preloaded from the SSD tier at mount, most recently used "
          "first, in the background", "at mount (give it with -o)"),

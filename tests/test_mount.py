@@ -538,7 +538,9 @@ def test_policy_and_reclaim_knobs_apply_live(mnt):
 
 def test_regression_a_refused_write_changes_nothing(make_mount):
     """A write the memory tier cannot take (EFBIG, ENOSPC) fails alone: the
-    writes acknowledged before it stay, and close publishes exactly those."""
+    writes acknowledged before it stay in the draft, and once the writer
+    cuts off the refused bytes (the draft is never published while they are
+    missing: tests/test_refused_saves.py), close publishes exactly those."""
     m = make_mount(capacity="4M")
     s = session(m)
     (s / "slot").write_bytes(b"old" * 1000)
@@ -555,6 +557,7 @@ def test_regression_a_refused_write_changes_nothing(make_mount):
         assert e.value.errno in (errno.ENOSPC, errno.EFBIG)
         assert os.fstat(fd).st_size == len(first)
         assert os.write(fd, b"tail") == 4                  # the handle goes on
+        os.ftruncate(fd, len(first) + 4)        # (the refused bytes beyond: not wanted)
     finally:
         os.close(fd)
     assert (s / "slot").read_bytes() == first + b"tail"
@@ -574,6 +577,8 @@ def test_regression_a_create_that_never_published_leaves_nothing(make_mount):
             os.pwrite(fd, b"z", 64 << 20)                  # beyond the memory tier
         assert e.value.errno in (errno.ENOSPC, errno.EFBIG)
     finally:
-        os.close(fd)
+        with pytest.raises(OSError) as e:
+            os.close(fd)                                    # (the close says so too)
+    assert e.value.errno in (errno.ENOSPC, errno.EFBIG)
     assert not os.path.exists(s / "new")
     assert "new" not in os.listdir(s)

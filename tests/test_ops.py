@@ -74,6 +74,14 @@ def test_snapshot_and_supersede(fs):
     assert fs.lookup("a/s/x") == ino_after
 
 
+def _size_only():
+    """setattr's fields for a truncate."""
+    fields = type("Fields", (), {f: False for f in (
+        "update_mode", "update_uid", "update_gid", "update_atime", "update_mtime")})()
+    fields.update_size = True
+    return fields
+
+
 def test_keep_cache_only_for_the_cached_version(fs):
     """Readers keep the inode's pages only when they are the version's: the
     writers' pages are, when every write went through them into the version
@@ -95,6 +103,10 @@ def test_keep_cache_only_for_the_cached_version(fs):
     fw = fs.call("open", ino, os.O_WRONLY | os.O_TRUNC, CTX)
     assert fs.errno_of(fs.call, "write", fw.fh, 0, b"z" * (64 << 20)) == errno.EFBIG
     fs.call("write", fw.fh, 0, b"v3")
+    assert fs.errno_of(fs.call, "flush", fw.fh) == errno.EFBIG   # (the bytes refused:
+    cut = pyfuse3.EntryAttributes()                              # not published...)
+    cut.st_size = 2
+    fs.call("setattr", ino, cut, _size_only(), fw.fh, CTX)      # (... until cut off)
     fs.call("flush", fw.fh)
     fs.call("release", fw.fh)
     fi = fs.open_read("a/s/x")

@@ -300,6 +300,7 @@ GOOD = {
     "reclaim_fail_limit": [("0", "0\n"), ("1000000", "1000000\n")],
     "writeback_delay_ms": [("0", "0\n"), ("3600000", "3600000\n")],
     "ssd_capacity": [("0", "0\n"), ("1M", f"{MiB}\n"), ("1.5G", f"{3 << 29}\n")],
+    "ssd_full": [("refuse\n", "refuse\n"), ("evict", "evict\n")],
     "warmup_ratio": [("0.75", "0.75\n")],
     "quantize": [("int8", "int8\n"), ("off", "off\n")],
     "quant_error_max": [("0.05", "0.05\n"), ("1", "1.0\n"), ("auto", "auto\n")],

@@ -111,8 +111,8 @@ def test_why_says_what_the_log_says(make_mount, fast):
 def test_a_write_refused_on_the_fast_path_is_noted(make_mount):
     m = make_mount(capacity="4M", ssd="none")
     m.p("a", "s").mkdir(parents=True)
-    with open(m.p("a", "s", "big"), "wb") as f:
-        with pytest.raises(OSError) as e:
+    with pytest.raises(OSError) as e:       # (the write, and the close: not published)
+        with open(m.p("a", "s", "big"), "wb") as f:
             f.write(b"x" * (6 << 20))
             f.flush()
     assert e.value.errno in (errno.EFBIG, errno.ENOSPC)

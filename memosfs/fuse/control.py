@@ -154,6 +154,14 @@ def _apply_ssd_capacity(ctl: "ControlTree", value: int) -> int:
             raise KnobError("no SSD tier is mounted")
         return value
     ctl.store.ssd.capacity = value
+    ctl.store.ssd.trouble = None        # (the next write-back tells anew)
+    return value
+
+
+def _apply_ssd_full(ctl: "ControlTree", value: str) -> str:
+    ctl.store.ssd_full = value
+    if ctl.store.ssd is not None:
+        ctl.store.ssd.trouble = None    # (the next write-back tells anew)
     return value
 
 
@@ -210,6 +218,7 @@ KNOB_APPLY: dict[str, Callable[["ControlTree", Any], Any]] = {
     "reclaim_fail_limit": _apply_reclaim_fail_limit,
     "writeback_delay_ms": _apply_writeback_delay_ms,
     "ssd_capacity": _apply_ssd_capacity,
+    "ssd_full": _apply_ssd_full,
     "warmup_ratio": _read_at_use,               # the warm-up at mount (cli.py)
     "quantize": _read_at_use,                   # each publish (publish.py)
     "quant_error_max": _read_at_use,            # each publish (publish.py)

@@ -5,7 +5,9 @@ Owns: `OpsCore`, the base of the handler mixins (namespace.py, persist.py,
 opening.py, files.py, publish.py, xattrs.py, notify.py; composed in
 operations.py).  Its state (`inodes`, `handles`, `root`, the counters) is
 set up by `MemosOperations.__init__`; here are the helpers over it, `refuse`
-(a FUSEError whose reason is logged), and the narrow public interface that
+(a FUSEError whose reason is logged, naming the slot the request acts on,
+`SUBJECT`, and folding identical lines: `flush_folded`), the store's errors
+in words a user knows (`_said`, `_room_trouble`), and the narrow public interface that
 the two trees built beside the handlers use (`FedTree` in fedtree.py,
 `ControlTree` in control.py): `add_fixed`, `new_fh`, `parse_name`,
 `root_entry`, `root_attr`, `count_refused`, `is_mounted`.
@@ -20,6 +22,7 @@ import errno
 import logging
 import os
 import time
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Iterator, Optional
 
 import pyfuse3
@@ -127,20 +130,80 @@ class Refused(pyfuse3.FUSEError):
     (whether `.memos/why` has it for the caller yet; why.py)."""
 
     reason: Optional[str] = None
+    bare: Optional[str] = None      # the reason without the slot's name
     noted = False
+
+
+# The slot a request acts on, set while its handler runs (routing.py's
+# guard, `OpsCore._answer` for the fast path): a node, or (parent directory,
+# name) for a create.  `refuse` names it (its path below the mount) in the
+# reason when the reason does not already; it is made into text only then.
+SUBJECT: ContextVar[object] = ContextVar("memosfs_subject", default=None)
+
+
+def subject_text(subject: object) -> Optional[str]:
+    """The path below the mount of a SUBJECT, or None."""
+    try:
+        if isinstance(subject, tuple):
+            parent, name = subject
+            key = parent.key_of(name.decode("utf-8", "surrogateescape"))
+        else:
+            key = subject.key if isinstance(subject, Slot) else None
+    except Exception:               # (a name the tree refuses: said by the refusal)
+        return None
+    return key.decode("utf-8", "replace") if isinstance(key, bytes) else None
+
+FOLD_S = 10.0                   # identical refusals within this long share one log line
+
+
+class _Fold:
+    """The last refusal logged and how often it came again since (one
+    refused save can be dozens of refused writes, each the same line)."""
+
+    text = ""
+    level = logging.INFO
+    since = 0.0
+    repeats = 0
 
 
 def refuse(code: int, fmt: str, *args: object, level: int = logging.INFO) -> Refused:
     """A FUSEError for code whose reason goes to the log and, at INFO or
-    above, to the caller's `.memos/why` (memosfs/fuse/why.py)."""
+    above, to the caller's `.memos/why` (memosfs/fuse/why.py).  The reason
+    names the slot the request acts on (SUBJECT); a line identical to the
+    one before within FOLD_S is counted, not logged again, and the count is
+    logged with the next line that differs (or comes later)."""
     r = Refused(code)
     if level < logging.INFO:
         log.log(level, "refused (%s): " + fmt, errno.errorcode.get(code, code), *args)
         return r
-    r.reason = fmt % args if args else fmt
-    log.log(level, "refused (%s): %s", errno.errorcode.get(code, code), r.reason)
+    reason = r.bare = fmt % args if args else fmt
+    subject = subject_text(SUBJECT.get())
+    if subject and subject not in reason:
+        reason = f"{subject}: {reason}"
+    r.reason = reason
+    _log_folded(level, f"refused ({errno.errorcode.get(code, code)}): {reason}")
     r.noted = note_refusal(code, r.reason)
     return r
+
+
+def _log_folded(level: int, text: str) -> None:
+    now = time.monotonic()
+    if text == _Fold.text and now - _Fold.since < FOLD_S:
+        _Fold.repeats += 1
+        return
+    flush_folded()
+    _Fold.text, _Fold.level, _Fold.since = text, level, now
+    log.log(level, "%s", text)
+
+
+def flush_folded() -> None:
+    """Log how often the last refusal came again, if it did (before another
+    line, and at unmount)."""
+    if _Fold.repeats:
+        log.log(_Fold.level, "%s (%d more times in %.0f s)", _Fold.text, _Fold.repeats,
+                time.monotonic() - _Fold.since)
+    _Fold.repeats = 0
+    _Fold.text = ""
 
 
 class OpsCore:
@@ -344,6 +407,7 @@ class OpsCore:
         request.  None when the memory tier must make room first (NeedRoom:
         the request goes to its handler, which waits off the loop)."""
         self._room_ok = True
+        about = SUBJECT.set(args[0].node) if args and type(args[0]) is Handle else None
         try:
             return fn(*args)
         except NeedRoom:
@@ -358,6 +422,8 @@ class OpsCore:
             return -errno.EIO
         finally:
             self._room_ok = False
+            if about is not None:
+                SUBJECT.reset(about)
 
     def _note_fast_refusal(self, e: "Refused", args: tuple) -> None:
         """`.memos/why` for a refusal on the fast path, whose caller is the
@@ -387,14 +453,15 @@ class OpsCore:
         log.error("internal check failed: a handler waited on the fast path; answering EIO")
         return -errno.EIO
 
-    async def _with_room(self, fn, *args, node: Optional[Slot] = None):
+    async def _with_room(self, fn, *args, node: Optional[Slot] = None,
+                         span: tuple[int, int] = (0, 1)):
         """fn(*args) on the loop, where the store calls it makes do not wait
         for room (NeedRoom): the wait happens in a worker thread, the loop
         serves other requests meanwhile (the closes that unpin what a full
         memory tier holds), then fn runs again.  ENOSPC after ROOM_WAIT_S
         (ROOM_DEAD_WAIT_S when only pinned replaced versions would free
         room, ROOM_HELD_WAIT_S when only other writers' drafts and readers'
-        pins would); `node` is then marked as having had a write refused."""
+        pins would); `node` then has the bytes `span` of its draft refused."""
         waited = dead = held = 0.0
         while True:
             self._room_ok = True
@@ -408,12 +475,14 @@ class OpsCore:
                 raise NeedRoom()        # (from a fast twin: its handler runs it)
             if waited >= ROOM_WAIT_S or dead >= ROOM_DEAD_WAIT_S or held >= ROOM_HELD_WAIT_S:
                 self._refused += 1
+                e = refuse(errno.ENOSPC, "%s (no room after %.1f s of waiting for "
+                           "write-backs and pinned versions)", self._room_trouble(), waited,
+                           level=logging.WARNING)
                 if node is not None:
-                    node.write_failed = True
+                    node.refused.note(span[0], span[1], errno.ENOSPC, e.bare)
+                    node.trunc_only = False
                     node.pages_trusted = False
-                raise refuse(errno.ENOSPC, "memory tier full: no room after %.1f s of waiting "
-                             "for write-backs and pinned versions", waited,
-                             level=logging.WARNING)
+                raise e
             self._room_waits += 1
             t0 = time.monotonic()
             why = await self._off_loop(self.store.cache.wait_room, ROOM_POLL_MS)
@@ -439,7 +508,8 @@ class OpsCore:
             if nowait and isinstance(e, BlockingIOError):
                 raise NeedRoom() from None
             self._refused += 1
-            raise refuse(e.errno or errno.EIO, "%s", e, level=logging.WARNING) from None
+            raise refuse(e.errno or errno.EIO, "%s", self._said(e),
+                         level=logging.WARNING) from None
         except ValueError as e:
             self._refused += 1
             raise refuse(errno.EINVAL, "%s", e, level=logging.WARNING) from None
@@ -456,7 +526,35 @@ class OpsCore:
             return fn(*args)
         except OSError as e:
             self._refused += 1
-            raise refuse(e.errno or errno.EIO, "%s", e, level=logging.WARNING) from None
+            raise refuse(e.errno or errno.EIO, "%s", self._said(e),
+                         level=logging.WARNING) from None
+
+    # ---- the store's errors in words a user knows ----
+
+    def _said(self, e: OSError) -> str:
+        """An error of the store as the log and `.memos/why` give it: the C
+        core's "memory tier full: draft write" says why memory is full (the
+        SSD directory's disk may be), its EFBIG says how large memory is."""
+        text = e.strerror or str(e)
+        if e.errno == errno.ENOSPC and text.startswith("memory tier full"):
+            return self._room_trouble()
+        if e.errno == errno.EFBIG and text.startswith("larger than the memory tier"):
+            return (f"the slot would be larger than the memory tier "
+                    f"(capacity {self.store.cache.stats()['capacity']} bytes)")
+        return text
+
+    def _room_trouble(self) -> str:
+        """Why the memory tier has no room: the SSD tier takes nothing (its
+        disk is full, or ssd_capacity is reached under ssd_full=refuse), or
+        what fills memory cannot go."""
+        ssd = self.store.ssd
+        trouble = ssd.trouble if ssd is not None else None
+        if trouble:
+            return (f"{trouble}, so the memory tier, full, cannot write slots back to "
+                    f"make room")
+        return ("the memory tier is full of slots that cannot go now (open, pinned, or "
+                "still being written back)")
 
 
-__all__ = ["OpsCore", "Refused", "refuse", "tgid_of", "physical_memory", "log", "FastCtx"]
+__all__ = ["OpsCore", "Refused", "refuse", "tgid_of", "physical_memory", "log", "FastCtx",
+           "SUBJECT", "subject_text", "flush_folded"]

@@ -103,25 +103,27 @@ class FileOps(OpsCore):
         writeback, self._writeback = self._writeback == (fh, off), None
         if h.hold is not None:
             await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))
-        return await self._with_room(self._write_now, h, off, buf, writeback, node=h.node)
+        return await self._with_room(self._write_now, h, off, buf, writeback, node=h.node,
+                                     span=(off, off + len(buf)))
 
     def _write_now(self, h: Handle, off: int, buf, writeback: bool) -> int:
         """The write, once the handle may write (coherence granted)."""
         node = h.node
-        d = self._ensure_draft(node)
+        d = self._draft_for(node, off, off + len(buf))
         if h.append and off != d.size and not writeback:
             # the kernel placed this append by a size another process's stat
             # gave it: the record goes to the end all the same, and the
             # kernel's copy of these pages is dropped
             off = d.size
             self._invalidate_pages(node)
+        end = off + len(buf)
         try:
-            self._fair_share(h, node, d, off + len(buf))
-        except pyfuse3.FUSEError:
-            node.write_failed = True        # (EDQUOT: refused like any write)
-            node.pages_trusted = False
+            self._fair_share(h, node, d, end)
+        except pyfuse3.FUSEError as e:
+            self._refused_span(node, off, end, e)   # (EDQUOT: refused like any write)
             raise
-        self._draft_call(node, d.write, off, buf)
+        self._draft_call(node, d.write, off, buf, span=(off, end))
+        node.refused.written(off, end)
         self._changed(node)
         return len(buf)
 
@@ -162,9 +164,17 @@ class FileOps(OpsCore):
     def _fair_share(self, h: Handle, node: Slot, d: "_native.Draft", end: int) -> None:
         """Before a draft grows to end bytes: the writer's uid stays within
         hold_max_per_uid and the agent within its quota (making room from
-        its own slots first).  EDQUOT otherwise; nothing changes."""
+        its own slots first).  EDQUOT otherwise; nothing changes.  ENOSPC
+        while the SSD tier takes nothing under ssd_full=refuse."""
         if end <= d.size:
             return
+        ssd = self.store.ssd
+        if ssd is not None and ssd.trouble and self.store.ssd_full == "refuse":
+            # the SSD tier takes nothing more and may not evict: a slot
+            # written now could not be saved (ssd_full=refuse)
+            self._refused += 1
+            raise refuse(errno.ENOSPC, "%s; new writes are refused until there is room",
+                         ssd.trouble, level=logging.WARNING)
         self.tenants.draft_started(h.uid, node)
         try:
             self.tenants.check_draft(h.uid, node, end)
@@ -208,17 +218,21 @@ class FileOps(OpsCore):
 
     def _extend(self, h: Handle, end: int) -> None:
         node = h.node
-        d = self._ensure_draft(node)
+        d = self._draft_for(node, end - 1, end)
         if end > d.size:
-            self._fair_share(h, node, d, end)
-            self._draft_call(node, d.truncate, end)
+            try:
+                self._fair_share(h, node, d, end)
+            except pyfuse3.FUSEError as e:
+                self._refused_span(node, d.size, end, e)
+                raise
+            self._draft_call(node, d.truncate, end, span=(d.size, end))
             self._changed(node)
 
     async def _fallocate_later(self, token: int, h: Handle, end: int) -> None:
         """The rest of a fallocate that waits for room; answered exactly once."""
         err = errno.EIO
         try:
-            await self._with_room(self._extend, h, end, node=h.node)
+            await self._with_room(self._extend, h, end, node=h.node, span=(end - 1, end))
             err = 0
         except pyfuse3.FUSEError as e:
             err = e.errno
@@ -247,16 +261,32 @@ class FileOps(OpsCore):
 
     def _changed(self, node: Slot) -> None:
         node.changed = True
+        node.trunc_only = False
         node.draft_mtime_ns = now_ns()
 
-    def _draft_call(self, node: Slot, fn, *args):
-        """A change to the draft; refused, it changes nothing (the C core
-        leaves a draft as it was when a write or truncate fails)."""
+    def _draft_call(self, node: Slot, fn, *args, span: tuple[int, int] = (0, 1)):
+        """A change to the draft's bytes `span`; refused, it changes nothing
+        (the C core leaves a draft as it was when a write or truncate fails),
+        and the draft is not published until those bytes are there
+        (`Slot.refused`)."""
         try:
             return self._native_call(fn, *args)
-        except pyfuse3.FUSEError:
-            node.write_failed = True
-            node.pages_trusted = False
+        except pyfuse3.FUSEError as e:
+            self._refused_span(node, span[0], span[1], e)
+            raise
+
+    def _refused_span(self, node: Slot, start: int, end: int, e: pyfuse3.FUSEError) -> None:
+        node.refused.note(start, end, e.errno, getattr(e, "bare", None))
+        node.trunc_only = False
+        node.pages_trusted = False
+
+    def _draft_for(self, node: Slot, start: int, end: int) -> "_native.Draft":
+        """The writers' draft for a change of bytes [start, end): one that
+        cannot be made (memory is full) refuses that change (`Slot.refused`)."""
+        try:
+            return self._ensure_draft(node)
+        except pyfuse3.FUSEError as e:
+            self._refused_span(node, start, end, e)
             raise
 
     def _ensure_draft(self, node: Slot) -> "_native.Draft":
@@ -297,7 +327,8 @@ class FileOps(OpsCore):
         if (h is not None and h.kind == "write") or node.writers:
             if h is not None and h.hold is not None:
                 await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))
-            await self._with_room(self._truncate_draft, node, size, node=node)
+            await self._with_room(self._truncate_draft, node, size, node=node,
+                                  span=(size, size + 1))
             return
         base = self._native_call(self.store.load, node.key) if node.version else None
         try:
@@ -318,11 +349,10 @@ class FileOps(OpsCore):
             trio.lowlevel.spawn_system_task(self.pusher.run, job)
 
     def _truncate_draft(self, node: Slot, size: int) -> None:
-        d = self._ensure_draft(node)
-        self._draft_call(node, d.truncate, size)
+        d = self._draft_for(node, size, size + 1)
+        self._draft_call(node, d.truncate, size, span=(size, size + 1))
         self._changed(node)
-        if size == 0:
-            node.write_failed = False       # (nothing of what was refused is left)
+        node.refused.truncated(size)        # (what was refused beyond size is not wanted)
 
     def _write_note(self, fh: int, off: int, writepage: int) -> None:
         """From memosfs._fuseshim, just before write(fh, off): whether the
@@ -363,14 +393,71 @@ class FileOps(OpsCore):
     def _flush_now(self, fh: int, h: Handle, note: Optional[tuple[int, int]]) -> Optional[tuple]:
         """flush's work: the publish (if due; `note` is who closes); returns
         the page-cache push to run, if any."""
-        if h.kind != "write" or not h.node.changed:
+        if h.kind != "write" or not (h.node.changed or h.node.refused):
             return None
         if note is not None and note[0] == fh and note[1] != h.opener \
                 and tgid_of(note[1]) != h.opener:
             log.debug("%s: closed by pid %d, not by its opener %d: not published",
                       h.node.name, note[1], h.opener)
             return None
+        if h.node.trunc_only and note is not None and note[0] == fh \
+                and self._holds_another(note[1], h.node):
+            # The shell's `>`: it opens with O_TRUNC, dup2()s the descriptor
+            # onto stdout and closes the one it opened, before its command
+            # writes a byte.  Publishing that empty draft would replace the
+            # version before (or make the name appear) even if every write
+            # that follows is refused: the close of the last descriptor
+            # publishes (or reports the refusal) instead.
+            log.debug("%s: closed while pid %d holds another descriptor of it, nothing "
+                      "written since O_TRUNC: published at the last close", h.node.name,
+                      note[1])
+            return None
         return self._publish(h)
+
+    def _holds_another(self, pid: int, node: Slot) -> bool:
+        """Whether process pid still has a descriptor open on node's inode
+        (its fdinfo names this mount and this inode), read from /proc without
+        a request to the mount; False when /proc cannot tell."""
+        mnt = self._mount_id()
+        if mnt is None:
+            return False
+        proc = f"/proc/{pid}"
+        try:
+            fds = os.listdir(proc + "/fd")
+        except OSError:
+            return False
+        tail = "/" + node.name
+        for fd in fds:
+            try:
+                if not os.readlink(f"{proc}/fd/{fd}").endswith(tail):
+                    continue                # (a cheap filter: the name)
+                with open(f"{proc}/fdinfo/{fd}") as f:
+                    info = f.read()
+            except OSError:
+                continue
+            if f"\nmnt_id:\t{mnt}\n" in info and f"\nino:\t{node.ino}\n" in info:
+                return True
+        return False
+
+    def _mount_id(self) -> Optional[int]:
+        """This mount's id in /proc/self/mountinfo (cached), or None."""
+        got = getattr(self, "_mnt_id", None)
+        if got is not None or not self.mounted:
+            return got
+        where = getattr(self, "mountpoint", None)
+        if not where:
+            return None
+        where = os.path.realpath(where)
+        try:
+            with open("/proc/self/mountinfo") as f:
+                for line in f:
+                    fields = line.split()
+                    point = fields[4].encode().decode("unicode_escape")
+                    if point == where:
+                        self._mnt_id = int(fields[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return getattr(self, "_mnt_id", None)
 
     def fast_flush(self, fh: int, pid: int, lock_owner: int):
         """flush answered on the spot (0 or -errno), or None.  A publish whose
@@ -385,7 +472,7 @@ class FileOps(OpsCore):
                 or (h.hold is not None and not self.coherence.may_write(h.hold))):
             return None
         self._flusher = None
-        done = self._answer("flush", lambda: (self._flush_now(fh, h, (fh, pid)),))
+        done = self._answer("flush", lambda h: (self._flush_now(fh, h, (fh, pid)),), h)
         if done is None or isinstance(done, int):
             return done                 # (None: room must be made first, by the handler)
         job, = done
@@ -411,7 +498,7 @@ class FileOps(OpsCore):
         if h.kind == "pseudo":
             return
         node = h.node
-        if h.kind == "write" and node.changed:
+        if h.kind == "write" and (node.changed or node.refused):
             await self._may_publish(h)
             job = await self._with_room(self._publish, h)
             if job is not None:
@@ -441,7 +528,7 @@ class FileOps(OpsCore):
         h = self.handles.pop(fh)
         node = h.node
         try:
-            if h.kind == "write" and node.writers == 1 and node.changed:
+            if h.kind == "write" and node.writers == 1 and (node.changed or node.refused):
                 try:
                     job = self._publish(h)
                 except pyfuse3.FUSEError:
@@ -479,7 +566,7 @@ class FileOps(OpsCore):
         owner = node.private_of
         if owner is not None:           # a private draft's last writer: its view goes
             owner.privates = {t: sh for t, sh in owner.privates.items() if sh is not node}
-        if self.wb and node.changed and node.write_failed and node.version \
+        if self.wb and node.refused and node.version \
                 and not node.detached and node.parent is not None \
                 and node.parent.children.get(node.name) is node:
             # writes were refused and nothing was published: the kernel keeps
@@ -494,7 +581,8 @@ class FileOps(OpsCore):
             node.draft.free()
             node.draft = None
         self._release_base(node)
-        node.changed = node.write_failed = False
+        node.changed = node.trunc_only = False
+        node.refused.clear()
         with PUSH_LOCK:
             # The writers' pages are the published version's when every write
             # since the first writer's open (which dropped the pages) went
@@ -515,6 +603,6 @@ class FileOps(OpsCore):
             # created and never published (its writes were refused): the
             # failed create leaves nothing behind
             parent = node.parent
-            log.info("%s: never published; the name goes", node.name)
+            log.info("%s: never published; the name goes", node.key.decode("utf-8", "replace"))
             self._detach(node, "unpublished")
             self._forget_entry(parent, node.name)

@@ -35,7 +35,7 @@ from memosfs import _native
 if TYPE_CHECKING:
     from memosfs.fuse.coherence import Hold
 
-__all__ = ["Node", "Dir", "Slot", "Pseudo", "Handle", "PUSH_LOCK", "NAME_MAX",
+__all__ = ["Node", "Dir", "Slot", "Pseudo", "Handle", "Refusals", "PUSH_LOCK", "NAME_MAX",
            "CONTROL_DIR", "ROOT", "AGENT", "SESSION", "SUBDIR", "CTL", "SLOT_DIRS",
            "FIXED_LOOKUPS", "now_ns"]
 
@@ -193,6 +193,77 @@ class Dir(Node):
         self.xattrs = _unhex_map(rec.get("xattrs", {}))
 
 
+class Refusals:
+    """The byte ranges of a draft whose writes were refused since its last
+    publish (EFBIG, ENOSPC, EDQUOT; under the writeback cache, pages the
+    kernel could not hand over): while one is left, the draft lacks bytes
+    its writers wrote, and it is never published (publish.py).  A range
+    goes when a later write covers it (a writer that retries succeeded)
+    or a truncate cuts it off (the writers chose the size); an O_TRUNC
+    open or a truncate to 0 clears them all.  `code` is the errno of the
+    first refusal, the one the writers' close and fsync report.  At most
+    MAX ranges are kept: beyond that they merge into one span (stricter,
+    never looser)."""
+
+    MAX = 32
+
+    __slots__ = ("spans", "code", "reason", "told")
+
+    def __init__(self) -> None:
+        self.spans: list[list[int]] = []    # [start, end) byte ranges, sorted, disjoint
+        self.code = 0                       # errno of the first refusal (0: none left)
+        self.reason: Optional[str] = None   # why it was refused, as the log said
+        self.told = False                   # a publish refused for them was logged
+
+    def __bool__(self) -> bool:
+        return bool(self.spans)
+
+    def note(self, start: int, end: int, code: int, reason: Optional[str] = None) -> None:
+        """A change of [start, end) was refused with errno code."""
+        end = max(end, start + 1)           # (a refused truncate to `start`: one byte)
+        if not self.spans:
+            self.code, self.reason, self.told = code, reason, False
+        out: list[list[int]] = []
+        for a, b in self.spans:
+            if b < start or a > end:
+                out.append([a, b])
+            else:
+                start, end = min(a, start), max(b, end)
+        out.append([start, end])
+        out.sort()
+        if len(out) > self.MAX:
+            out = [[out[0][0], max(b for _, b in out)]]
+        self.spans = out
+
+    def written(self, start: int, end: int) -> None:
+        """[start, end) was written: what of the refused ranges it covers is there now."""
+        if not self.spans or end <= start:
+            return
+        out: list[list[int]] = []
+        for a, b in self.spans:
+            if b <= start or a >= end:
+                out.append([a, b])
+                continue
+            if a < start:
+                out.append([a, start])
+            if b > end:
+                out.append([end, b])
+        self.spans = out
+        if not out:
+            self.code, self.reason = 0, None
+
+    def truncated(self, size: int) -> None:
+        """The draft was cut (or grown) to size: ranges beyond it are not the draft's."""
+        out = [[a, min(b, size)] for a, b in self.spans if a < size]
+        self.spans = out
+        if not out:
+            self.code, self.reason = 0, None
+
+    def clear(self) -> None:
+        self.spans = []
+        self.code, self.reason = 0, None
+
+
 class Slot(Node):
     def __init__(self, ino: int, name: str, parent: Dir, mode: int, uid: int,
                  gid: int) -> None:
@@ -212,7 +283,9 @@ class Slot(Node):
         self.base_decoded: Optional[bytes] = None    # its logical bytes, if quantized
         self.changed = False            # the draft holds unpublished changes
         self.draft_mtime_ns = 0         # mtime the writers see (and the next publish sets)
-        self.write_failed = False       # a write was refused since the last publish
+        self.refused = Refusals()       # ranges of writes refused since the last publish
+        self.trunc_only = False         # the draft is as an O_TRUNC open left it: nothing
+                                        # written, truncated or refused since (files.py)
         self.cache_version = -1         # version the kernel may hold pages of (PUSH_LOCK)
         self.pages_trusted = False      # since the first writer opened, the kernel's pages
                                         # of this inode are the writers' draft's

@@ -87,7 +87,10 @@ class KernelNotify(OpsCore):
         token = self.trio_token
         if token is not None and reason in ("evicted", "ssd-evicted"):
             self._evicted_due[key] = reason     # (dict ops are atomic: any thread)
-            token.run_sync_soon(self.apply_evictions)
+            try:
+                token.run_sync_soon(self.apply_evictions)
+            except trio.RunFinishedError:
+                pass            # (the unmount's last flush: the names go with the mount)
             return
         if token is None or threading.current_thread() is threading.main_thread():
             self._slot_dropped(key, reason)
@@ -117,6 +120,13 @@ class KernelNotify(OpsCore):
         node = self._slot_by_key(key)
         if node is None:
             return
+        if reason == "ssd-evicted":
+            ssd = self.store.ssd
+            self.why.evicted(node.uid, key.decode("utf-8", "replace"),
+                             f"the SSD tier reached its ssd_capacity "
+                             f"({ssd.capacity if ssd is not None else 0} bytes) and evicts "
+                             f"its coldest slots (ssd_full=evict); the slot is gone from "
+                             f"every tier")
         parent = node.parent
         self._detach(node, reason)
         self._forget_entry(parent, node.name)

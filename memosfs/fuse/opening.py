@@ -511,8 +511,9 @@ class OpenOps(OpsCore):
                     node.draft = self._native_call(self.store.draft)
                 else:
                     self._draft_call(node, node.draft.truncate, 0)
-                node.write_failed = False       # (a whole new version)
+                node.refused.clear()            # (a whole new version)
                 self._changed(node)
+                node.trunc_only = True          # (until a write: files.py `_flush_now`)
             elif ref is not None:
                 node.base = ref
                 node.base_decoded = self._logical(ref)

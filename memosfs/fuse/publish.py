@@ -53,21 +53,25 @@ class PublishOps(OpsCore):
             # Written to a name that is gone: the bytes go with it (POSIX).
             src.changed = False
             return None
-        if not node.version and src.write_failed and src.draft_size() == 0:
-            # a create whose writes were all refused: nothing to publish (the
-            # name goes with the last writer)
-            src.changed = False
-            return None
-        if self.wb and src.write_failed:
-            # Under the writeback cache a refused write is pages the kernel
-            # could not hand over (its close or fsync failed): the draft lacks
-            # them, and a version is never published with holes where written
-            # bytes were.  It stays unpublished until the writers truncate it
-            # to nothing (O_TRUNC, ftruncate 0) and write it again.
-            log.warning("%s: not published: some of its writers' pages were refused "
-                        "(see the refusal above); the version before stays", node.name)
-            raise refuse(errno.EIO, "publish %s: writes were refused since the last "
-                         "publish", node.name, level=logging.DEBUG)
+        if src.refused:
+            # A write was refused since the last publish (EFBIG, ENOSPC,
+            # EDQUOT; under the writeback cache, pages the kernel could not
+            # hand over): the draft lacks bytes its writers wrote, and a
+            # version is never published with holes where written bytes were.
+            # The version before stays (a new name never appears: it goes with
+            # the last writer), and the close or fsync fails with the refused
+            # write's errno.  The draft publishes again once the refused bytes
+            # are written after all, or a truncate (O_TRUNC, ftruncate) cuts
+            # them off.
+            r = src.refused
+            before = "the version before stays" if node.version else \
+                "the name goes with its last writer"
+            told, r.told = r.told, True     # (said once: the close, then the release)
+            raise refuse(r.code or errno.EIO, "%s: not published: a write to it was refused "
+                         "(%s), so it lacks bytes its writers wrote; %s",
+                         node.key.decode("utf-8", "replace"),
+                         r.reason or errno.errorcode.get(r.code, "refused"), before,
+                         level=logging.DEBUG if told else logging.WARNING)
         d = self._ensure_draft(src)
         # The writers go on from what is published now: their draft moves to
         # the store, they keep a (lazily copied) base.
@@ -96,7 +100,6 @@ class PublishOps(OpsCore):
         if logical is not None:
             self.store.remember_logical(key, ref.version, logical)
         src.changed = False
-        src.write_failed = False
         self.coherence.published(h.hold)
         parent = node.parent
         current = parent.children.get(node.name)

@@ -16,8 +16,11 @@ while the handler runs (why.CALLER: the context's uid, or for read, write,
 flush, release and fsync the uid of the handle's opener), so that a
 refusal reaches that uid's `.memos/why`.
 
-May call: `ops.fed` (FedTree), `ops.handles` and `ops.why` (to know and
-tell the caller), the handlers it wraps; nothing else.
+It also says which slot the request acts on (core.SUBJECT: its path
+below the mount), so that every refusal's log line names it.
+
+May call: `ops.fed` (FedTree), `ops.handles`, `ops.inodes` and `ops.why` (to
+know and tell the caller and the slot), the handlers it wraps; nothing else.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from typing import Callable, Optional
 
 import pyfuse3
 
-from memosfs.fuse.core import NeedRoom
+from memosfs.fuse.core import SUBJECT, NeedRoom
 from memosfs.fuse.fedtree import FED_INO
+from memosfs.fuse.nodes import SLOT_DIRS
 from memosfs.fuse.why import CALLER
 
 log = logging.getLogger("memosfs.fuse.operations")
@@ -96,6 +100,25 @@ def _caller_uid(ops, name: str, args: tuple) -> Optional[int]:
     return uid if isinstance(uid, int) else None
 
 
+# handlers whose first argument is an inode (the slot a refusal names)
+_BY_INODE = frozenset(("open", "setattr", "getxattr", "setxattr", "removexattr"))
+
+
+def _subject(ops, name: str, args: tuple) -> object:
+    """The slot a request acts on (core.SUBJECT: a node, or the parent and
+    the name of a create), or None."""
+    if name in _BY_FH and args:
+        h = ops.handles.get(args[0])
+        return getattr(h, "node", None)
+    if name in _BY_INODE and args:
+        return ops.inodes.get(args[0])
+    if name == "create" and len(args) > 1:
+        parent = ops.inodes.get(args[0])
+        if getattr(parent, "level", None) in SLOT_DIRS:
+            return (parent, args[1])
+    return None
+
+
 def _guard(fn):
     name = fn.__name__
 
@@ -103,6 +126,8 @@ def _guard(fn):
     async def handler(self, *args):
         uid = _caller_uid(self, name, args)
         token = CALLER.set((uid, self.why)) if uid is not None else None
+        subject = _subject(self, name, args)
+        about = SUBJECT.set(subject) if subject is not None else None
         try:
             return await fn(self, *args)
         except (pyfuse3.FUSEError, NeedRoom):
@@ -118,6 +143,8 @@ def _guard(fn):
                               f"daemon's log has the traceback)")
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
+            if about is not None:
+                SUBJECT.reset(about)
             if token is not None:
                 CALLER.reset(token)
 

@@ -12,6 +12,10 @@ one:
     # cat /mnt/memos/.memos/why
     2026-12-04 21:22:24 EINVAL (Invalid argument): evict_batch: not an integer: 'banana' ...
 
+Below it, a uid whose slots the SSD tier evicted at ssd_capacity (ssd_full=
+evict: no tier keeps them, the next open misses) reads how many and the
+last one's name.
+
 A uid sees only its own refusals (they name its slots); refusals the kernel
 retries by itself (an ESTALE'd writer's open, logged at DEBUG) are not
 noted.  At most MAX_UIDS uids are remembered, the least recently refused
@@ -46,6 +50,19 @@ class Reasons:
     def __init__(self) -> None:
         self._by_uid: collections.OrderedDict[int, tuple[float, int, str]] = \
             collections.OrderedDict()
+        # slots of each uid that a tier let go to make room (SSD evictions):
+        # uid -> [wall time of the last, count, its name, why]
+        self._evicted: collections.OrderedDict[int, list] = collections.OrderedDict()
+
+    def evicted(self, uid: int, name: str, why: str) -> None:
+        """A slot of uid's (`name`, its path below the mount) was evicted
+        from every tier (`why`: what made room)."""
+        got = self._evicted.get(uid)
+        count = got[1] + 1 if got is not None else 1
+        self._evicted[uid] = [time.time(), count, name, why]
+        self._evicted.move_to_end(uid)
+        while len(self._evicted) > MAX_UIDS:
+            self._evicted.popitem(last=False)
 
     def note(self, uid: int, code: int, reason: str) -> None:
         self._by_uid[uid] = (time.time(), code, reason)
@@ -60,14 +77,25 @@ class Reasons:
         """What `.memos/why` shows uid: one line, `time ERRNO (message): reason`."""
         got = self._by_uid.get(uid) if uid is not None else None
         if got is None:
-            return "nothing of yours was refused since the mount\n"
-        t, code, reason = got
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
-        name = errno.errorcode.get(code, str(code))
-        return f"{stamp} {name} ({os.strerror(code)}): {reason}\n"
+            out = "nothing of yours was refused since the mount\n"
+        else:
+            t, code, reason = got
+            name = errno.errorcode.get(code, str(code))
+            out = f"{_stamp(t)} {name} ({os.strerror(code)}): {reason}\n"
+        ev = self._evicted.get(uid) if uid is not None else None
+        if ev is not None:
+            t, count, last, why = ev
+            many = f"{count} of your slots were" if count > 1 else "a slot of yours was"
+            out += (f"{_stamp(t)} evicted: {many} evicted since the mount, the last "
+                    f"{last}: {why}\n")
+        return out
 
     def __len__(self) -> int:
         return len(self._by_uid)
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 # (uid, the mount's Reasons) of the request being served; None outside one

@@ -46,6 +46,12 @@ class UnsavedSlots(OSError):
                               f"and {what}{why}")
 
 
+def said(e: OSError) -> str:
+    """An OSError in words, for the log: its message without "[Errno N]"
+    (the SSD tier's say what is wrong: "the SSD directory's disk is full")."""
+    return e.strerror or str(e)
+
+
 def _k(key: bytes) -> str:
     return key.decode("utf-8", "replace")
 

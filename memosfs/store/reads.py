@@ -158,7 +158,8 @@ class ReadMixin:
             except CorruptSlot as c:
                 return self._corrupt(entry, str(c))
             self._c["direct_reads"] += 1
-            log.info("%s served from the SSD tier directly: %s", _k(key), e.strerror)
+            log.info("%s served from the SSD tier directly: the memory tier has no room "
+                     "for it now", _k(key))
             return reader
         except BaseException:
             draft.free()

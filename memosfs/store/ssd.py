@@ -213,6 +213,10 @@ class SSDTier:
         self._dirty_dirs: set[str] = set()      # folders with renames not yet fsync'd
         self.policy = SSDPolicy()               # eviction order (ssdpolicy.py; lock)
         self.evictions = 0                      # versions evicted for ssd_capacity
+        # what stops writes now, in words (`disk_trouble`): the disk is full, or
+        # ssd_capacity is reached and may not be made room in; None once a
+        # write succeeds or a file goes
+        self.trouble: Optional[str] = None
         self._policy_saved = -POLICY_SAVE_S     # monotonic time of the last policy.json
         # fault hooks for tests, by point name ("renamed": a file was renamed
         # into place, under `lock`, before the index learns it); empty in use
@@ -397,11 +401,17 @@ class SSDTier:
                 else:
                     self._unsynced[key] = entry
                     self.unsynced_writes += 1
-        except OSError:
+        except OSError as e:
             with self.lock:
                 self.write_errors += 1
             _discard(tmp)
-            raise
+            if e.errno is None:
+                raise
+            # in words a user knows, not the failing call's name ("write_to_fd")
+            said = self.disk_trouble(e.errno)
+            self.trouble = said
+            raise OSError(e.errno, said) from e
+        self.trouble = None
         if durable:
             _fsync_dir(sdir)
         else:
@@ -431,6 +441,19 @@ class SSDTier:
     def _tmp_path(self, sdir: str, key: bytes) -> str:
         return os.path.join(sdir, f".{_name_of(key)}.{os.getpid()}.{next(self._seq)}.tmp")
 
+    def disk_trouble(self, code: int) -> str:
+        """What an errno from writing a slot file means, in words a user knows."""
+        where = f"({self.root})"
+        if code == errno.ENOSPC:
+            return f"the SSD directory's disk is full {where}"
+        if code == errno.EDQUOT:
+            return f"the SSD directory's disk quota is used up {where}"
+        if code == errno.EROFS:
+            return f"the SSD directory's file system is read-only {where}"
+        if code == errno.EIO:
+            return f"the SSD directory's disk failed a write (I/O error) {where}"
+        return f"the SSD directory cannot be written: {os.strerror(code)} {where}"
+
     def _check_room(self, key: bytes, total: int) -> None:
         if not self.capacity:
             return
@@ -438,8 +461,8 @@ class SSDTier:
             old = self.index.get(key)
             after = self.used_bytes - (old.file_bytes if old else 0) + total
         if total > self.capacity:
-            raise OSError(errno.ENOSPC, f"slot of {total} bytes exceeds ssd_capacity "
-                          f"{self.capacity}")
+            raise OSError(errno.ENOSPC, f"the slot ({total} bytes) is larger than the SSD "
+                          f"tier's ssd_capacity ({self.capacity} bytes)")
         if after > self.capacity:
             raise SSDFull(after - self.capacity)
 
@@ -550,6 +573,7 @@ class SSDTier:
                 self.policy.removed(key, evicted=evicted)
                 self.evictions += evicted
             self._unlink_locked(current.path)
+        self.trouble = None                 # (room came: the next write tells)
         return True
 
     def _unlink_locked(self, path: str) -> None:

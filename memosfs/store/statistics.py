@@ -41,6 +41,11 @@ class StoreStats(Record):
                                "so that eviction found them clean")
     slots_lost: int = counter("slots no tier kept (evicted or written back with no SSD copy)")
     slots_unsaved: int = counter("dirty slots a clean unmount or flush could not write")
+    ssd_evicted_slots: int = counter("slots the SSD tier evicted at ssd_capacity "
+                                     "(ssd_full=evict) that no other tier held: gone, a "
+                                     "miss next time (counted in slots_lost too)")
+    ssd_full_refusals: int = counter("write-backs the SSD tier refused at ssd_capacity "
+                                     "(ssd_full=refuse): the slot stayed in memory")
     writeback_queue: int = gauge("dirty slots waiting for the background writer (0 without "
                                  "an SSD tier)")
     warmup_loaded_bytes: int = gauge("bytes the warm-up at mount has loaded so far")

@@ -103,7 +103,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from memosfs import _native
 from memosfs.trace import Trace
 from memosfs.store import kvfile
-from memosfs.store.common import UnsavedSlots, _k, make_key, split_key
+from memosfs.store.common import UnsavedSlots, _k, make_key, said, split_key
 from memosfs.store.namespace import NamespaceMixin
 from memosfs.store.prefetch import PrefetchEngine
 from memosfs.store.reads import ReadMixin
@@ -165,6 +165,9 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
         self._last_error_log = 0.0
+        self.ssd_full = "evict"         # the ssd_full knob: evict | refuse (writeback.py)
+        self._ssd_evict_log: list = [0, [], float("-inf")]   # SSD evictions folded
+                                        # since the last line: count, names, when (lock)
         self.prefetch: Optional[PrefetchEngine] = None    # built by start_prefetch
         self.quant = kvfile.QuantizedVersions(self.draft)
         self.remote = remote
@@ -285,7 +288,8 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
             misses=misses, hit_rate=(hits / lookups) if lookups else 0.0,
             publishes=c["publishes"], promotions=c["promotions"], writebacks=c["writebacks"],
             evict_writebacks=c["evict_writebacks"], clean_ahead=c["clean_ahead"],
-            slots_lost=c["drops_lost"],
+            slots_lost=c["drops_lost"], ssd_evicted_slots=c["ssd_evicted_slots"],
+            ssd_full_refusals=c["ssd_full_refusals"],
             slots_unsaved=c["slots_unsaved"], writeback_queue=self._writeback_queue(),
             warmup_loaded_bytes=c["warmup_loaded_bytes"],
             warmup_total_bytes=self._warm_total, warmup_done=self._warm_done,
@@ -328,15 +332,17 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
             except OSError as e:
                 failed = e
             if self.ssd is not None:
+                self.flush_eviction_log()
                 for key in self._keys_most_recent_first():
                     ref = self.cache.peek(key)
                     if ref is None:
                         continue
                     if ref.dirty:
                         unsaved.append(key)
+                        cause = said(failed) if failed is not None else self.ssd.trouble
                         log.error("unmount: %s (version %d, %d bytes) could not be saved "
-                                  "to the SSD tier: it is lost", _k(key), ref.version,
-                                  ref.size)
+                                  "to the SSD tier%s: it is lost", _k(key), ref.version,
+                                  ref.size, f" ({cause})" if cause else "")
                     ref.release()
                 self._c["slots_unsaved"] += len(unsaved)
         finally:

@@ -27,7 +27,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Optional
 
-from memosfs.store.common import UnsavedSlots, _k
+from memosfs.store.common import UnsavedSlots, _k, said
 from memosfs.store.ssd import SSDFull
 
 if TYPE_CHECKING:
@@ -41,6 +41,8 @@ CLEAN_AHEAD_TO = 0.5        # ... until the dirty ones beyond this share of memo
 CLEAN_AHEAD_WAKE = 1 << 20  # a publish this large wakes the background writer to check
 META_SAVE_GAP_S = 0.5       # order.json / policy.json in the background at most this often
 SSD_VICTIMS_BATCH = 8       # SSD victims asked of the policy at a time
+EVICT_LOG_GAP_S = 5.0       # SSD evictions are logged at most this often (the rest folded)
+EVICT_LOG_NAMES = 5         # slots a folded line names (then a count)
 
 
 class WriteBackMixin:
@@ -60,7 +62,7 @@ class WriteBackMixin:
                 self._c["evict_writebacks"] += 1
             except OSError as e:
                 self._log_io_error("eviction kept %s in memory: write-back failed: %s",
-                                   _k(ref.key), e)
+                                   _k(ref.key), said(e))
                 return False
         with self.lock:                         # publish and rename take it too
             if not ref.live:
@@ -95,6 +97,14 @@ class WriteBackMixin:
         try:
             entry = self.ssd.put(ref, meta, durable)
         except SSDFull as full:
+            if self.ssd_full == "refuse":
+                # the tier keeps what it holds: this version stays in memory
+                # (dirty), and new writes are refused once memory is full
+                self._c["ssd_full_refusals"] += 1
+                said = (f"the SSD tier reached its ssd_capacity ({self.ssd.capacity} bytes) "
+                        f"and ssd_full=refuse keeps the slots it holds")
+                self.ssd.trouble = said
+                raise OSError(errno.ENOSPC, said) from None
             self._make_ssd_room(full.excess, keep=key, older_only=room_from_older)
             entry = self.ssd.put(ref, meta, durable)
         with self.lock:
@@ -144,8 +154,45 @@ class WriteBackMixin:
                         self._dirty_since.setdefault(entry.key, time.monotonic())
                 if ref is None:
                     self._c["drops_lost"] += 1
+                    self._c["ssd_evicted_slots"] += 1
                     self.trace.emit("SSD_EVICT", key=_k(entry.key), bytes=entry.size)
+                    self._note_ssd_eviction(entry.key, keep)
                     self._dropped(entry.key, "ssd-evicted")
+
+    def _note_ssd_eviction(self, key: bytes, keep: bytes) -> None:
+        """Log a slot the SSD tier evicted (no other tier holds it: it is gone),
+        at most once every EVICT_LOG_GAP_S: the first at once, the ones that
+        follow folded into the next line (count and the first few names)."""
+        with self.lock:
+            folded = self._ssd_evict_log
+            folded[0] += 1
+            if len(folded[1]) < EVICT_LOG_NAMES:
+                folded[1].append(_k(key))
+            now = time.monotonic()
+            if now - folded[2] < EVICT_LOG_GAP_S:
+                return
+            count, names = folded[0], folded[1]
+            self._ssd_evict_log = [0, [], now]
+        self._log_ssd_evictions(count, names, f"to make room for {_k(keep)}")
+
+    def _log_ssd_evictions(self, count: int, names: list, why: str) -> None:
+        more = f" and {count - len(names)} more" if count > len(names) else ""
+        log.warning("the SSD tier reached its ssd_capacity (%d bytes): %d slot%s evicted from "
+                    "it %s, the coldest first (no other tier held them: they are gone): %s%s "
+                    "(ssd_full=evict; ssd_full=refuse refuses new writes instead)",
+                    self.ssd.capacity, count, "" if count == 1 else "s", why,
+                    ", ".join(names), more)
+
+    def flush_eviction_log(self, due_only: bool = False) -> None:
+        """Log the SSD evictions folded since the last line (at unmount; with
+        due_only, from the background writer, once EVICT_LOG_GAP_S has
+        passed since that line)."""
+        with self.lock:
+            count, names, last = self._ssd_evict_log
+            if not count or (due_only and time.monotonic() - last < EVICT_LOG_GAP_S):
+                return
+            self._ssd_evict_log = [0, [], time.monotonic()]
+        self._log_ssd_evictions(count, names, "since the last such line")
 
     def _log_io_error(self, fmt: str, *args: object) -> None:
         """SSD trouble (a full disk) repeats for every slot: log it at ERROR
@@ -199,7 +246,7 @@ class WriteBackMixin:
                         self._write_back(ref, durable=False, room_from_older=True)
                         written += 1
                 except OSError as e:
-                    log.error("flush could not write %s: %s", _k(key), e)
+                    log.error("flush could not write %s: %s", _k(key), said(e))
                     failed = failed or e
                 finally:
                     ref.release()
@@ -233,7 +280,7 @@ class WriteBackMixin:
                     self._write_back(ref, durable=False)
                 except OSError as e:
                     self._log_io_error("quota: %s stays in memory: write-back failed: %s",
-                                       _k(key), e)
+                                       _k(key), said(e))
                     return False
             with self.lock:                     # publish and rename take it too
                 cur = self.cache.peek(key)
@@ -291,6 +338,7 @@ class WriteBackMixin:
             try:
                 self._write_back_due(time.monotonic() - delay)
                 self._clean_ahead()
+                self.flush_eviction_log(due_only=True)
                 now = time.monotonic()
                 if now - last_meta < META_SAVE_GAP_S:
                     continue                        # (woken by publishes: not each time)
@@ -300,7 +348,7 @@ class WriteBackMixin:
                 elif self.ssd.policy_dirty:
                     self.ssd.save_policy(durable=False)     # rate-limited
             except OSError as e:
-                self._log_io_error("background writer: %s", e)
+                self._log_io_error("background writer: %s", said(e))
             except Exception:
                 log.exception("background writer")
 
@@ -331,7 +379,8 @@ class WriteBackMixin:
                     self._c["clean_ahead"] += 1
                     budget -= ref.size
             except OSError as e:
-                self._log_io_error("write-back ahead of eviction of %s failed: %s", _k(key), e)
+                self._log_io_error("write-back ahead of eviction of %s failed: %s", _k(key),
+                                   said(e))
                 return
             finally:
                 ref.release()
@@ -359,6 +408,6 @@ class WriteBackMixin:
                     if key in self._dirty_since:
                         self._dirty_since[key] = time.monotonic() + WRITEBACK_RETRY_S
                 self._log_io_error("background write-back of %s failed (retrying in %.0f s): %s",
-                                   _k(key), WRITEBACK_RETRY_S, e)
+                                   _k(key), WRITEBACK_RETRY_S, said(e))
             finally:
                 ref.release()

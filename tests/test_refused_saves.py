@@ -1,0 +1,198 @@
+"""A save that had a write refused is never published (issue 38, item 2; the
+rule issue 34 keeps): a refused create leaves no name, a refused rewrite
+leaves the version before, and the writer's close and fsync report the
+refused write's errno -- with `head -c`, the shell's `>`, and a Python
+writer, in the default mode and under the kernel's writeback cache
+(docs/semantics.md, "Errors change nothing").  A full SSD disk is
+tests/test_ssd_full.py."""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+import subprocess
+
+import pyfuse3
+import pytest
+from conftest import CTX
+
+MiB = 1 << 20
+MODES = [pytest.param(0, id="write-through"), pytest.param(1, id="writeback-cache")]
+
+
+def _tier(make_mount, wb: int):
+    m = make_mount(capacity="8M", writeback_cache=wb)
+    d = m.p("a", "s")
+    d.mkdir(parents=True)
+    return m, d
+
+
+def _sh(cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("wb", MODES)
+def test_head_beyond_the_tier_into_a_new_name_leaves_no_name(make_mount, wb):
+    """`head -c 20M /dev/zero > slot` on an 8M tier: the shell's `>` opens
+    with O_TRUNC and closes its own descriptor (after dup2) before head
+    writes; head's writes are refused (EFBIG): no name is left behind."""
+    m, d = _tier(make_mount, wb)
+    r = _sh(f"head -c 20M /dev/zero > {d}/new")
+    assert r.returncode != 0, r
+    assert not (d / "new").exists()
+    assert "new" not in os.listdir(d)
+    log = m.logtext()
+    refusals = [line.split(" ", 4)[-1] for line in log.splitlines() if "refused (" in line]
+    assert refusals and all("a/s/new" in line for line in refusals), refusals
+    # one refused save, a few lines: identical refusals are folded (their count)
+    assert max(collections.Counter(refusals).values()) == 1, refusals
+    assert len(refusals) <= 6, refusals
+
+
+@pytest.mark.parametrize("wb", MODES)
+def test_head_beyond_the_tier_over_a_slot_keeps_the_version_before(make_mount, wb):
+    m, d = _tier(make_mount, wb)
+    (d / "k").write_bytes(b"version one")
+    r = _sh(f"head -c 20M /dev/zero > {d}/k")
+    assert r.returncode != 0, r
+    assert (d / "k").read_bytes() == b"version one"
+    assert os.stat(d / "k").st_size == len(b"version one")
+
+
+@pytest.mark.parametrize("wb", MODES)
+def test_a_python_writer_refused_leaves_no_new_name(make_mount, wb):
+    m, d = _tier(make_mount, wb)
+    with pytest.raises(OSError) as e:
+        with open(d / "py", "wb") as f:
+            f.write(b"x" * (20 * MiB))
+    assert e.value.errno in (errno.EFBIG, errno.EIO)
+    assert not (d / "py").exists()
+
+
+@pytest.mark.parametrize("wb", MODES)
+def test_close_and_fsync_report_the_refused_write(make_mount, wb):
+    """The writes up to the tier's size are accepted, then one is refused;
+    fsync and close fail (the refused write's errno in the write-through
+    mode), and what is published is still the version before."""
+    m, d = _tier(make_mount, wb)
+    (d / "k").write_bytes(b"v1" * 100)
+    fd = os.open(d / "k", os.O_WRONLY | os.O_TRUNC)
+    refused = None
+    try:
+        try:
+            for _ in range(12):
+                os.write(fd, b"y" * MiB)
+        except OSError as e:
+            refused = e.errno
+        if wb:
+            assert refused is None          # (the kernel's page cache took them)
+        else:
+            assert refused == errno.EFBIG
+        with pytest.raises(OSError) as e:
+            os.fsync(fd)
+        assert e.value.errno == (errno.EFBIG if not wb else e.value.errno)
+        assert e.value.errno in (errno.EFBIG, errno.EIO, errno.ENOSPC)
+    finally:
+        with pytest.raises(OSError) as e:
+            os.close(fd)
+    assert e.value.errno in (errno.EFBIG, errno.EIO, errno.ENOSPC)
+    assert (d / "k").read_bytes() == b"v1" * 100
+
+
+def test_a_writer_that_truncates_below_the_refused_bytes_publishes(make_mount):
+    """A refused write keeps the draft from publishing only while its bytes
+    are missing: a writer that cuts them off (ftruncate) chose the size,
+    and its close publishes what it kept."""
+    m, d = _tier(make_mount, 0)
+    fd = os.open(d / "k", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, b"z" * MiB)
+        assert _write_until_refused(fd, MiB) == errno.EFBIG
+        os.ftruncate(fd, MiB)
+    finally:
+        os.close(fd)
+    assert (d / "k").read_bytes() == b"z" * MiB
+
+
+def _write_until_refused(fd: int, off: int) -> int:
+    """1 MiB writes from off on until one is refused: its errno."""
+    for i in range(16):
+        try:
+            os.pwrite(fd, b"w" * MiB, off + i * MiB)
+        except OSError as e:
+            return e.errno
+    return 0
+
+
+def test_the_handlers_publish_nothing_after_a_refused_write(make_handlers):
+    """The rule below the mount: flush and fsync answer the refused write's
+    errno, the version before stays, a refused create's name goes with its
+    last writer; a truncate below the refused bytes lets the draft publish."""
+    fs = make_handlers(capacity=4 * MiB)
+    fs.mkdirs("a/s")
+    fs.write("a/s/k", b"v1")
+    ctx = CTX
+    fi = fs.call("open", fs.lookup("a/s/k"), os.O_WRONLY | os.O_TRUNC, ctx)
+    fs.call("write", fi.fh, 0, b"v2")
+    assert fs.err("write", fi.fh, 2, b"x" * (8 * MiB)) == errno.EFBIG
+    assert fs.err("flush", fi.fh) == errno.EFBIG
+    assert fs.err("fsync", fi.fh, False) == errno.EFBIG
+    assert fs.read("a/s/k") == b"v1"
+    fs.call("release", fi.fh)
+    assert fs.read("a/s/k") == b"v1"
+    parent = fs.lookup("a/s")
+    fi, _ = fs.call("create", parent, b"new", 0o644, os.O_WRONLY | os.O_TRUNC, ctx)
+    assert fs.err("write", fi.fh, 0, b"x" * (8 * MiB)) == errno.EFBIG
+    assert fs.err("flush", fi.fh) == errno.EFBIG
+    fs.call("release", fi.fh)
+    assert fs.err("lookup", parent, b"new", ctx) == errno.ENOENT
+    fi = fs.call("open", fs.lookup("a/s/k"), os.O_WRONLY, ctx)
+    fs.call("write", fi.fh, 2, b"+")
+    assert fs.err("write", fi.fh, 3, b"x" * (8 * MiB)) == errno.EFBIG
+    assert fs.err("flush", fi.fh) == errno.EFBIG
+    cut = pyfuse3.EntryAttributes()
+    cut.st_size = 3
+    fields = type("Fields", (), {f: False for f in (
+        "update_mode", "update_uid", "update_gid", "update_atime", "update_mtime")})()
+    fields.update_size = True
+    fs.call("setattr", fs.lookup("a/s/k"), cut, fields, fi.fh, ctx)     # ftruncate(3)
+    assert fs.err("flush", fi.fh) == 0
+    fs.call("release", fi.fh)
+    assert fs.read("a/s/k") == b"v1+"
+
+
+def test_refused_ranges_go_when_written_again_or_cut_off():
+    """The bookkeeping behind the rule (memosfs/fuse/nodes.py `Refusals`):
+    a range goes when a later write covers it or a truncate cuts it off."""
+    from memosfs.fuse.nodes import Refusals
+    r = Refusals()
+    r.note(100, 200, errno.ENOSPC, "full")
+    r.note(300, 400, errno.EFBIG)
+    assert r and r.code == errno.ENOSPC and r.reason == "full"
+    r.written(100, 150)
+    assert r.spans == [[150, 200], [300, 400]]
+    r.written(140, 210)                     # a retry of the rest succeeded
+    assert r.spans == [[300, 400]]
+    r.truncated(350)
+    assert r.spans == [[300, 350]]
+    r.truncated(300)                        # the writer chose a size below it
+    assert not r and r.code == 0
+    for i in range(Refusals.MAX + 5):       # many: merged, never fewer bytes
+        r.note(i * 10, i * 10 + 1, errno.EIO)
+    assert len(r.spans) <= Refusals.MAX and r.spans[0][0] == 0
+    r.note(5, 5, errno.EIO)                 # a refused truncate to 5: one byte
+    assert r
+
+
+def test_the_shells_truncating_redirect_of_nothing_still_publishes(make_mount):
+    """`: > slot` and `echo x > slot` (the descriptor dup'd onto stdout and
+    the opened one closed first) publish as before: an empty slot, a new
+    version."""
+    m, d = _tier(make_mount, 0)
+    r = _sh(f": > {d}/e && echo hello > {d}/h && cat {d}/e {d}/h")
+    assert r.returncode == 0 and r.stdout == "hello\n", r
+    (d / "k").write_bytes(b"old")
+    r = _sh(f"printf new > {d}/k && cat {d}/k")
+    assert r.stdout == "new"
+    assert (d / "e").stat().st_size == 0
