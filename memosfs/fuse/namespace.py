@@ -2,16 +2,19 @@
 composed in operations.py).
 
 Owns: lookup, forget, getattr, setattr (chmod, chown, utimes; truncate goes
-to files.py), mkdir, rmdir, opendir, readdir, statfs, unlink, rename, and
-the refusals of link, symlink and mknod; `_metadata_changed` (what the SSD
-tier must learn of a change) and the tree surgery of the control plane's
-reset_context (`find_session`, `reset_session`).
+to files.py), mkdir, rmdir, opendir, readdir, statfs, unlink, rename,
+symlink, readlink, and the refusals of link and mknod; `_metadata_changed`
+(what the SSD tier must learn of a change) and the tree surgery of the
+control plane's reset_context (`find_session`, `reset_session`).
 
 The tree.  The root holds agents and the control plane `.memos/` (and
 `.federated`); an agent holds sessions; a session holds slots and
 directories at any depth.  A slot anywhere else, or a directory inside the
-control plane, is EPERM.  Names follow NAME_MAX (255 bytes), paths below
-the mount the store's KEY_MAX.
+control plane, is EPERM.  Symbolic links live in agents, sessions and the
+directories below (a name and a target, kept with the namespace like a
+directory; the store never sees them).  Hard links are EPERM: a slot's one
+path is its key in every tier.  Names follow NAME_MAX (255 bytes), paths
+below the mount the store's KEY_MAX.
 
 Lookup counts.  Every entry handed to the kernel (lookup, create, mkdir,
 readdirplus) adds one to `Node.lookups`; `forget` takes them away.  A node
@@ -39,7 +42,8 @@ from memosfs import _native
 from memosfs.fuse.core import FastCtx, OpsCore, refuse, tgid_of
 from memosfs.fuse.fedtree import FED_INO
 from memosfs.fuse.nodes import (
-    AGENT, CTL, NAME_MAX, ROOT, SESSION, SLOT_DIRS, SUBDIR, Dir, Node, Pseudo, Slot, now_ns)
+    AGENT, CTL, LINK_DIRS, NAME_MAX, ROOT, SESSION, SLOT_DIRS, SUBDIR, Dir, Node, Pseudo,
+    Slot, Symlink, now_ns)
 from memosfs.fuse.tenants import QUOTA_XATTR
 
 __all__ = ["NamespaceOps"]
@@ -191,7 +195,8 @@ class NamespaceOps(OpsCore):
         if isinstance(node, Slot) and node.version and not node.detached \
                 and node.successor is None:
             self.store.mark_dirty(node.key)
-        elif isinstance(node, Dir) and node.level in (AGENT, SESSION, SUBDIR):
+        elif isinstance(node, Symlink) or (isinstance(node, Dir)
+                                           and node.level in (AGENT, SESSION, SUBDIR)):
             self.store.namespace_changed()
 
     async def mkdir(self, parent_inode, name, mode, ctx):
@@ -303,7 +308,8 @@ class NamespaceOps(OpsCore):
         return s
 
     async def unlink(self, parent_inode, name, ctx):
-        """Remove a slot; open readers keep their version until they close."""
+        """Remove a slot (open readers keep their version until they close)
+        or a symbolic link."""
         parent = self._dir(parent_inode)
         n = self._name(name)
         node = parent.children.get(n)
@@ -313,13 +319,18 @@ class NamespaceOps(OpsCore):
             raise refuse(errno.EISDIR, "unlink %s: a directory", n)
         if isinstance(node, Pseudo):
             raise refuse(errno.EPERM, "unlink %s: the control plane is fixed", n)
+        if isinstance(node, Symlink):
+            self._detach(node, "unlink")
+            self.store.namespace_changed()
+            return
         self.store.remove(node.key)
         self._detach(node, "unlink")
 
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new,
                      flags, ctx):
-        """Move a slot between sessions, a session between agents, or rename an
-        agent; replacing a target as rename(2) does."""
+        """Move a slot or a symbolic link between sessions, a session between
+        agents, or rename an agent; replacing a target as rename(2) does.
+        RENAME_EXCHANGE is EINVAL (docs/semantics.md)."""
         src_dir = self._dir(parent_inode_old)
         dst_dir = self._dir(parent_inode_new)
         old, new = self._name(name_old), self._name(name_new)
@@ -332,10 +343,12 @@ class NamespaceOps(OpsCore):
                 or dst_dir.level == CTL:
             raise refuse(errno.EPERM, "rename %s: the control plane is fixed", old)
         level = getattr(node, "level", None)
-        want = {AGENT: (ROOT,), SESSION: (AGENT,)}.get(level, SLOT_DIRS)
+        want = {AGENT: (ROOT,), SESSION: (AGENT,)}.get(
+            level, LINK_DIRS if isinstance(node, Symlink) else SLOT_DIRS)
         if dst_dir.level not in want:
             raise refuse(errno.EPERM, "rename %s: a %s belongs in a %s", old,
-                         level or "slot", " or ".join(want))
+                         level or ("symbolic link" if isinstance(node, Symlink) else "slot"),
+                         " or ".join(want))
         if isinstance(node, Dir) and node.contains(dst_dir):
             raise refuse(errno.EINVAL, "rename %s: into itself", old)
         target = dst_dir.children.get(new)
@@ -359,8 +372,10 @@ class NamespaceOps(OpsCore):
                          "would be %d bytes (at most %d)", old, new, longest, _native.KEY_MAX)
         if isinstance(node, Dir):
             old_keys = [(s, s.key) for s in self._walk_slots(node)]
-        else:
+        elif isinstance(node, Slot):
             old_keys = [(node, node.key)]
+        else:
+            old_keys = []
         if target is not None:
             if isinstance(target, Slot) and not (isinstance(node, Slot) and node.version):
                 # (a published slot replaces the target in every tier
@@ -391,7 +406,7 @@ class NamespaceOps(OpsCore):
         now = now_ns()
         node.ctime_ns = src_dir.mtime_ns = src_dir.ctime_ns = now
         dst_dir.mtime_ns = dst_dir.ctime_ns = now
-        if isinstance(node, Dir):
+        if not isinstance(node, Slot) or isinstance(target, (Dir, Symlink)):
             self.store.namespace_changed()
 
     def _depth_bytes(self, node: Node) -> int:
@@ -406,10 +421,44 @@ class NamespaceOps(OpsCore):
         return best
 
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        raise refuse(errno.EPERM, "link: slots have one name")
+        """Hard links are EPERM: a slot's path is its key in every tier (the
+        memory index, the SSD file, the remote manifest, the coherence
+        directory, the session's ring), so a second name would be a second
+        slot; docs/design.md says more."""
+        raise refuse(errno.EPERM, "link %s: a slot has one name (its path is its key in "
+                     "every tier); use a symbolic link", self._name(new_name))
 
     async def symlink(self, parent_inode, name, target, ctx):
-        raise refuse(errno.EPERM, "symlink: only slots and directories live here")
+        """A symbolic link in an agent, a session or a directory below one,
+        owned by the caller (the group as mkdir's); the namespace keeps it,
+        durable as a mkdir is (fsync of its directory).  +1 lookup."""
+        if parent_inode >= FED_INO:
+            raise refuse(errno.EPERM, "symlink %s: .federated holds jobs only",
+                         self._name(name))
+        parent = self._dir(parent_inode)
+        n = self._name(name)
+        if parent.level not in LINK_DIRS:
+            raise refuse(errno.EPERM, "symlink %s: a symbolic link belongs in an agent, a "
+                         "session or below", n)
+        if n in parent.children:
+            raise refuse(errno.EEXIST, "symlink %s: exists", n, level=logging.DEBUG)
+        if len(parent.key_of(n)) > _native.KEY_MAX:
+            raise refuse(errno.ENAMETOOLONG, "symlink %s: the path below the mount is "
+                         "longer than %d bytes", n, _native.KEY_MAX)
+        gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
+        link = Symlink(self._new_ino(), n, parent, bytes(target), ctx.uid, gid)
+        parent.children[n] = link
+        parent.mtime_ns = parent.ctime_ns = now_ns()
+        self.inodes[link.ino] = link
+        self.store.namespace_changed()
+        return self._entry(link, ctx)
+
+    async def readlink(self, inode, ctx):
+        """The target of a symbolic link; EINVAL for anything else."""
+        node = self.inodes.get(inode) if inode < FED_INO else None
+        if not isinstance(node, Symlink):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return node.target
 
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
         """A regular file made with mknod(2) (GNU tar makes its files so when it
@@ -437,6 +486,9 @@ class NamespaceOps(OpsCore):
         subtree from the namespace: slots no tier holds now (those being
         written keep their names), then the directories left empty of slots."""
         self.store.reset_session(session.parent.name, session.name)
+        for link in [c for c in session.children.values() if isinstance(c, Symlink)]:
+            self._detach(link, "reset")
+            self._forget_entry(session, link.name)
         for slot in list(self._walk_slots(session)):
             if not slot.writers:
                 parent = slot.parent
@@ -448,6 +500,9 @@ class NamespaceOps(OpsCore):
         self.store.namespace_changed()
 
     def _drop_tree(self, d: Dir) -> None:
+        for child in [c for c in d.children.values() if isinstance(c, Symlink)]:
+            self._detach(child, "reset")
+            self._forget_entry(d, child.name)
         for child in [c for c in d.children.values() if isinstance(c, Dir)]:
             self._drop_tree(child)
         parent = d.parent

@@ -1,10 +1,11 @@
-"""The filesystem's nodes and open files: Node, Dir, Slot, Pseudo, Handle.
+"""The filesystem's nodes and open files: Node, Dir, Slot, Symlink, Pseudo, Handle.
 
 Owns: the in-memory tree (a Dir holds its children by name), each slot's
 versions as the handlers see them (published version, the writers' shared
 draft and base, the page-cache bookkeeping), and the one translation between
-a slot or a directory and the metadata a tier keeps beside it
-(`Slot.meta`/`Slot.from_meta`, `Dir.record`/`Dir.apply_record`), used by
+a slot, a directory or a symbolic link and the metadata a tier keeps
+beside it (`Slot.meta`/`Slot.from_meta`, `Dir.record`/`Dir.apply_record`,
+`Symlink.record`/`Symlink.from_record`), used by
 the SSD tier (save, and restore at mount) and by the remote tier (a name
 another mount published).
 
@@ -35,15 +36,16 @@ from memosfs import _native
 if TYPE_CHECKING:
     from memosfs.fuse.coherence import Hold
 
-__all__ = ["Node", "Dir", "Slot", "Pseudo", "Handle", "PUSH_LOCK", "NAME_MAX",
+__all__ = ["Node", "Dir", "Slot", "Symlink", "Pseudo", "Handle", "PUSH_LOCK", "NAME_MAX",
            "CONTROL_DIR", "ROOT", "AGENT", "SESSION", "SUBDIR", "CTL", "SLOT_DIRS",
-           "FIXED_LOOKUPS", "now_ns"]
+           "FIXED_LOOKUPS", "LINK_DIRS", "now_ns"]
 
 NAME_MAX = 255
 CONTROL_DIR = ".memos"
 
 ROOT, AGENT, SESSION, SUBDIR, CTL = "root", "agent", "session", "dir", "ctl"
 SLOT_DIRS = (SESSION, SUBDIR)   # directories that hold slots (and directories)
+LINK_DIRS = (AGENT, SESSION, SUBDIR)    # directories that hold symbolic links
 FIXED_LOOKUPS = 1 << 62         # the lookup count of nodes the kernel never forgets
 
 PUSH_LOCK = threading.Lock()    # guards Slot.pushing and cache_version against
@@ -349,6 +351,47 @@ class Slot(Node):
         """Whether this inode still holds the name at `version` (a push of
         that version may go on)."""
         return self.successor is None and not self.detached and self.version == version
+
+
+class Symlink(Node):
+    """A symbolic link in an agent, a session or a directory below one: a
+    name and the bytes it points to, nothing in the store (the namespace
+    keeps it: namespace.json, like a directory).  The kernel follows it;
+    its mode is always 0777, as on every Linux filesystem."""
+
+    def __init__(self, ino: int, name: str, parent: Dir, target: bytes, uid: int,
+                 gid: int) -> None:
+        super().__init__(ino, name, parent, stat.S_IFLNK | 0o777, uid, gid)
+        self.target = target            # what readlink returns (any bytes but NUL)
+
+    def size(self) -> int:
+        return len(self.target)
+
+    def path(self) -> str:
+        """agent/.../name below the root."""
+        assert self.parent is not None
+        return f"{self.parent.path()}/{self.name}"
+
+    def record(self) -> dict:
+        """What namespace.json keeps of this link (`type` tells it from a
+        directory's record)."""
+        return {"path": self.path(), "type": "symlink",
+                "target": self.target.decode("utf-8", "surrogateescape"),
+                "uid": self.uid, "gid": self.gid, "mtime_ns": self.mtime_ns,
+                "atime_ns": self.atime_ns, "xattrs": _hex_map(self.xattrs)}
+
+    @classmethod
+    def from_record(cls, ino: int, name: str, parent: Dir, rec: dict) -> "Symlink":
+        """The link a namespace.json record describes (KeyError, ValueError,
+        TypeError on a bad one)."""
+        target = str(rec["target"]).encode("utf-8", "surrogateescape")
+        if not target or b"\0" in target:
+            raise ValueError("empty target or a NUL in it")
+        node = cls(ino, name, parent, target, int(rec["uid"]), int(rec["gid"]))
+        node.mtime_ns = node.ctime_ns = int(rec.get("mtime_ns", node.mtime_ns))
+        node.atime_ns = int(rec.get("atime_ns", node.mtime_ns))
+        node.xattrs = _unhex_map(rec.get("xattrs", {}))
+        return node
 
 
 class Pseudo(Node):
