@@ -12,6 +12,7 @@
     memosfs calc-size --tokens N --layers L (--hidden H | --kv-heads K --head-dim D)
                       [--dtype fp16] [--redundancy 2]
     memosfs knobs [--markdown]                 the knob table
+    memosfs --version                          the version
     memosfs bench io [--json] ...              benchmarks (see `memosfs bench -h`)
 
 Mount options (-o, comma-separated): every knob of `.memos/cache/` by name
@@ -41,6 +42,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from memosfs import __version__
 from memosfs.knobs import KNOB_BY_NAME, KNOBS, KnobError
 
 log = logging.getLogger("memosfs")
@@ -780,6 +782,7 @@ def cmd_knobs(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memosfs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-V", "--version", action="version", version=f"memosfs {__version__}")
     sub = p.add_subparsers(dest="cmd")
 
     m = sub.add_parser("mount", help="mount memosfs")
@@ -837,7 +840,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 SUBCOMMANDS = {"mount", "umount", "stat", "why", "top", "calc-size", "bench", "knobs", "-h",
-               "--help"}
+               "--help", "-V", "--version"}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
