@@ -270,7 +270,8 @@ class NamespaceOps(OpsCore):
         pass
 
     async def statfs(self, ctx):
-        """Both tiers, in 4 KiB blocks (what df shows; docs/df.md):
+        """Both tiers, in 4 KiB blocks (what df shows; docs/operating.md; `memosfs df`
+        prints each tier on its own):
 
         Size   memory capacity + the SSD tier's size: what its files hold
                plus the room it has left;
