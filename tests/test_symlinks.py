@@ -179,6 +179,7 @@ def _links_tree(m) -> Path:
     os.symlink("slot", s / "l")
     os.symlink("../slot", s / "blocks" / "up")
     os.symlink("s", m.p("a", "cur"))
+    os.symlink(b"\xff\xfe-not-utf8", bytes(s / "raw"))
     os.lchown(s / "l", 1234, 5678)
     os.utime(s / "l", ns=(OLD_NS, OLD_NS), follow_symlinks=False)
     return s
@@ -189,6 +190,7 @@ def _check_links(m) -> None:
     assert os.readlink(s / "l") == "slot"
     assert os.readlink(s / "blocks" / "up") == "../slot"
     assert os.readlink(m.p("a", "cur")) == "s"
+    assert os.readlink(bytes(s / "raw")) == b"\xff\xfe-not-utf8"
     st = os.lstat(s / "l")
     assert (st.st_uid, st.st_gid, st.st_mtime_ns) == (1234, 5678, OLD_NS)
     assert (s / "blocks" / "up").read_bytes() == b"kv"
