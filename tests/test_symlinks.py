@@ -293,3 +293,30 @@ def test_cp_tar_and_rsync_copy_links_in_and_out(make_mount, tmp_path):
     (out / "tar").mkdir()
     _run("tar", "-C", str(out / "tar"), "-xf", str(tmp_path / "back.tar"))
     _same_links(src, out / "tar" / "chat")
+
+
+@needs_tools
+def test_a_tree_with_hard_links_copies_as_docs_operating_says(make_mount, tmp_path):
+    """Each name of a hard-linked source becomes a slot of its own with
+    `cp -a --no-preserve=links`, `rsync -a` and `tar --hard-dereference`;
+    `cp -a` reports the second name's EPERM."""
+    m = make_mount(capacity="64M")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"shared")
+    os.link(src / "a", src / "b")
+    agent = m.p("planner")
+    agent.mkdir()
+    r = subprocess.run(["cp", "-a", str(src), str(agent / "plain")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "Operation not permitted" in r.stderr
+    _run("cp", "-a", "--no-preserve=links", str(src), str(agent / "cp"))
+    _run("rsync", "-a", str(src) + "/", str(agent / "rs") + "/")
+    _run("tar", "-C", str(tmp_path), "--hard-dereference", "-cf", str(tmp_path / "h.tar"),
+         "src")
+    (agent / "tar").mkdir()
+    _run("tar", "-C", str(agent / "tar"), "-xf", str(tmp_path / "h.tar"))
+    for d in (agent / "cp", agent / "rs", agent / "tar" / "src"):
+        assert sorted(os.listdir(d)) == ["a", "b"], d
+        assert (d / "a").read_bytes() == (d / "b").read_bytes() == b"shared"
+        assert os.stat(d / "a").st_ino != os.stat(d / "b").st_ino
