@@ -8,6 +8,7 @@ Hard links stay EPERM (docs/design.md says why)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import CTX
 from memosfs.testing import faults
 from memosfs.testing.daemon import is_mounted
 
@@ -320,3 +322,57 @@ def test_a_tree_with_hard_links_copies_as_docs_operating_says(make_mount, tmp_pa
         assert sorted(os.listdir(d)) == ["a", "b"], d
         assert (d / "a").read_bytes() == (d / "b").read_bytes() == b"shared"
         assert os.stat(d / "a").st_ino != os.stat(d / "b").st_ino
+
+
+# ---------------------------------------------------------------- restore, without a mount
+
+def _saved_tree(make_handlers, ssd) -> list:
+    """a/s/x (a slot on the SSD), a/s/d/e (directories), a/s/l (a link):
+    namespace.json's records."""
+    h = make_handlers(ssd=ssd)
+    s = h.mkdirs("a/s")
+    h.mkdirs("a/s/d/e")
+    h.write("a/s/x", b"slot bytes")
+    h.call("symlink", s, b"l", b"x", CTX)
+    h.store.persist(b"a/s/x")
+    h.store.save_metadata(durable=True)
+    return json.loads((ssd / "namespace.json").read_text())
+
+
+def _restored(make_handlers, ssd):
+    h = make_handlers(ssd=ssd)
+    h.ops.restore()
+    return h
+
+
+def test_restore_brings_back_links_from_namespace_json(make_handlers, tmp_path):
+    recs = _saved_tree(make_handlers, tmp_path / "ssd")
+    [link] = [r for r in recs if r.get("type") == "symlink"]
+    assert link["path"] == "a/s/l" and link["target"] == "x"
+    h = _restored(make_handlers, tmp_path / "ssd")
+    node = h.ops.inodes[h.lookup("a/s/l")]
+    assert node.target == b"x" and h.listdir("a/s") == ["d", "l", "x"]
+
+
+def test_restore_keeps_the_slot_or_the_directory_over_a_link_of_the_same_name(
+        make_handlers, tmp_path, caplog):
+    ssd = tmp_path / "ssd"
+    recs = _saved_tree(make_handlers, ssd)
+    # what a crash between two saves could leave: links where a slot and a
+    # directory are, and a record that names no place
+    extra = [{"path": "a/s/x", "type": "symlink", "target": "t", "uid": 0, "gid": 0},
+             {"path": "a/s/d", "type": "symlink", "target": "t", "uid": 0, "gid": 0},
+             {"path": "a", "type": "symlink", "target": "t", "uid": 0, "gid": 0},
+             {"path": "a/s/bad", "type": "symlink", "uid": 0, "gid": 0}]
+    # (the directory a/s/d comes after the link of its name)
+    dirs = [r for r in recs if r.get("type") != "symlink" and not r["path"].startswith("a/s/d")]
+    later = [r for r in recs if r["path"].startswith("a/s/d")]
+    links = [r for r in recs if r.get("type") == "symlink"]
+    (ssd / "namespace.json").write_text(json.dumps(dirs + extra + later + links))
+    h = _restored(make_handlers, ssd)
+    assert h.read("a/s/x") == b"slot bytes"
+    assert h.listdir("a/s/d") == ["e"]
+    assert h.listdir("a/s") == ["d", "l", "x"]
+    assert "a/s/bad" in caplog.text and "'a'" in caplog.text
+    assert "a/s/d is a symbolic link and a directory; the directory is kept" in caplog.text
+    assert "is a symbolic link and a slot; the slot is kept" in caplog.text

@@ -108,6 +108,12 @@ class NamespacePersistence(OpsCore):
         for depth, name in enumerate(parts):
             level = (AGENT, SESSION)[depth] if depth < 2 else SUBDIR
             child = d.children.get(name)
+            if isinstance(child, Symlink):
+                # (a crash between two saves: a directory's slots win over a link)
+                log.error("restore: %s is a symbolic link and a directory; the directory "
+                          "is kept", child.path())
+                self._detach(child, "replaced")
+                child = None
             if not isinstance(child, Dir):
                 child = Dir(self._new_ino(), name, d, int(mode) & 0o7777, int(uid),
                             int(gid), level)
