@@ -44,7 +44,6 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from memosfs import __version__
 from memosfs.knobs import KNOB_BY_NAME, KNOBS, KnobError
 
 log = logging.getLogger("memosfs")
@@ -843,10 +842,31 @@ def cmd_knobs(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- main
 
 
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's; the package's
+    `__version__` is the same, tests/test_version.py)."""
+    from importlib import metadata
+    try:
+        return metadata.version("memosfs")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e . in the checkout)"
+
+
+class _PrintVersion(argparse.Action):
+    """-V, --version: `memosfs X.Y.Z`, exit 0 (asked only when given)."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"memosfs {version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memosfs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-V", "--version", action="version", version=f"memosfs {__version__}")
+    p.add_argument("-V", "--version", action=_PrintVersion)
     sub = p.add_subparsers(dest="cmd")
 
     m = sub.add_parser("mount", help="mount memosfs")

@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+from memosfs.testing.daemon import is_mounted
+
 MiB = 1 << 20
 
 
@@ -62,6 +64,11 @@ def test_without_an_ssd_tier_df_shows_the_memory_tier_alone(make_mount):
 
 
 def test_df_of_a_folder_that_is_no_mount_says_so(tmp_path):
-    r = memosfs("df", str(tmp_path))
+    try:
+        r = memosfs("df", str(tmp_path))
+    finally:
+        # (a memosfs that takes `df` for a mount's source mounts the folder)
+        if is_mounted(tmp_path):
+            subprocess.run(["fusermount3", "-u", "-z", str(tmp_path)])
     assert r.returncode == 1
     assert r.stderr.startswith(f"memosfs: {tmp_path} is not a memosfs mount (")
