@@ -3,17 +3,18 @@ composed in operations.py).
 
 Owns: lookup, forget, getattr, setattr (chmod, chown, utimes; truncate goes
 to files.py), mkdir, rmdir, opendir, readdir, statfs, unlink, rename,
-symlink, readlink, and the refusals of link and mknod; `_metadata_changed`
+symlink, readlink, mknod, and the refusal of link; `_metadata_changed`
 (what the SSD tier must learn of a change) and the tree surgery of the
 control plane's reset_context (`find_session`, `reset_session`).
 
 The tree.  The root holds agents and the control plane `.memos/` (and
 `.federated`); an agent holds sessions; a session holds slots and
 directories at any depth.  A slot anywhere else, or a directory inside the
-control plane, is EPERM.  Symbolic links live in agents, sessions and the
-directories below (a name and a target, kept with the namespace like a
-directory; the store never sees them).  Hard links are EPERM: a slot's one
-path is its key in every tier.  Names follow NAME_MAX (255 bytes), paths
+control plane, is EPERM.  Symbolic links and special files (FIFOs,
+sockets, device nodes) live in agents, sessions and the directories below
+(`Entry`: a name kept with the namespace like a directory; the store never
+sees them).  Hard links are EPERM: a slot's one path is its key in every
+tier.  Names follow NAME_MAX (255 bytes), paths
 below the mount the store's KEY_MAX.
 
 Lookup counts.  Every entry handed to the kernel (lookup, create, mkdir,
@@ -43,7 +44,7 @@ from memosfs.fuse.core import FastCtx, OpsCore, refuse, tgid_of
 from memosfs.fuse.fedtree import FED_INO
 from memosfs.fuse.nodes import (
     AGENT, CTL, LINK_DIRS, NAME_MAX, ROOT, SESSION, SLOT_DIRS, SUBDIR, Dir, Node, Pseudo,
-    Slot, Symlink, now_ns)
+    Entry, Slot, Special, Symlink, now_ns)
 from memosfs.fuse.tenants import QUOTA_XATTR
 
 __all__ = ["NamespaceOps"]
@@ -195,7 +196,7 @@ class NamespaceOps(OpsCore):
         if isinstance(node, Slot) and node.version and not node.detached \
                 and node.successor is None:
             self.store.mark_dirty(node.key)
-        elif isinstance(node, Symlink) or (isinstance(node, Dir)
+        elif isinstance(node, Entry) or (isinstance(node, Dir)
                                            and node.level in (AGENT, SESSION, SUBDIR)):
             self.store.namespace_changed()
 
@@ -309,8 +310,8 @@ class NamespaceOps(OpsCore):
         return s
 
     async def unlink(self, parent_inode, name, ctx):
-        """Remove a slot (open readers keep their version until they close)
-        or a symbolic link."""
+        """Remove a slot (open readers keep their version until they close),
+        a symbolic link or a special file."""
         parent = self._dir(parent_inode)
         n = self._name(name)
         node = parent.children.get(n)
@@ -320,7 +321,7 @@ class NamespaceOps(OpsCore):
             raise refuse(errno.EISDIR, "unlink %s: a directory", n)
         if isinstance(node, Pseudo):
             raise refuse(errno.EPERM, "unlink %s: the control plane is fixed", n)
-        if isinstance(node, Symlink):
+        if isinstance(node, Entry):
             self._detach(node, "unlink")
             self.store.namespace_changed()
             return
@@ -329,7 +330,7 @@ class NamespaceOps(OpsCore):
 
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new,
                      flags, ctx):
-        """Move a slot or a symbolic link between sessions, a session between
+        """Move a slot, a link or a special file between sessions, a session between
         agents, or rename an agent; replacing a target as rename(2) does.
         RENAME_EXCHANGE is EINVAL (docs/semantics.md)."""
         src_dir = self._dir(parent_inode_old)
@@ -345,10 +346,10 @@ class NamespaceOps(OpsCore):
             raise refuse(errno.EPERM, "rename %s: the control plane is fixed", old)
         level = getattr(node, "level", None)
         want = {AGENT: (ROOT,), SESSION: (AGENT,)}.get(
-            level, LINK_DIRS if isinstance(node, Symlink) else SLOT_DIRS)
+            level, LINK_DIRS if isinstance(node, Entry) else SLOT_DIRS)
         if dst_dir.level not in want:
             raise refuse(errno.EPERM, "rename %s: a %s belongs in a %s", old,
-                         level or ("symbolic link" if isinstance(node, Symlink) else "slot"),
+                         level or ("slot" if isinstance(node, Slot) else node.kind),
                          " or ".join(want))
         if isinstance(node, Dir) and node.contains(dst_dir):
             raise refuse(errno.EINVAL, "rename %s: into itself", old)
@@ -407,7 +408,7 @@ class NamespaceOps(OpsCore):
         now = now_ns()
         node.ctime_ns = src_dir.mtime_ns = src_dir.ctime_ns = now
         dst_dir.mtime_ns = dst_dir.ctime_ns = now
-        if not isinstance(node, Slot) or isinstance(target, (Dir, Symlink)):
+        if not isinstance(node, Slot) or isinstance(target, (Dir, Entry)):
             self.store.namespace_changed()
 
     def _depth_bytes(self, node: Node) -> int:
@@ -438,21 +439,29 @@ class NamespaceOps(OpsCore):
                          self._name(name))
         parent = self._dir(parent_inode)
         n = self._name(name)
-        if parent.level not in LINK_DIRS:
-            raise refuse(errno.EPERM, "symlink %s: a symbolic link belongs in an agent, a "
-                         "session or below", n)
-        if n in parent.children:
-            raise refuse(errno.EEXIST, "symlink %s: exists", n, level=logging.DEBUG)
-        if len(parent.key_of(n)) > _native.KEY_MAX:
-            raise refuse(errno.ENAMETOOLONG, "symlink %s: the path below the mount is "
-                         "longer than %d bytes", n, _native.KEY_MAX)
+        self._entry_place(parent, n, "symlink")
         gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
         link = Symlink(self._new_ino(), n, parent, bytes(target), ctx.uid, gid)
-        parent.children[n] = link
+        return self._add_entry(parent, link, ctx)
+
+    def _add_entry(self, parent: Dir, node: Entry, ctx) -> pyfuse3.EntryAttributes:
+        parent.children[node.name] = node
         parent.mtime_ns = parent.ctime_ns = now_ns()
-        self.inodes[link.ino] = link
+        self.inodes[node.ino] = node
         self.store.namespace_changed()
-        return self._entry(link, ctx)
+        return self._entry(node, ctx)
+
+    def _entry_place(self, parent: Dir, n: str, what: str) -> None:
+        """The checks before a link or a special file is made: the place, the
+        name free, the path within KEY_MAX."""
+        if parent.level not in LINK_DIRS:
+            raise refuse(errno.EPERM, "%s %s: it belongs in an agent, a session or below",
+                         what, n)
+        if n in parent.children:
+            raise refuse(errno.EEXIST, "%s %s: exists", what, n, level=logging.DEBUG)
+        if len(parent.key_of(n)) > _native.KEY_MAX:
+            raise refuse(errno.ENAMETOOLONG, "%s %s: the path below the mount is "
+                         "longer than %d bytes", what, n, _native.KEY_MAX)
 
     async def readlink(self, inode, ctx):
         """The target of a symbolic link; EINVAL for anything else."""
@@ -464,11 +473,24 @@ class NamespaceOps(OpsCore):
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
         """A regular file made with mknod(2) (GNU tar makes its files so when it
         restores their attributes) is an empty slot, published at once, as
-        creat() and close() make one; devices, FIFOs and sockets are EPERM.
-        +1 lookup."""
+        creat() and close() make one.  A FIFO, a socket or a device node is a
+        special file where a symbolic link may be (`Special`: kept with the
+        namespace; the kernel serves FIFOs and sockets itself, and checked
+        CAP_MKNOD for a device).  +1 lookup."""
         if not stat.S_ISREG(mode):
-            raise refuse(errno.EPERM, "mknod %s: only slots and directories live here",
-                         self._name(name))
+            if parent_inode >= FED_INO:
+                raise refuse(errno.EPERM, "mknod %s: .federated holds jobs only",
+                             self._name(name))
+            parent = self._dir(parent_inode)
+            n = self._name(name)
+            self._entry_place(parent, n, "mknod")
+            if stat.S_IFMT(mode) not in Special.TYPES:
+                raise refuse(errno.EINVAL, "mknod %s: file type %o", n, stat.S_IFMT(mode))
+            gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
+            node = Special(self._new_ino(), n, parent, stat.S_IFMT(mode) | stat.S_IMODE(mode),
+                           rdev if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else 0,
+                           ctx.uid, gid)
+            return self._add_entry(parent, node, ctx)
         fi, entry = await self.create(parent_inode, name, stat.S_IMODE(mode),
                                       os.O_RDONLY | os.O_CREAT | os.O_EXCL, ctx)
         await self.release(fi.fh)
@@ -487,7 +509,7 @@ class NamespaceOps(OpsCore):
         subtree from the namespace: slots no tier holds now (those being
         written keep their names), then the directories left empty of slots."""
         self.store.reset_session(session.parent.name, session.name)
-        for link in [c for c in session.children.values() if isinstance(c, Symlink)]:
+        for link in [c for c in session.children.values() if isinstance(c, Entry)]:
             self._detach(link, "reset")
             self._forget_entry(session, link.name)
         for slot in list(self._walk_slots(session)):
@@ -501,7 +523,7 @@ class NamespaceOps(OpsCore):
         self.store.namespace_changed()
 
     def _drop_tree(self, d: Dir) -> None:
-        for child in [c for c in d.children.values() if isinstance(c, Symlink)]:
+        for child in [c for c in d.children.values() if isinstance(c, Entry)]:
             self._detach(child, "reset")
             self._forget_entry(d, child.name)
         for child in [c for c in d.children.values() if isinstance(c, Dir)]:
