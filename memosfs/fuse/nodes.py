@@ -37,9 +37,10 @@ from memosfs import _native
 if TYPE_CHECKING:
     from memosfs.fuse.coherence import Hold
 
-__all__ = ["Node", "Dir", "Slot", "Entry", "Symlink", "Special", "entry_from_record",
-           "Pseudo", "Handle", "PUSH_LOCK", "NAME_MAX", "CONTROL_DIR", "ROOT", "AGENT", "SESSION", "SUBDIR", "CTL", "SLOT_DIRS",
-           "FIXED_LOOKUPS", "LINK_DIRS", "now_ns"]
+__all__ = ["Node", "Dir", "Slot", "Pseudo", "Handle", "PUSH_LOCK", "NAME_MAX",
+           "CONTROL_DIR", "ROOT", "AGENT", "SESSION", "SUBDIR", "CTL", "SLOT_DIRS",
+           "FIXED_LOOKUPS", "now_ns", "Entry", "Symlink", "Special", "entry_from_record",
+           "LINK_DIRS"]
 
 NAME_MAX = 255
 CONTROL_DIR = ".memos"
