@@ -31,6 +31,8 @@ TEST_PKGS += g++ clang libcuckoo-dev libabsl-dev libjemalloc-dev libjemalloc2
 TEST_PKGS += redis-server openssl
 # The copy tools' tests (tests/test_copy_tools.py: rsync -aX into and out of a mount)
 TEST_PKGS += rsync
+# The shipped systemd unit is checked with systemd-analyze verify (tests/test_unit_files.py)
+TEST_PKGS += systemd
 # The Python packages: running takes the `run` extra (numpy and safetensors for the
 # examples and quantized storage, redis for the remote tier, the federated jobs'
 # aggregation); the tests take `test` and `bench` (peers, tenseal, hypothesis, ...).

@@ -5,6 +5,8 @@
     memosfs umount MOUNTPOINT [-l]             unmount (waits for the daemon to persist
                                                everything; exit 1 if it lost slots)
     memosfs stat   MOUNTPOINT [--json]         the stats as a table
+    memosfs df     MOUNTPOINT... [--json]      each tier's size, use and room, as df
+                                               shows them (df adds the two tiers up)
     memosfs why    MOUNTPOINT                  why your last request there was refused
     memosfs top    MOUNTPOINT [--interval S] [--once]
                                                a live view: hit ratio, tiers, evictions,
@@ -12,6 +14,7 @@
     memosfs calc-size --tokens N --layers L (--hidden H | --kv-heads K --head-dim D)
                       [--dtype fp16] [--redundancy 2]
     memosfs knobs [--markdown]                 the knob table
+    memosfs --version                          the version
     memosfs bench io [--json] ...              benchmarks (see `memosfs bench -h`)
 
 Mount options (-o, comma-separated): every knob of `.memos/cache/` by name
@@ -683,6 +686,68 @@ def cmd_stat(args: argparse.Namespace) -> int:
     return 0
 
 
+def tier_usage(mountpoint: str) -> list[dict]:
+    """Each tier's size, used bytes and room (what `memosfs df` prints):
+    memory from the stats; the SSD tier's bytes from the stats, its size
+    and room from what statfs gives beyond the memory tier's (namespace.py
+    `statfs`), so that the rows add up to `df`'s.  OSError when mountpoint
+    is not a memosfs mount."""
+    with open(os.path.join(mountpoint, ".memos", "cache", "stats.json")) as f:
+        stats = json.load(f)
+    v = os.statvfs(mountpoint)
+    page = v.f_frsize
+    cap = int(stats["capacity"])
+    mem_free = min(cap, int(stats["free_pages"]) * page)
+    rows = [{"tier": "memory", "size": cap, "used": cap - mem_free, "avail": mem_free}]
+    if "ssd_bytes" in stats:
+        rows.append({"tier": "ssd", "size": max(0, v.f_blocks * page - cap),
+                     "used": int(stats["ssd_bytes"]),
+                     "avail": max(0, v.f_bavail * page - mem_free)})
+    for r in rows:
+        # df's Use%: used / (used + avail), rounded up
+        total = r["used"] + r["avail"]
+        r["use_pct"] = -(-100 * r["used"] // total) if total else 0
+        r["mountpoint"] = mountpoint
+    return rows
+
+
+def _df_size(n: int) -> str:
+    """A size as `df -h` prints it (powers of 1024, one decimal below 10)."""
+    for unit in ("B", "K", "M", "G", "T", "P"):
+        if n < 1024 or unit == "P":
+            if unit == "B":
+                return f"{n}B" if n else "0"
+            return f"{n:.1f}{unit}" if n < 10 else f"{n:.0f}{unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_df(args: argparse.Namespace) -> int:
+    """Each tier of each mount on a line of its own: `df` adds the tiers up,
+    so a full memory tier beside a large disk shows as 1%; here the memory
+    row's Use% is the memory tier's."""
+    rows, rc = [], 0
+    for mp in args.mountpoint:
+        try:
+            rows += tier_usage(mp)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"memosfs: {mp} is not a memosfs mount "
+                  f"({getattr(e, 'strerror', None) or e})", file=sys.stderr)
+            rc = 1
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return rc
+    table = [("Tier", "Size", "Used", "Avail", "Use%", "Mounted on")]
+    table += [(r["tier"], _df_size(r["size"]), _df_size(r["used"]), _df_size(r["avail"]),
+               f"{r['use_pct']}%", r["mountpoint"]) for r in rows]
+    if rows:
+        widths = [max(len(row[i]) for row in table) for i in range(5)]
+        for row in table:
+            print(f"{row[0]:<{widths[0]}} " + " ".join(
+                f"{c:>{w}}" for c, w in zip(row[1:5], widths[1:])) + f" {row[5]}")
+    return rc
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -780,9 +845,31 @@ def cmd_knobs(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- main
 
 
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's; the package's
+    `__version__` is the same, tests/test_version.py)."""
+    from importlib import metadata
+    try:
+        return metadata.version("memosfs")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e . in the checkout)"
+
+
+class _PrintVersion(argparse.Action):
+    """-V, --version: `memosfs X.Y.Z`, exit 0 (asked only when given)."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"memosfs {version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memosfs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-V", "--version", action=_PrintVersion)
     sub = p.add_subparsers(dest="cmd")
 
     m = sub.add_parser("mount", help="mount memosfs")
@@ -812,6 +899,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_stat)
 
+    d = sub.add_parser("df", help="each tier's size, use and room (df adds them up)")
+    d.add_argument("mountpoint", nargs="+")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(fn=cmd_df)
+
     w = sub.add_parser("why", help="why your last request on the mount was refused")
     w.add_argument("mountpoint")
     w.set_defaults(fn=cmd_why)
@@ -839,8 +931,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SUBCOMMANDS = {"mount", "umount", "stat", "why", "top", "calc-size", "bench", "knobs", "-h",
-               "--help"}
+SUBCOMMANDS = {"mount", "umount", "stat", "df", "why", "top", "calc-size", "bench", "knobs", "-h",
+               "--help", "-V", "--version"}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -59,6 +59,25 @@ mkdir -p "$DIR/bin"
 
 want() { case " $ENGINES " in *" $1 "*) return 0;; esac; return 1; }
 step() { echo "engines-llama: $*"; }
+# The long compile's output (pip -v: cmake and ninja) goes to a log; the terminal gets a
+# line when cmake has configured, then one per tenth of ninja's build steps.
+progress() {
+  local log=$1 what=$2 start=$SECONDS shown=0 line n t tenth
+  : > "$log"
+  while IFS= read -r line; do
+    printf '%s\n' "$line" >> "$log"
+    if [[ $line == *"Build files have been written"* ]]; then
+      step "  $what: configured; compiling ($(( SECONDS - start )) s so far)"
+    fi
+    [[ $line =~ ^[[:space:]]*\[([0-9]+)/([0-9]+)\] ]] || continue
+    n=${BASH_REMATCH[1]} t=${BASH_REMATCH[2]}
+    (( t > 0 )) || continue
+    tenth=$(( 10 * n / t ))
+    (( tenth > shown )) || continue
+    shown=$tenth
+    step "  $what: $n of $t build steps ($(( 100 * n / t ))%), $(( SECONDS - start )) s so far"
+  done
+}
 torch_version() { "$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none; }
 
 # The flavour: its name (what memosfs.testing.isa checks against) and its cmake
@@ -116,10 +135,14 @@ fi
 if want llama-cpp-python; then
   have=$("$PY" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null || true)
   if [ "$have" != "$LLAMA_VERSION" ]; then
-    step "llama-cpp-python $LLAMA_VERSION ($FLAVOUR): compiling (about 23 min on 2 cores)"
+    log=$DIR/llama-cpp-python-build.log
+    step "llama-cpp-python $LLAMA_VERSION ($FLAVOUR): compiling (about 23 min on 2 cores;" \
+         "progress below, the whole output in $log)"
     start=$(date +%s)
     CMAKE_ARGS="-DLLAMA_USE_PREBUILT_UI=OFF $GGML_ARGS" \
-      "$PY" -m pip install -q "./$SRC" -C build-dir="$BUILD"
+      "$PY" -m pip install -v "./$SRC" -C build-dir="$BUILD" 2>&1 | progress "$log" llama.cpp \
+      || { echo "engines-llama: building llama-cpp-python failed; the end of $log:" >&2
+           tail -n 40 "$log" >&2; exit 1; }
     step "llama-cpp-python built in $(( $(date +%s) - start )) s"
   fi
 fi

@@ -209,8 +209,8 @@ def test_timestamps_and_modes(mnt):
 
 
 def test_statfs_reports_memory_tier(make_mount):
-    """Without an SSD tier, df is the memory tier (docs/df.md; with one:
-    tests/test_newcomer.py)."""
+    """Without an SSD tier, df is the memory tier (docs/operating.md; with one:
+    tests/test_df.py)."""
     mnt = make_mount(capacity="64M", ssd="none")
     v = os.statvfs(mnt.path)
     assert v.f_frsize * v.f_blocks == 64 * MiB

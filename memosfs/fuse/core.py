@@ -338,7 +338,7 @@ class OpsCore:
         a.st_nlink = node.nlink()
         a.st_uid = node.uid
         a.st_gid = node.gid
-        a.st_rdev = 0
+        a.st_rdev = getattr(node, "rdev", 0)    # (a device node's: nodes.Special)
         a.st_size = node.size()
         a.st_blocks = node.blocks()
         a.st_atime_ns = node.atime_ns

@@ -2,16 +2,20 @@
 composed in operations.py).
 
 Owns: lookup, forget, getattr, setattr (chmod, chown, utimes; truncate goes
-to files.py), mkdir, rmdir, opendir, readdir, statfs, unlink, rename, and
-the refusals of link, symlink and mknod; `_metadata_changed` (what the SSD
-tier must learn of a change) and the tree surgery of the control plane's
-reset_context (`find_session`, `reset_session`).
+to files.py), mkdir, rmdir, opendir, readdir, statfs, unlink, rename,
+symlink, readlink, mknod, and the refusal of link; `_metadata_changed`
+(what the SSD tier must learn of a change) and the tree surgery of the
+control plane's reset_context (`find_session`, `reset_session`).
 
 The tree.  The root holds agents and the control plane `.memos/` (and
 `.federated`); an agent holds sessions; a session holds slots and
 directories at any depth.  A slot anywhere else, or a directory inside the
-control plane, is EPERM.  Names follow NAME_MAX (255 bytes), paths below
-the mount the store's KEY_MAX.
+control plane, is EPERM.  Symbolic links and special files (FIFOs,
+sockets, device nodes) live in agents, sessions and the directories below
+(`Entry`: a name kept with the namespace like a directory; the store never
+sees them).  Hard links are EPERM: a slot's one path is its key in every
+tier.  Names follow NAME_MAX (255 bytes), paths
+below the mount the store's KEY_MAX.
 
 Lookup counts.  Every entry handed to the kernel (lookup, create, mkdir,
 readdirplus) adds one to `Node.lookups`; `forget` takes them away.  A node
@@ -39,7 +43,8 @@ from memosfs import _native
 from memosfs.fuse.core import FastCtx, OpsCore, refuse, tgid_of
 from memosfs.fuse.fedtree import FED_INO
 from memosfs.fuse.nodes import (
-    AGENT, CTL, NAME_MAX, ROOT, SESSION, SLOT_DIRS, SUBDIR, Dir, Node, Pseudo, Slot, now_ns)
+    AGENT, CTL, LINK_DIRS, NAME_MAX, ROOT, SESSION, SLOT_DIRS, SUBDIR, Dir, Node, Pseudo,
+    Entry, Slot, Special, Symlink, now_ns)
 from memosfs.fuse.tenants import QUOTA_XATTR
 
 __all__ = ["NamespaceOps"]
@@ -191,7 +196,8 @@ class NamespaceOps(OpsCore):
         if isinstance(node, Slot) and node.version and not node.detached \
                 and node.successor is None:
             self.store.mark_dirty(node.key)
-        elif isinstance(node, Dir) and node.level in (AGENT, SESSION, SUBDIR):
+        elif isinstance(node, Entry) or (isinstance(node, Dir)
+                                           and node.level in (AGENT, SESSION, SUBDIR)):
             self.store.namespace_changed()
 
     async def mkdir(self, parent_inode, name, mode, ctx):
@@ -278,7 +284,8 @@ class NamespaceOps(OpsCore):
         self._dir_opens.pop(fh, None)
 
     async def statfs(self, ctx):
-        """Both tiers, in 4 KiB blocks (what df shows; docs/df.md):
+        """Both tiers, in 4 KiB blocks (what df shows; docs/operating.md; `memosfs df`
+        prints each tier on its own):
 
         Size   memory capacity + the SSD tier's size: what its files hold
                plus the room it has left;
@@ -316,7 +323,8 @@ class NamespaceOps(OpsCore):
         return s
 
     async def unlink(self, parent_inode, name, ctx):
-        """Remove a slot; open readers keep their version until they close."""
+        """Remove a slot (open readers keep their version until they close),
+        a symbolic link or a special file."""
         parent = self._dir(parent_inode)
         n = self._name(name)
         node = parent.children.get(n)
@@ -326,13 +334,18 @@ class NamespaceOps(OpsCore):
             raise refuse(errno.EISDIR, "unlink %s: a directory", n)
         if isinstance(node, Pseudo):
             raise refuse(errno.EPERM, "unlink %s: the control plane is fixed", n)
+        if isinstance(node, Entry):
+            self._detach(node, "unlink")
+            self.store.namespace_changed()
+            return
         self.store.remove(node.key)
         self._detach(node, "unlink")
 
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new,
                      flags, ctx):
-        """Move a slot between sessions, a session between agents, or rename an
-        agent; replacing a target as rename(2) does."""
+        """Move a slot, a link or a special file between sessions, a session between
+        agents, or rename an agent; replacing a target as rename(2) does.
+        RENAME_EXCHANGE is EINVAL (docs/semantics.md)."""
         src_dir = self._dir(parent_inode_old)
         dst_dir = self._dir(parent_inode_new)
         old, new = self._name(name_old), self._name(name_new)
@@ -345,10 +358,12 @@ class NamespaceOps(OpsCore):
                 or dst_dir.level == CTL:
             raise refuse(errno.EPERM, "rename %s: the control plane is fixed", old)
         level = getattr(node, "level", None)
-        want = {AGENT: (ROOT,), SESSION: (AGENT,)}.get(level, SLOT_DIRS)
+        want = {AGENT: (ROOT,), SESSION: (AGENT,)}.get(
+            level, LINK_DIRS if isinstance(node, Entry) else SLOT_DIRS)
         if dst_dir.level not in want:
             raise refuse(errno.EPERM, "rename %s: a %s belongs in a %s", old,
-                         level or "slot", " or ".join(want))
+                         level or ("slot" if isinstance(node, Slot) else node.kind),
+                         " or ".join(want))
         if isinstance(node, Dir) and node.contains(dst_dir):
             raise refuse(errno.EINVAL, "rename %s: into itself", old)
         target = dst_dir.children.get(new)
@@ -372,8 +387,10 @@ class NamespaceOps(OpsCore):
                          "would be %d bytes (at most %d)", old, new, longest, _native.KEY_MAX)
         if isinstance(node, Dir):
             old_keys = [(s, s.key) for s in self._walk_slots(node)]
-        else:
+        elif isinstance(node, Slot):
             old_keys = [(node, node.key)]
+        else:
+            old_keys = []
         if target is not None:
             if isinstance(target, Slot) and not (isinstance(node, Slot) and node.version):
                 # (a published slot replaces the target in every tier
@@ -404,7 +421,7 @@ class NamespaceOps(OpsCore):
         now = now_ns()
         node.ctime_ns = src_dir.mtime_ns = src_dir.ctime_ns = now
         dst_dir.mtime_ns = dst_dir.ctime_ns = now
-        if isinstance(node, Dir):
+        if not isinstance(node, Slot) or isinstance(target, (Dir, Entry)):
             self.store.namespace_changed()
 
     def _depth_bytes(self, node: Node) -> int:
@@ -419,19 +436,74 @@ class NamespaceOps(OpsCore):
         return best
 
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        raise refuse(errno.EPERM, "link: slots have one name")
+        """Hard links are EPERM: a slot's path is its key in every tier (the
+        memory index, the SSD file, the remote manifest, the coherence
+        directory, the session's ring), so a second name would be a second
+        slot; docs/design.md says more."""
+        raise refuse(errno.EPERM, "link %s: a slot has one name (its path is its key in "
+                     "every tier); use a symbolic link", self._name(new_name))
 
     async def symlink(self, parent_inode, name, target, ctx):
-        raise refuse(errno.EPERM, "symlink: only slots and directories live here")
+        """A symbolic link in an agent, a session or a directory below one,
+        owned by the caller (the group as mkdir's); the namespace keeps it,
+        durable as a mkdir is (fsync of its directory).  +1 lookup."""
+        if parent_inode >= FED_INO:
+            raise refuse(errno.EPERM, "symlink %s: .federated holds jobs only",
+                         self._name(name))
+        parent = self._dir(parent_inode)
+        n = self._name(name)
+        self._entry_place(parent, n, "symlink")
+        gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
+        link = Symlink(self._new_ino(), n, parent, bytes(target), ctx.uid, gid)
+        return self._add_entry(parent, link, ctx)
+
+    def _add_entry(self, parent: Dir, node: Entry, ctx) -> pyfuse3.EntryAttributes:
+        parent.children[node.name] = node
+        parent.mtime_ns = parent.ctime_ns = now_ns()
+        self.inodes[node.ino] = node
+        self.store.namespace_changed()
+        return self._entry(node, ctx)
+
+    def _entry_place(self, parent: Dir, n: str, what: str) -> None:
+        """The checks before a link or a special file is made: the place, the
+        name free, the path within KEY_MAX."""
+        if parent.level not in LINK_DIRS:
+            raise refuse(errno.EPERM, "%s %s: it belongs in an agent, a session or below",
+                         what, n)
+        if n in parent.children:
+            raise refuse(errno.EEXIST, "%s %s: exists", what, n, level=logging.DEBUG)
+        if len(parent.key_of(n)) > _native.KEY_MAX:
+            raise refuse(errno.ENAMETOOLONG, "%s %s: the path below the mount is "
+                         "longer than %d bytes", what, n, _native.KEY_MAX)
+
+    async def readlink(self, inode, ctx):
+        """The target of a symbolic link; EINVAL for anything else."""
+        node = self.inodes.get(inode) if inode < FED_INO else None
+        if not isinstance(node, Symlink):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return node.target
 
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
         """A regular file made with mknod(2) (GNU tar makes its files so when it
         restores their attributes) is an empty slot, published at once, as
-        creat() and close() make one; devices, FIFOs and sockets are EPERM.
-        +1 lookup."""
+        creat() and close() make one.  A FIFO, a socket or a device node is a
+        special file where a symbolic link may be (`Special`: kept with the
+        namespace; the kernel serves FIFOs and sockets itself, and checked
+        CAP_MKNOD for a device).  +1 lookup."""
         if not stat.S_ISREG(mode):
-            raise refuse(errno.EPERM, "mknod %s: only slots and directories live here",
-                         self._name(name))
+            if parent_inode >= FED_INO:
+                raise refuse(errno.EPERM, "mknod %s: .federated holds jobs only",
+                             self._name(name))
+            parent = self._dir(parent_inode)
+            n = self._name(name)
+            self._entry_place(parent, n, "mknod")
+            if stat.S_IFMT(mode) not in Special.TYPES:
+                raise refuse(errno.EINVAL, "mknod %s: file type %o", n, stat.S_IFMT(mode))
+            gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
+            node = Special(self._new_ino(), n, parent, stat.S_IFMT(mode) | stat.S_IMODE(mode),
+                           rdev if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else 0,
+                           ctx.uid, gid)
+            return self._add_entry(parent, node, ctx)
         fi, entry = await self.create(parent_inode, name, stat.S_IMODE(mode),
                                       os.O_RDONLY | os.O_CREAT | os.O_EXCL, ctx)
         await self.release(fi.fh)
@@ -450,6 +522,9 @@ class NamespaceOps(OpsCore):
         subtree from the namespace: slots no tier holds now (those being
         written keep their names), then the directories left empty of slots."""
         self.store.reset_session(session.parent.name, session.name)
+        for link in [c for c in session.children.values() if isinstance(c, Entry)]:
+            self._detach(link, "reset")
+            self._forget_entry(session, link.name)
         for slot in list(self._walk_slots(session)):
             if not slot.writers:
                 parent = slot.parent
@@ -461,6 +536,9 @@ class NamespaceOps(OpsCore):
         self.store.namespace_changed()
 
     def _drop_tree(self, d: Dir) -> None:
+        for child in [c for c in d.children.values() if isinstance(c, Entry)]:
+            self._detach(child, "reset")
+            self._forget_entry(d, child.name)
         for child in [c for c in d.children.values() if isinstance(c, Dir)]:
             self._drop_tree(child)
         parent = d.parent

@@ -1,10 +1,12 @@
-"""The filesystem's nodes and open files: Node, Dir, Slot, Pseudo, Handle.
+"""The filesystem's nodes and open files: Node, Dir, Slot, Symlink, Special,
+Pseudo, Handle.
 
 Owns: the in-memory tree (a Dir holds its children by name), each slot's
 versions as the handlers see them (published version, the writers' shared
 draft and base, the page-cache bookkeeping), and the one translation between
-a slot or a directory and the metadata a tier keeps beside it
-(`Slot.meta`/`Slot.from_meta`, `Dir.record`/`Dir.apply_record`), used by
+a slot, a directory, a symbolic link or a special file and the metadata a
+tier keeps beside it (`Slot.meta`/`Slot.from_meta`,
+`Dir.record`/`Dir.apply_record`, `Entry.record`/`entry_from_record`), used by
 the SSD tier (save, and restore at mount) and by the remote tier (a name
 another mount published).
 
@@ -37,13 +39,16 @@ if TYPE_CHECKING:
 
 __all__ = ["Node", "Dir", "Slot", "Pseudo", "Handle", "Refusals", "PUSH_LOCK", "NAME_MAX",
            "CONTROL_DIR", "ROOT", "AGENT", "SESSION", "SUBDIR", "CTL", "SLOT_DIRS",
-           "FIXED_LOOKUPS", "now_ns"]
+           "FIXED_LOOKUPS", "now_ns", "Entry", "Symlink", "Special", "entry_from_record",
+           "LINK_DIRS"]
 
 NAME_MAX = 255
 CONTROL_DIR = ".memos"
 
 ROOT, AGENT, SESSION, SUBDIR, CTL = "root", "agent", "session", "dir", "ctl"
 SLOT_DIRS = (SESSION, SUBDIR)   # directories that hold slots (and directories)
+LINK_DIRS = (AGENT, SESSION, SUBDIR)    # directories that hold symbolic links
+                                        # and special files (Entry)
 FIXED_LOOKUPS = 1 << 62         # the lookup count of nodes the kernel never forgets
 
 PUSH_LOCK = threading.Lock()    # guards Slot.pushing and cache_version against
@@ -422,6 +427,97 @@ class Slot(Node):
         """Whether this inode still holds the name at `version` (a push of
         that version may go on)."""
         return self.successor is None and not self.detached and self.version == version
+
+
+class Entry(Node):
+    """A name the namespace keeps and no tier stores: a symbolic link or a
+    special file, in an agent, a session or a directory below one.  It is
+    saved in namespace.json with the directories (`record`), so it is as
+    durable as a mkdir, and it is a name like a slot's (unlink, rename)."""
+
+    kind = ""                           # namespace.json's `type`
+
+    def path(self) -> str:
+        """agent/.../name below the root."""
+        assert self.parent is not None
+        return f"{self.parent.path()}/{self.name}"
+
+    def record(self) -> dict:
+        """What namespace.json keeps of this entry."""
+        return {"path": self.path(), "type": self.kind, "uid": self.uid, "gid": self.gid,
+                "mtime_ns": self.mtime_ns, "atime_ns": self.atime_ns,
+                "xattrs": _hex_map(self.xattrs)}
+
+    def _apply_times(self, rec: dict) -> None:
+        self.mtime_ns = self.ctime_ns = int(rec.get("mtime_ns", self.mtime_ns))
+        self.atime_ns = int(rec.get("atime_ns", self.mtime_ns))
+        self.xattrs = _unhex_map(rec.get("xattrs", {}))
+
+
+class Symlink(Entry):
+    """A symbolic link: a name and the bytes it points to.  The kernel
+    follows it; its mode is always 0777, as on every Linux filesystem."""
+
+    kind = "symlink"
+
+    def __init__(self, ino: int, name: str, parent: Dir, target: bytes, uid: int,
+                 gid: int) -> None:
+        super().__init__(ino, name, parent, stat.S_IFLNK | 0o777, uid, gid)
+        self.target = target            # what readlink returns (any bytes but NUL)
+
+    def size(self) -> int:
+        return len(self.target)
+
+    def record(self) -> dict:
+        rec = super().record()
+        rec["target"] = self.target.decode("utf-8", "surrogateescape")
+        return rec
+
+    @classmethod
+    def from_record(cls, ino: int, name: str, parent: Dir, rec: dict) -> "Symlink":
+        target = str(rec["target"]).encode("utf-8", "surrogateescape")
+        if not target or b"\0" in target:
+            raise ValueError("empty target or a NUL in it")
+        node = cls(ino, name, parent, target, int(rec["uid"]), int(rec["gid"]))
+        node._apply_times(rec)
+        return node
+
+
+class Special(Entry):
+    """A FIFO, a socket, or a character or block device node (mknod(2),
+    mkfifo(3), bind(2) of a Unix socket).  The kernel serves a FIFO and a
+    socket itself; a device node does not open on a mount made nodev."""
+
+    kind = "special"
+    TYPES = (stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK)
+
+    def __init__(self, ino: int, name: str, parent: Dir, mode: int, rdev: int, uid: int,
+                 gid: int) -> None:
+        if stat.S_IFMT(mode) not in self.TYPES:
+            raise ValueError(f"mode {mode:o} is no FIFO, socket or device")
+        super().__init__(ino, name, parent, mode, uid, gid)
+        self.rdev = rdev                # the device number of a device node (else 0)
+
+    def record(self) -> dict:
+        rec = super().record()
+        rec["mode"], rec["rdev"] = self.mode, self.rdev
+        return rec
+
+    @classmethod
+    def from_record(cls, ino: int, name: str, parent: Dir, rec: dict) -> "Special":
+        node = cls(ino, name, parent, int(rec["mode"]), int(rec.get("rdev", 0)),
+                   int(rec["uid"]), int(rec["gid"]))
+        node._apply_times(rec)
+        return node
+
+
+def entry_from_record(ino: int, name: str, parent: Dir, rec: dict) -> Entry:
+    """The Symlink or Special a namespace.json record of that `type`
+    describes (KeyError, ValueError, TypeError on a bad one)."""
+    cls = {"symlink": Symlink, "special": Special}.get(rec.get("type"))
+    if cls is None:
+        raise ValueError(f"type {rec.get('type')!r}")
+    return cls.from_record(ino, name, parent, rec)
 
 
 class Pseudo(Node):

@@ -136,8 +136,10 @@ class OpenOps(OpsCore):
             self.inodes[node.ino] = node
         elif flags & os.O_EXCL:
             raise pyfuse3.FUSEError(errno.EEXIST)
-        elif not isinstance(node, Slot):
+        elif isinstance(node, Dir):
             raise refuse(errno.EISDIR, "create %s: a directory", n)
+        elif not isinstance(node, Slot):
+            raise refuse(errno.EEXIST, "create %s: a symbolic link or a special file", n)
         elif not flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
             # O_CREAT of a name that exists (the kernel asks create when its
             # dentry said no, e.g. a slot another process is creating): an

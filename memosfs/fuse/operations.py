@@ -46,7 +46,8 @@ from memosfs.fuse.fedtree import FedTree
 from memosfs.fuse.files import FileOps
 from memosfs.fuse.namespace import NamespaceOps
 from memosfs.fuse.nodes import (
-    AGENT, CONTROL_DIR, FIXED_LOOKUPS, NAME_MAX, ROOT, Dir, Handle, Node, Pseudo, Slot, now_ns)
+    AGENT, CONTROL_DIR, FIXED_LOOKUPS, NAME_MAX, ROOT, Dir, Handle, Node, Pseudo, Slot,
+    Special, now_ns)
 from memosfs.fuse.notify import KernelNotify
 from memosfs.fuse.opening import OpenOps
 from memosfs.fuse.pagecache import PageCachePusher, Refresher
@@ -212,9 +213,10 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         """The kernel asks (FUSE_HANDLE_KILLPRIV_V2, with the writeback cache)
         that a write, truncate or O_TRUNC open by a caller without CAP_FSETID
         clear the file's set-user-ID bit, and its set-group-ID bit when it is
-        group-executable, as the kernel itself does otherwise."""
+        group-executable, as the kernel itself does otherwise (and a chown
+        of a special file: nodes.Special)."""
         node = self.inodes.get(ino)
-        if node is None or not isinstance(node, Slot):
+        if node is None or not isinstance(node, (Slot, Special)):
             return
         kill = stat.S_ISUID | (stat.S_ISGID if node.mode & stat.S_IXGRP else 0)
         if node.mode & kill:

@@ -2,9 +2,11 @@
 (a mixin of MemosOperations; composed in operations.py).
 
 Owns: what the store asks of the namespace (`_slot_meta`, the metadata the
-SSD and remote tiers keep beside a slot; `_namespace`, every directory for
-namespace.json), the restore at mount (`restore`: directories from
-namespace.json, then a slot for each key the SSD tier holds), and names made
+SSD and remote tiers keep beside a slot; `_namespace`, every directory,
+symbolic link and special file for namespace.json), the restore at mount
+(`restore`: directories and entries from namespace.json, then a slot for
+each key the SSD tier holds; a slot or a directory wins over an entry of
+the same name), and names made
 from the remote tier's manifest (`_remote_name`: a slot another mount
 published).  Both ways of making a slot from a tier's metadata go through
 `Slot.from_meta` (nodes.py), the inverse of `Slot.meta`.
@@ -20,7 +22,8 @@ from typing import Optional
 import trio
 
 from memosfs.fuse.core import OpsCore, log
-from memosfs.fuse.nodes import AGENT, CONTROL_DIR, SESSION, SUBDIR, Dir, Node, Slot
+from memosfs.fuse.nodes import (
+    AGENT, CONTROL_DIR, LINK_DIRS, SESSION, SUBDIR, Dir, Entry, Node, Slot, entry_from_record)
 from memosfs.fuse.tenants import QUOTA_XATTR
 
 __all__ = ["NamespacePersistence"]
@@ -35,8 +38,8 @@ class NamespacePersistence(OpsCore):
         return {} if node is None else node.meta()
 
     def _namespace(self) -> list[dict]:
-        """Every directory below the root, parents first, with owners, modes
-        and times (namespace.json)."""
+        """Every directory, symbolic link and special file below the root,
+        parents first, with owners, modes and times (namespace.json)."""
         out = []
         # (called from the store's threads: list() copies a directory's
         # entries in one step under the GIL while the request loop changes it)
@@ -45,7 +48,9 @@ class NamespacePersistence(OpsCore):
         while todo:
             d = todo.pop(0)
             out.append(d.record())
-            todo.extend(c for c in list(d.children.values()) if isinstance(c, Dir))
+            children = list(d.children.values())
+            out.extend(c.record() for c in children if isinstance(c, Entry))
+            todo.extend(c for c in children if isinstance(c, Dir))
         return out
 
     def restore(self) -> int:
@@ -57,6 +62,9 @@ class NamespacePersistence(OpsCore):
                 parts = rec["path"].split("/")
                 if not all(parts) or CONTROL_DIR in parts[:1]:
                     raise ValueError(rec["path"])
+                if rec.get("type") is not None:
+                    self._restore_entry(parts, rec)
+                    continue
                 d = self._ensure_dirs(parts, rec["uid"], rec["gid"], rec["mode"])
                 d.apply_record(rec)
                 if d.level == AGENT and QUOTA_XATTR in d.xattrs:
@@ -71,6 +79,10 @@ class NamespacePersistence(OpsCore):
             m = e.meta
             sess = self._ensure_dirs(parts[:-1], m.get("uid", 0), m.get("gid", 0), 0o755)
             name = parts[-1]
+            if isinstance(sess.children.get(name), Entry):
+                log.error("SSD tier: %r is a %s and a slot; the slot is kept", e.key,
+                          sess.children[name].kind)
+                self._detach(sess.children[name], "replaced")
             if name in sess.children:
                 log.error("SSD tier: %r is a directory and a slot; the slot is skipped", e.key)
                 continue
@@ -80,11 +92,29 @@ class NamespacePersistence(OpsCore):
             self.inodes[node.ino] = node
         return len(entries)
 
+    def _restore_entry(self, parts: list[str], rec: dict) -> None:
+        """A symbolic link or a special file from its namespace.json record
+        (its directories come before it)."""
+        if len(parts) < 2:
+            raise ValueError(rec["path"])
+        d = self._ensure_dirs(parts[:-1], rec["uid"], rec["gid"], 0o755)
+        if d.level not in LINK_DIRS or parts[-1] in d.children:
+            raise ValueError(f"{rec['path']}: no place for it")
+        node = entry_from_record(self._new_ino(), parts[-1], d, rec)
+        d.children[node.name] = node
+        self.inodes[node.ino] = node
+
     def _ensure_dirs(self, parts: list[str], uid: int, gid: int, mode: int) -> Dir:
         d = self.root
         for depth, name in enumerate(parts):
             level = (AGENT, SESSION)[depth] if depth < 2 else SUBDIR
             child = d.children.get(name)
+            if isinstance(child, Entry):
+                # (a crash between two saves: a directory's slots win over an entry)
+                log.error("restore: %s is a %s and a directory; the directory is kept",
+                          child.path(), child.kind)
+                self._detach(child, "replaced")
+                child = None
             if not isinstance(child, Dir):
                 child = Dir(self._new_ino(), name, d, int(mode) & 0o7777, int(uid),
                             int(gid), level)
