@@ -305,6 +305,10 @@ long long policy_simulate(const char *name, const uint64_t *keys, size_t n,
     if (!t.slot || !nodes || !freelist || !v || policy_init(&p, name, NULL, NULL) != MEMOS_OK)
         goto out;
     ready = 1;
+    /* the capacity is known from the start, as the peers of this capacity
+     * know it: the policy is told its size before the first access */
+    p.full = capacity;
+    p.ops->resize(&p, p.full);
     size_t nfree = capacity;
     for (size_t i = 0; i < capacity; i++)
         freelist[i] = (uint32_t)(capacity - 1 - i);

@@ -207,6 +207,7 @@ uint64_t policy_ghost_bytes(const policy *p)
 static int hyb_start_fixed(policy *p)
 {
     unsigned i = (unsigned)(p->ops->name[8] - '0');
+    p->pfrac = PFRAC_INIT;
     hybrid_setting(p, i);
     return hybrid_start(p);
 }

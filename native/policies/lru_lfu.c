@@ -18,10 +18,11 @@
  *   simulate  each setting runs as a member (m_hybrid.c: the hybrid's own
  *             code over nodes of its own) of capacity size × rate, seeing
  *             only the sampled keys' accesses (and deletions).
- *   decide    once per window of SIM_WINDOW × capacity sampled accesses,
- *             each setting's hits in the window join a score that halves
- *             every window; the best score takes over if it leads the
- *             setting in force by SIM_MARGIN of a window.  Switching is a
+ *   decide    once per window (the simulated capacity in sampled
+ *             accesses, at least SIM_WINDOW), each setting's hits in the
+ *             window join a score that keeps SIM_DECAY of itself each
+ *             window; the best score takes over if it leads the setting in
+ *             force by SIM_MARGIN of a window.  Switching is a
  *             change of the live hybrid's setting (the split, the ghost
  *             rule): the segments and ghosts stay, O(1).
  *
@@ -51,7 +52,8 @@
 #define SIM_RATE_MAX 0.01      /* at most this share of the keys is sampled */
 #define SIM_CAP_MAX  512u      /* each simulated cache: at most this many entries */
 #define SIM_CAP_MIN  32u       /* ... and at least this many, or no simulation */
-#define SIM_WINDOW   8u        /* a window: this many x the simulated capacity sampled accesses */
+#define SIM_WINDOW   128u      /* a window: the simulated capacity in sampled accesses, at least this many */
+#define SIM_DECAY    0.75      /* a score keeps this share of itself each window */
 #define SIM_MARGIN   0.01      /* a lead must pass this share of a window's accesses */
 #define SIM_START    2u        /* the setting before any decision (HYBRIDS index) */
 
@@ -61,7 +63,7 @@ typedef struct policy_minisim {
     member   m[POLICY_SIM_N];       /* the settings, simulated (SIM_SETTINGS order) */
     uint64_t win[POLICY_SIM_N];     /* hits this window */
     uint64_t total[POLICY_SIM_N];   /* hits since the simulation started */
-    double   score[POLICY_SIM_N];   /* window hits, halved every window */
+    double   score[POLICY_SIM_N];   /* window hits, decayed by SIM_DECAY a window */
     uint64_t seen;                  /* sampled accesses this window */
     uint64_t sampled, decisions;    /* sampled accesses, windows decided, so far */
     uint64_t thresh;                /* a key is sampled iff its sample hash < thresh (of 2^32) */
@@ -111,7 +113,7 @@ static void ll_access(policy *p, policy_node *n, int hit)
         s->total[i] += (uint64_t)h;
     }
     s->sampled++;
-    if (++s->seen >= SIM_WINDOW * s->cap)
+    if (++s->seen >= (s->cap > SIM_WINDOW ? s->cap : SIM_WINDOW))
         decide(p, s);
 }
 
@@ -215,7 +217,7 @@ static void decide(policy *p, policy_minisim *s)
 {
     unsigned cur = POLICY_SIM_N, best = 0;
     for (unsigned i = 0; i < POLICY_SIM_N; i++) {
-        s->score[i] = s->score[i] / 2 + (double)s->win[i];
+        s->score[i] = s->score[i] * SIM_DECAY + (double)s->win[i];
         s->win[i] = 0;
         if (SIM_SETTINGS[i] == p->expert)
             cur = i;
