@@ -117,9 +117,7 @@ void hybrid_stop(policy *p)
     free(p->gtab);
     p->gtab = NULL;
     p->gmask = p->gused = 0;
-    for (policy_node *n = p->head.next; n != &p->head; n = n->next)
-        n->fprev = n->fnext = NULL;
-    p->nseg[0] = p->nseg[1] = 0;
+    p->nseg[0] = p->nseg[1] = 0;        /* (the nodes' segment links are left: a start relinks them) */
 }
 
 int hybrid_setting(policy *p, unsigned i)
