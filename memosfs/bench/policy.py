@@ -38,11 +38,12 @@ to the best non-oracle peer over all cells >= -0.3 points, and no cell below
 the best peer by more than 1 point.  Sizes are fractions of the unique
 blocks (--sizes: any list).
 
-Cost (--cost, on by default; --no-cost skips it): lru_lfu beside lru in the
-same run, alternating `--cost-rounds` times, medians: ns per hit, puts/s and
-the P99 of a put that ran an eviction in a full native cache of each of
-`--cost-entries` 4 KiB slots, and the resident memory of a fresh process
-holding 60,000 slots (bytes per entry more than lru).  Goals: a hit <= 1.2x
+Cost (on by default; --no-cost skips it): lru_lfu beside lru in the same
+run, a full native cache of `--cost-entries` 4 KiB slots under each, the
+same gets and puts on each in turn for `--cost-rounds` short rounds (the
+median of the rounds' ratios): ns per hit, puts/s, and the P99 of the puts
+that ran an eviction (all rounds); and the resident memory of a fresh
+process holding 60,000 slots under each (bytes per entry more than lru).  Goals: a hit <= 1.2x
 lru's time, puts/s >= 0.9x, evicting P99 <= 1.5x, <= 64 bytes an entry more.
 
 Batch: puts of 64 KiB slots into a full 32 MiB cache through the native API,
@@ -85,7 +86,7 @@ from typing import Iterable, Optional
 
 from memosfs import _native
 from memosfs.testing import refpolicies, workloads
-from memosfs.testing.policy_sim import (batch_cost, load_trace, next_access, policy_cost,
+from memosfs.testing.policy_sim import (batch_cost, load_trace, next_access, policy_cost_pair,
                                         policy_rss)
 
 SIZES = (0.005, 0.01, 0.02, 0.035, 0.055, 0.08, 0.11, 0.16, 0.22, 0.3)
@@ -138,7 +139,7 @@ def add_parsers(bsub) -> None:
                    help="skip the cost of lru_lfu beside lru (ns per hit, puts/s, P99, bytes)")
     p.add_argument("--cost-entries", default="512,32768",
                    help="cache sizes in 4 KiB slots for the cost (default %(default)s)")
-    p.add_argument("--cost-rounds", type=int, default=3,
+    p.add_argument("--cost-rounds", type=int, default=20,
                    help="lru and lru_lfu alternate this many times; medians (default %(default)s)")
     p.add_argument("--puts", type=int, default=20000, help="puts per evict_batch run")
     p.add_argument("--json", action="store_true", help="print JSON only")
@@ -334,26 +335,22 @@ def summarize(cells: list[dict]) -> dict:
 
 # ---- the cost beside lru ----
 
-def cost_compare(entries: list[int], rounds: int = 3, puts: int = 20000, gets: int = 100_000,
+def cost_compare(entries: list[int], rounds: int = 20, puts: int = 1000, gets: int = 5000,
                  rss_entries: int = 60_000) -> dict:
-    """lru_lfu beside lru, alternating `rounds` times (noisy machines), the
-    median of each figure, and the ratios the goals name."""
+    """lru_lfu beside lru: a cache of each, the same gets and puts on each in
+    turn, `rounds` short rounds (a busy machine's swings fall on both alike):
+    the medians, each round's ratio (its median), the P99 of the evicting
+    puts of all rounds; then the RSS of a fresh process holding
+    `rss_entries` slots under each (the median of three)."""
     out: dict = {"rounds": rounds, "sizes": {}}
     for e in entries:
-        runs: dict[str, list[dict]] = {"lru": [], "lru_lfu": []}
-        for _ in range(rounds):
-            for p in runs:
-                runs[p].append(policy_cost(p, e, puts=puts, gets=gets))
-        med = {p: {k: statistics.median(r[k] for r in rs)
-                   for k in ("ns_per_hit", "puts_per_s", "evicting_p99_us")}
-               for p, rs in runs.items()}
-        a, b = med["lru_lfu"], med["lru"]
+        r = policy_cost_pair(("lru", "lru_lfu"), e, rounds=rounds, gets=gets, puts=puts)
+        a, b = r["lru_lfu"], r["lru"]
         out["sizes"][str(e)] = {
-            "lru": b, "lru_lfu": a,
-            "hit_x": round(a["ns_per_hit"] / b["ns_per_hit"], 2),
-            "puts_x": round(a["puts_per_s"] / b["puts_per_s"], 2),
-            "evicting_p99_x": round(a["evicting_p99_us"] / b["evicting_p99_us"], 2)}
-    rss = {p: statistics.median(policy_rss(p, rss_entries)["rss_bytes"] for _ in range(rounds))
+            "lru": b, "lru_lfu": a, "hit_x": round(a["hit_x"], 2), "puts_x": round(a["puts_x"], 2),
+            "evicting_p99_x": round(a["evicting_p99_us"] / b["evicting_p99_us"], 2)
+            if b["evicting_p99_us"] else None}
+    rss = {p: statistics.median(policy_rss(p, rss_entries)["rss_bytes"] for _ in range(3))
            for p in ("lru", "lru_lfu")}
     out["rss"] = {"entries": rss_entries, "lru_bytes": rss["lru"], "lru_lfu_bytes": rss["lru_lfu"],
                   "bytes_per_entry_more": round((rss["lru_lfu"] - rss["lru"]) / rss_entries, 1)}
@@ -370,7 +367,8 @@ def cost_compare(entries: list[int], rounds: int = 3, puts: int = 20000, gets: i
 
 
 def print_cost(c: dict) -> None:
-    print(f"cost, lru_lfu beside lru (medians of {c['rounds']} alternating rounds):")
+    print(f"cost, lru_lfu beside lru ({c['rounds']} alternating rounds; x: the median of the "
+          "rounds' ratios):")
     print("entries   ns/hit lru  lru_lfu    x   puts/s lru   lru_lfu    x   evicting P99 us lru  lru_lfu    x")
     for e, r in c["sizes"].items():
         a, b = r["lru_lfu"], r["lru"]
