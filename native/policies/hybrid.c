@@ -25,12 +25,13 @@
  * protected node (LIRS-like on loops).
  *
  * Ghosts.  32-bit fingerprints (the high half of the mixed key hash) in two
- * FIFO rings, 4 bytes a slot, and one open-addressing table of uint32 (a
- * ring and a sequence number: where the fingerprint is), grown at 3/4 full:
- * at most 3 × count live ghosts, stale ring slots (left by ghost hits) at
- * most a quarter of each ring's target: 28 to 54 bytes per entry, the
- * slack of growth included.  A fingerprint collision (2^-32 a lookup) makes
- * one admit look like a ghost hit: harmless.
+ * FIFO rings, 4 bytes a slot, and one open-addressing table of uint32 (where
+ * the fingerprint is in its ring, and a 7-bit tag of it, so a probe reads a
+ * ring slot only on a tag match), grown at 3/4 full: at most 3 × count live
+ * ghosts (each ring's target at most GHOST_MAX), stale ring slots (left by
+ * ghost hits) at most a quarter of each ring's target: 28 to 54 bytes per
+ * entry, the slack of growth included.  A fingerprint collision (2^-32 a
+ * lookup) makes one admit look like a ghost hit: harmless.
  *
  * Cost.  admit, touch and remove O(1): list moves, and on an admit or an
  * eviction one ghost lookup; a victim O(skipped) plus the clock's passes
@@ -52,7 +53,9 @@
 #define PFRAC_MAX       0.9
 #define GHOST_MIN       16u     /* ring target floor */
 #define DEMOTE_STEPS    2u      /* gadmit 3: clock steps one ghost hit may take */
-#define SEQ_MASK        0x3fffffffu /* a ring's sequence numbers as the table keeps them */
+#define SEQ_MASK        0xffffffu   /* a ring's sequence numbers as the table keeps them (24 bits) */
+#define SLOT_MASK       0x1ffffffu  /* a table entry's low 25 bits: where; the high 7: a tag of the fingerprint */
+#define GHOST_MAX       (1u << 23)  /* a ring's target at most (its length stays under 2^24) */
 
 static const policy_expert HYBRIDS[POLICY_EXPERTS] = {
     { 0.5,  1, 1 },     /* 0 lru: victims in recency order */
@@ -230,7 +233,7 @@ static void admit(policy *p, policy_node *n)
     uint32_t fp = fp_of(n->hash);
     long i = ghost_find(p, fp);
     if (i >= 0) {
-        uint32_t v = p->gtab[i] - 1;
+        uint32_t v = (p->gtab[i] & SLOT_MASK) - 1;
         unsigned r = v & 1;
         uint64_t age = (p->ring[r].next_seq - (v >> 1)) & SEQ_MASK;
         uint64_t w = p->count / 4 ? p->count / 4 : 1;
@@ -324,10 +327,12 @@ static int demote_one(policy *p, unsigned steps)
 
 /* ---- private helpers: ghosts ----
  *
- * A table entry v + 1: v = (sequence number & SEQ_MASK) << 1 | ring.  The
- * ring holds the sequence numbers (next_seq - len, next_seq], oldest at
- * tail, so an entry's slot follows from its age; the fingerprint is read
- * there.  Linear probing, backward-shift deletion, no tombstones. */
+ * A table entry: its low 25 bits v + 1, v = (sequence number & SEQ_MASK)
+ * << 1 | ring, its high 7 bits the fingerprint's top 7 (a tag: a probe that
+ * passes an entry of another tag reads no ring).  The ring holds the
+ * sequence numbers (next_seq - len, next_seq], oldest at tail, so an
+ * entry's slot follows from its age; the fingerprint is read there.  Linear
+ * probing, backward-shift deletion, no tombstones. */
 
 static uint32_t fp_of(uint64_t hash)
 {
@@ -343,9 +348,12 @@ static size_t home(const policy *p, uint32_t fp)
     return (size_t)(fp * 2654435761u) & p->gmask;
 }
 
-static uint32_t entry_fp(const policy *p, uint32_t v)
+static uint32_t tag_of(uint32_t fp) { return fp >> 25; }
+static uint32_t entry_of(uint32_t v, uint32_t fp) { return v | tag_of(fp) << 25; }
+
+static uint32_t entry_fp(const policy *p, uint32_t e)
 {
-    v--;
+    uint32_t v = (e & SLOT_MASK) - 1;
     const ghost_ring *g = &p->ring[v & 1];
     size_t age = (size_t)((g->next_seq - (v >> 1)) & SEQ_MASK);
     return g->fp[(g->tail + g->len - 1 - age) % g->cap];
@@ -356,7 +364,7 @@ static long ghost_find(const policy *p, uint32_t fp)
     if (!p->gtab)
         return -1;
     for (size_t i = home(p, fp); p->gtab[i]; i = (i + 1) & p->gmask)
-        if (entry_fp(p, p->gtab[i]) == fp)
+        if (p->gtab[i] >> 25 == tag_of(fp) && entry_fp(p, p->gtab[i]) == fp)
             return (long)i;
     return -1;
 }
@@ -366,7 +374,7 @@ static long ghost_find_entry(const policy *p, uint32_t fp, uint32_t v)
     if (!p->gtab)
         return -1;
     for (size_t i = home(p, fp); p->gtab[i]; i = (i + 1) & p->gmask)
-        if (p->gtab[i] == v)
+        if (p->gtab[i] == entry_of(v, fp))
             return (long)i;
     return -1;
 }
@@ -390,14 +398,14 @@ static void ghost_insert(policy *p, uint32_t v, uint32_t fp)
     size_t i = home(p, fp);
     while (p->gtab[i])
         i = (i + 1) & p->gmask;
-    p->gtab[i] = v;
+    p->gtab[i] = entry_of(v & SLOT_MASK, fp);
     p->gused++;
 }
 
 static size_t ghost_target(const policy *p, unsigned r)
 {
     size_t t = (size_t)(r == 0 ? 2 * p->count : p->count);
-    return t < GHOST_MIN ? GHOST_MIN : t;
+    return t < GHOST_MIN ? GHOST_MIN : t > GHOST_MAX ? GHOST_MAX : t;
 }
 
 /* Remember fp in ring r (replacing any ghost of the same fingerprint), then
@@ -414,7 +422,7 @@ static void ghost_add(policy *p, unsigned r, uint32_t fp)
     }
     long old = ghost_find(p, fp);
     if (old >= 0) {
-        p->ring[(p->gtab[old] - 1) & 1].live--;
+        p->ring[((p->gtab[old] & SLOT_MASK) - 1) & 1].live--;
         ghost_del(p, (size_t)old);
     }
     uint64_t seq = ++g->next_seq;
@@ -521,14 +529,17 @@ static int check_ghosts(const policy *p, char *why, size_t whylen)
 {
     size_t used = 0;
     for (size_t i = 0; p->gtab && i <= p->gmask; i++) {
-        uint32_t v = p->gtab[i];
-        if (!v)
+        uint32_t e = p->gtab[i];
+        if (!e)
             continue;
         used++;
-        const ghost_ring *g = &p->ring[(v - 1) & 1];
-        if (((g->next_seq - ((v - 1) >> 1)) & SEQ_MASK) >= g->len)
+        uint32_t v = (e & SLOT_MASK) - 1;
+        const ghost_ring *g = &p->ring[v & 1];
+        if (((g->next_seq - (v >> 1)) & SEQ_MASK) >= g->len)
             PFAIL("policy: ghost %zu is outside its ring", i);
-        if (ghost_find(p, entry_fp(p, v)) != (long)i)
+        if (e >> 25 != tag_of(entry_fp(p, e)))
+            PFAIL("policy: ghost %zu's tag is not its fingerprint's", i);
+        if (ghost_find(p, entry_fp(p, e)) != (long)i)
             PFAIL("policy: ghost %zu unreachable or twice in the table", i);
     }
     if (used != p->gused || used != p->ring[0].live + p->ring[1].live)
