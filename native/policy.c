@@ -27,7 +27,7 @@
  * miniature simulation runs.
  *
  * Memory.  48 bytes per entry (policy_node), whatever the policy; lru_lfu
- * adds its ghosts (28 to 54 bytes per entry, policies/hybrid.c) and a fixed
+ * adds its ghosts (31 to 62 bytes per entry, policies/hybrid.c) and a fixed
  * simulation of under 1 MiB (policies/lru_lfu.c); lfu a few sentinels.
  *
  * Cost.  admit, touch and remove are O(1) under every policy (lru_lfu: one

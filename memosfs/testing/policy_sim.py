@@ -121,8 +121,8 @@ c = _native.Cache(entries * slot)
 c.set_policy(policy)
 data = b"x" * slot
 rnd = random.Random(1)
-for i in range(3 * entries):
-    k = b"k%d" % (rnd.randrange(2 * entries) if i > entries else i)
+for i in range(5 * entries):       # keys from 20 x the entries: the ghosts fill
+    k = b"k%d" % (rnd.randrange(20 * entries) if i > entries else i)
     r = c.get(k)
     if r is not None:
         r.release()
@@ -137,8 +137,9 @@ print(rss(), s["slots"])
 
 def policy_rss(policy: str, entries: int = 60_000, slot: int = 4096) -> dict:
     """The resident memory of a process holding a full cache of `entries`
-    slots under `policy`, after a churn of three times as many accesses (a
-    fresh interpreter: nothing else in it)."""
+    slots under `policy`, after a churn of four times as many accesses over
+    twenty times as many keys (every ghost ring full; a fresh interpreter:
+    nothing else in it)."""
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-c", _RSS_PROBE, policy, str(entries), str(slot)],

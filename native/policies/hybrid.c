@@ -29,8 +29,9 @@
  * the fingerprint is in its ring, and a 7-bit tag of it, so a probe reads a
  * ring slot only on a tag match), grown at 3/4 full: at most 3 × count live
  * ghosts (each ring's target at most GHOST_MAX), stale ring slots (left by
- * ghost hits) at most a quarter of each ring's target: 28 to 54 bytes per
- * entry, the slack of growth included.  A fingerprint collision (2^-32 a
+ * ghost hits) at most a quarter of each ring's target; rings and table grow
+ * by doubling (powers of two: slots by mask): 31 to 62 bytes per entry
+ * with all ghosts live, the slack of growth included.  A fingerprint collision (2^-32 a
  * lookup) makes one admit look like a ghost hit: harmless.
  *
  * Cost.  admit, touch and remove O(1): list moves, and on an admit or an
@@ -356,7 +357,7 @@ static uint32_t entry_fp(const policy *p, uint32_t e)
     uint32_t v = (e & SLOT_MASK) - 1;
     const ghost_ring *g = &p->ring[v & 1];
     size_t age = (size_t)((g->next_seq - (v >> 1)) & SEQ_MASK);
-    return g->fp[(g->tail + g->len - 1 - age) % g->cap];
+    return g->fp[(g->tail + g->len - 1 - age) & (g->cap - 1)];
 }
 
 static long ghost_find(const policy *p, uint32_t fp)
@@ -426,7 +427,7 @@ static void ghost_add(policy *p, unsigned r, uint32_t fp)
         ghost_del(p, (size_t)old);
     }
     uint64_t seq = ++g->next_seq;
-    g->fp[(g->tail + g->len) % g->cap] = fp;
+    g->fp[(g->tail + g->len) & (g->cap - 1)] = fp;
     g->len++;
     g->live++;
     ghost_insert(p, (uint32_t)((((seq & SEQ_MASK) << 1) | r) + 1), fp);
@@ -438,19 +439,19 @@ static void ghost_add(policy *p, unsigned r, uint32_t fp)
             ghost_del(p, (size_t)j);
             g->live--;
         }
-        g->tail = (g->tail + 1) % g->cap;
+        g->tail = (g->tail + 1) & (g->cap - 1);
         g->len--;
     }
 }
 
 static int ghost_grow_ring(ghost_ring *g)
 {
-    size_t cap = g->cap ? g->cap + g->cap / 2 : 64;
+    size_t cap = g->cap ? g->cap * 2 : 64;     /* a power of two: slots by mask */
     uint32_t *a = malloc(cap * sizeof *a);
     if (!a)
         return MEMOS_ENOMEM;
     for (size_t i = 0; i < g->len; i++)
-        a[i] = g->fp[(g->tail + i) % g->cap];
+        a[i] = g->fp[(g->tail + i) & (g->cap - 1)];
     free(g->fp);
     g->fp = a;
     g->cap = cap;
@@ -485,7 +486,7 @@ size_t hybrid_dump_ghosts(const policy *p, unsigned r, uint64_t *fp, uint8_t *li
     *clock = g->next_seq;
     for (size_t i = 0; i < g->len && i < max; i++) {
         uint64_t seq = g->next_seq - g->len + 1 + i;
-        uint32_t f = g->fp[(g->tail + i) % g->cap];
+        uint32_t f = g->fp[(g->tail + i) & (g->cap - 1)];
         fp[i] = f;
         live[i] = ghost_find_entry(p, f, (uint32_t)((((seq & SEQ_MASK) << 1) | (r & 1)) + 1)) >= 0;
     }

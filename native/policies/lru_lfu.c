@@ -3,7 +3,7 @@
  * setting at a time, the setting chosen by a miniature simulation.
  *
  * The live path is the hybrid's: O(1) an access, the 48-byte policy_node
- * every policy has, and the ghosts (hybrid.c: 28 to 54 bytes per entry).
+ * every policy has, and the ghosts (hybrid.c: 31 to 62 bytes per entry).
  * No published policy and no setting wins on every stream (LRU where
  * recency is all, a tiny probation on loops larger than the cache, a small
  * one on skewed popularity), so a few settings (SIM_SETTINGS) are replayed

@@ -575,6 +575,7 @@ static void run_live(unsigned cap, unsigned m, unsigned steps)
 static void test_adaptive_live(void)
 {
     run_live(9000, 12000, 300000);
+    run_live(20000, 400000, 1000000);     /* keys 20 x the entries: every ghost ring fills */
     run_live(200000, 260000, 1500000);
 }
 
