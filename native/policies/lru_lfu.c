@@ -84,8 +84,8 @@ static void decide(policy *p, policy_minisim *s);
 static int ll_start(policy *p)
 {
     hybrid_setting(p, SIM_START);
-    if (!p->sim && !(p->sim = calloc(1, sizeof *p->sim)))
-        return MEMOS_ENOMEM;
+    if (!p->sim)
+        p->sim = calloc(1, sizeof *p->sim);     /* no memory: the start setting alone */
     return hybrid_start(p);
 }
 
@@ -105,7 +105,7 @@ static void ll_access(policy *p, policy_node *n, int hit)
 {
     hybrid_access(p, n, hit);
     policy_minisim *s = p->sim;
-    if (!s->cap || !sampled(s, n->hash))
+    if (!s || !s->cap || !sampled(s, n->hash))
         return;
     for (unsigned i = 0; i < POLICY_SIM_N; i++) {
         int h = member_access(&s->m[i], n->hash);
@@ -121,7 +121,7 @@ static void ll_remove(policy *p, policy_node *n, int evicted)
 {
     hybrid_remove(p, n, evicted);
     policy_minisim *s = p->sim;
-    if (!evicted && s->cap && sampled(s, n->hash))   /* deleted: the sample forgets it too */
+    if (!evicted && s && s->cap && sampled(s, n->hash))   /* deleted: the sample forgets it too */
         for (unsigned i = 0; i < POLICY_SIM_N; i++)
             member_remove(&s->m[i], n->hash);
 }
@@ -131,7 +131,7 @@ static void ll_remove(policy *p, policy_node *n, int evicted)
 static void ll_resize(policy *p, uint64_t full)
 {
     policy_minisim *s = p->sim;
-    if (s->full && full + s->full / 8 >= s->full && full <= s->full + s->full / 8)
+    if (!s || (s->full && full + s->full / 8 >= s->full && full <= s->full + s->full / 8))
         return;
     s->full = full;
     double rate = (double)SIM_CAP_MAX / (double)full;
@@ -160,9 +160,9 @@ static int ll_check(const policy *p, char *why, size_t whylen)
 {
     int rc = hybrid_check(p, why, whylen);
     const policy_minisim *s = p->sim;
-    for (unsigned i = 0; rc == MEMOS_OK && s->ready && i < POLICY_SIM_N; i++)
+    for (unsigned i = 0; rc == MEMOS_OK && s && s->ready && i < POLICY_SIM_N; i++)
         rc = member_check(&s->m[i], why, whylen);
-    if (rc == MEMOS_OK && s->cap > SIM_CAP_MAX)
+    if (rc == MEMOS_OK && s && s->cap > SIM_CAP_MAX)
         PFAIL("policy: simulated capacity %zu over %u", s->cap, SIM_CAP_MAX);
     return rc;
 }
@@ -176,6 +176,8 @@ static int ll_setting(policy *p, unsigned i)
 static void ll_stats(const policy *p, policy_stats *out)
 {
     const policy_minisim *s = p->sim;
+    if (!s)
+        return;
     out->sim_cap = (uint32_t)s->cap;
     out->sim_rate = s->cap ? s->rate : 0.0;
     out->sim_sampled = s->sampled;
@@ -193,8 +195,8 @@ static const char *ll_decided(const policy *p, char *buf, size_t len)
 {
     const policy_minisim *s = p->sim;
     snprintf(buf, len, "lru_lfu@%u (%s)", p->expert,
-             s->decided ? "simulated" : s->cap ? "start, simulating" :
-             s->full ? "start: too small to sample" : "start");
+             !s ? "start: no memory to simulate" : s->decided ? "simulated" :
+             s->cap ? "start, simulating" : s->full ? "start: too small to sample" : "start");
     return buf;
 }
 
