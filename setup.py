@@ -10,7 +10,7 @@ CFLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
 if os.environ.get("MEMOS_SANITIZE"):
     CFLAGS += ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
 
-sources = sorted(glob.glob("native/*.c"))
+sources = sorted(glob.glob("native/*.c")) + sorted(glob.glob("native/policies/*.c"))
 
 
 def _pkg_includes(pkg: str) -> list[str]:
@@ -29,7 +29,7 @@ setup(
         Extension(
             "memosfs._native",
             sources=sources,
-            depends=sorted(glob.glob("native/*.h")),
+            depends=sorted(glob.glob("native/*.h")) + sorted(glob.glob("native/policies/*.h")),
             include_dirs=["native"],
             extra_compile_args=CFLAGS,
             libraries=["pthread"],

@@ -266,9 +266,9 @@ int memos_set_policy(memos_cache *c, const char *name)
 const char *memos_policy_name(memos_cache *c)
 {
     lock(c);
-    enum policy_kind k = c->pol.kind;
+    const char *name = c->pol.ops->name;    /* (a static string of the policy's table) */
     unlock(c);
-    return k == POLICY_LRU ? "lru" : k == POLICY_LFU ? "lfu" : "lru_lfu";
+    return name;
 }
 
 int memos_set_evict_batch(memos_cache *c, unsigned n)

@@ -217,14 +217,16 @@ static PyObject *mod_policy_simulate(PyObject *m, PyObject *args, PyObject *kw)
     Py_ssize_t n = view.len / 8;
     PyBuffer_Release(&view);
     if (hits < 0)
-        return memos_error(MEMOS_EINVAL, "unknown policy (lru_lfu, lru_lfu@0..5, lru, lfu) or no memory", NULL);
-    return Py_BuildValue("{sLsnsKsKsKsdsIsKsK}", "hits", hits, "lookups", n,
+        return memos_error(MEMOS_EINVAL, "unknown policy (lru_lfu, lru_lfu@0..5, lru, lfu, "
+                                         "ref:NAME) or no memory", NULL);
+    return Py_BuildValue("{sLsnsKsKsKsdsIsKsKsKss}", "hits", hits, "lookups", n,
                          "ghost_hits_recency", (unsigned long long)st.ghost_hits_recency,
                          "ghost_hits_frequency", (unsigned long long)st.ghost_hits_frequency,
                          "ghost_entries", (unsigned long long)st.ghost_entries,
                          "policy_recency", st.recency, "policy_expert", (unsigned)st.expert,
                          "expert_switches", (unsigned long long)st.expert_switches,
-                         "shadow_bytes", (unsigned long long)st.shadow_bytes);
+                         "ghost_bytes", (unsigned long long)st.ghost_bytes,
+                         "sim_bytes", (unsigned long long)st.sim_bytes, "decided", st.decided);
 }
 
 static PyObject *mod_set_nowait(PyObject *mod, PyObject *arg)

@@ -334,16 +334,17 @@ static PyObject *po_stats(PolicyObject *self, PyObject *noarg)
         return NULL;
     policy_stats st;
     policy_get_stats(&self->p, &st);
-    const char *lead = st.bank_n ? policy_bank_name(st.expert) : NULL;
-    return Py_BuildValue("{sKsKsKsKsKsdsKsssKsK}", "ghost_hits_recency",
+    return Py_BuildValue("{sKsKsKsKsKsdsKsssKsKsKsIsI}", "ghost_hits_recency",
                          (unsigned long long)st.ghost_hits_recency, "ghost_hits_frequency",
                          (unsigned long long)st.ghost_hits_frequency, "ghost_entries",
                          (unsigned long long)st.ghost_entries, "probation",
                          (unsigned long long)st.probation, "protected",
                          (unsigned long long)st.protected_, "recency", st.recency, "count",
-                         (unsigned long long)policy_count(&self->p), "follows", lead ? lead : "",
-                         "switches", (unsigned long long)st.expert_switches, "bank_bytes",
-                         (unsigned long long)st.shadow_bytes);
+                         (unsigned long long)policy_count(&self->p), "decided", st.decided,
+                         "switches", (unsigned long long)st.expert_switches, "ghost_bytes",
+                         (unsigned long long)st.ghost_bytes, "sim_bytes",
+                         (unsigned long long)st.sim_bytes, "setting", st.expert,
+                         "sim_capacity", st.sim_cap);
 }
 
 static PyObject *po_check(PolicyObject *self, PyObject *noarg)
@@ -433,7 +434,7 @@ static PyObject *po_dump(PolicyObject *self, PyObject *noarg)
     uint64_t hits[2];
     double pfrac = policy_dump_balance(&self->p, hits);
     out = Py_BuildValue("{sssdsIsIsKsKsOsOsO}", "policy", self->p.name, "pfrac", pfrac,
-                        "bank", policy_dump_bank(&self->p),
+                        "format", policy_dump_format(&self->p),
                         "expert", policy_dump_expert(&self->p),
                         "ghost_hits_recency", (unsigned long long)hits[0],
                         "ghost_hits_frequency", (unsigned long long)hits[1],
@@ -477,16 +478,18 @@ static PyObject *restore_body(PolicyObject *self, PyObject *state)
     if (!nodes || !PyList_Check(nodes) || !lists || !PyList_Check(lists) || !ghosts ||
         !PyList_Check(ghosts) || !pf || !PyFloat_Check(pf) || !g0 || !g1)
         return bad("missing or mistyped fields");
-    /* lru_lfu's state since the bank (POLICY_BANK_VERSION): its entries in
-     * recency order and the member it followed; an older one (segments,
-     * ghost rings) is not this policy's state any more */
-    PyObject *bk = PyDict_GetItemString(state, "bank");     /* (borrowed; older files lack it) */
-    unsigned long long bank = 0;
-    if (bk && !get_u64(bk, &bank))
-        return bad("the bank version is not a number");
-    if (bank != policy_dump_bank(&self->p))
-        return bad(policy_dump_bank(&self->p)
-                       ? "an lru_lfu state of an older format (segments and ghost rings)"
+    /* lru_lfu's state format (POLICY_STATE_VERSION: segments, ghost
+     * fingerprints, the setting in force); an older one (the bank's, "bank":
+     * 2, or the 64-bit ghost hashes before it) is not this policy's state */
+    PyObject *fm = PyDict_GetItemString(state, "format");   /* (borrowed; older files lack it) */
+    unsigned long long format = 0;
+    if (fm && !get_u64(fm, &format))
+        return bad("the state format is not a number");
+    if (format != policy_dump_format(&self->p))
+        return bad(policy_dump_format(&self->p)
+                       ? (PyDict_GetItemString(state, "bank")
+                              ? "an lru_lfu state of an older format (the bank's)"
+                              : "an lru_lfu state of an older format (64-bit ghosts)")
                        : "a state of another format");
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
         PyObject *t = PyList_GET_ITEM(nodes, i);
@@ -681,17 +684,18 @@ static PyTypeObject PolicyType = {
     .tp_as_sequence = &po_seq,
 };
 
-/* policy_bank(keys, capacity, evict_batch=1): lru_lfu's replay of a buffer of
- * uint64 block ids (as policy_simulate) with what its bank saw: each
- * member's hits over the same stream (each member at the capacity less the
- * batch), the member followed at the end and the switches. */
-static PyObject *mod_policy_bank(PyObject *m, PyObject *args, PyObject *kw)
+/* policy_minisim(keys, capacity, evict_batch=1): lru_lfu's replay of a
+ * buffer of uint64 block ids (as policy_simulate) with what its miniature
+ * simulation saw: each simulated setting's hits on the sample, the
+ * simulated capacity and rate, the windows decided, what decided at the
+ * end, the switches and the memory (ghosts, simulation). */
+static PyObject *mod_policy_minisim(PyObject *m, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = { "keys", "capacity", "evict_batch", NULL };
     Py_buffer view;
     long long capacity;
     int batch = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*L|i:policy_bank", kwlist, &view, &capacity,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*L|i:policy_minisim", kwlist, &view, &capacity,
                                      &batch))
         return NULL;
     if (view.len % 8 || capacity <= 0 || capacity > (1LL << 29) || batch <= 0 || batch > 4096) {
@@ -710,29 +714,36 @@ static PyObject *mod_policy_bank(PyObject *m, PyObject *args, PyObject *kw)
     PyBuffer_Release(&view);
     if (hits < 0)
         return PyErr_NoMemory();
-    PyObject *members = PyDict_New();
-    for (unsigned e = 0; members && e < st.bank_n; e++) {
-        PyObject *v = PyLong_FromUnsignedLongLong(st.bank_hits[e]);
-        if (!v || PyDict_SetItemString(members, policy_bank_name(e), v) < 0) {
+    PyObject *settings = PyDict_New();
+    for (unsigned e = 0; settings && e < POLICY_SIM_N; e++) {
+        char name[16];
+        snprintf(name, sizeof name, "lru_lfu@%u", st.sim_settings[e]);
+        PyObject *v = PyLong_FromUnsignedLongLong(st.sim_hits[e]);
+        if (!v || PyDict_SetItemString(settings, name, v) < 0) {
             Py_XDECREF(v);
-            Py_CLEAR(members);
+            Py_CLEAR(settings);
             break;
         }
         Py_DECREF(v);
     }
-    if (!members)
+    if (!settings)
         return NULL;
-    const char *lead = policy_bank_name(st.expert);
-    return Py_BuildValue("{sLsnsNsssKsK}", "hits", hits, "lookups", n, "members", members,
-                         "leader", lead ? lead : "", "switches",
-                         (unsigned long long)st.expert_switches, "bytes",
-                         (unsigned long long)st.shadow_bytes);
+    return Py_BuildValue("{sLsnsNsssIsKsIsdsKsKsKsK}", "hits", hits, "lookups", n,
+                         "settings", settings, "decided", st.decided, "setting", st.expert,
+                         "switches", (unsigned long long)st.expert_switches,
+                         "sim_capacity", st.sim_cap, "sim_rate", st.sim_rate,
+                         "sim_sampled", (unsigned long long)st.sim_sampled,
+                         "sim_decisions", (unsigned long long)st.sim_decisions,
+                         "sim_bytes", (unsigned long long)st.sim_bytes,
+                         "ghost_bytes", (unsigned long long)st.ghost_bytes);
 }
 
 static PyMethodDef policy_functions[] = {
-    { "policy_bank", (PyCFunction)(void (*)(void))mod_policy_bank, METH_VARARGS | METH_KEYWORDS,
-      "policy_bank(keys, capacity, evict_batch=1) -> dict: lru_lfu's replay with its bank's "
-      "figures (each member's hits, the member followed, switches, bytes)" },
+    { "policy_minisim", (PyCFunction)(void (*)(void))mod_policy_minisim,
+      METH_VARARGS | METH_KEYWORDS,
+      "policy_minisim(keys, capacity, evict_batch=1) -> dict: lru_lfu's replay with its "
+      "miniature simulation's figures (each setting's hits on the sample, what decided, "
+      "switches, capacity, rate, bytes)" },
     { NULL, NULL, 0, NULL },
 };
 

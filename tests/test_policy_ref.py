@@ -1,7 +1,7 @@
 """The published policies in memosfs/testing/refpolicies.py, each on a short
-sequence checked by hand against its paper; the C members of lru_lfu's bank
-(native/policy.c, "ref:NAME") equal to them access for access; a member
-followed by the live cache picks what it picks alone; and libCacheSim beside
+sequence checked by hand against its paper; the C simulated members
+(native/policies/, "ref:NAME") equal to them access for access; a setting
+of lru_lfu in force picks what it picks alone; and libCacheSim beside
 them: where it runs the published algorithm, and where it does not (the
 bench's REFERENCE_PEERS)."""
 
@@ -127,24 +127,19 @@ def test_the_c_member_is_the_reference(name):
         assert got == want, (name, cap)
 
 
-@pytest.mark.parametrize("name", ["LRU", "LFU", "SIEVE", "LIRS", "W-TinyLFU",
-                                  "lru_lfu@1", "lru_lfu@2", "lru_lfu@5"])
-def test_a_member_followed_picks_what_it_picks_alone(name):
-    """lru_lfu following a member from the start (a restored state naming it)
-    hits exactly as that member alone, until its first choice (2 x the size
-    accesses).  Not ARC and 2Q: they choose with the key about to come in,
-    which the cache does not know when it asks for room; nor S3-FIFO, whose
-    warm-up (as libCacheSim runs it) needs the size before the first
-    eviction, which a cache learns only then (bench policy's replays know it
-    from the start: there it is exact too)."""
-    member = list(N.policy_bank(array.array("Q", [1]).tobytes(), 1)["members"]).index(name)
+@pytest.mark.parametrize("setting", [0, 1, 2, 5])
+def test_a_setting_in_force_picks_what_it_picks_alone(setting):
+    """lru_lfu with a setting in force (a restored state naming it), in a
+    cache too small for its 1% sample to simulate anything, hits exactly as
+    that setting alone, and as the simulated member of that setting (the
+    miniature simulation runs the live hybrid's own code)."""
     rnd = random.Random(9)
     cap = 300
-    keys = [rnd.randrange(500) if rnd.random() < 0.6 else 10_000 + i for i in range(2 * cap - 1)]
+    keys = [rnd.randrange(500) if rnd.random() < 0.6 else 10_000 + i for i in range(20 * cap)]
     p = N.Policy("lru_lfu")
-    p.restore({"policy": "lru_lfu", "bank": 2, "expert": member, "pfrac": 0.5,
-               "ghost_hits_recency": 0, "ghost_hits_frequency": 0, "nodes": [], "lists": [],
-               "ghosts": []})
+    p.restore({"policy": "lru_lfu", "format": 3, "expert": setting, "pfrac": 0.5,
+               "ghost_hits_recency": 0, "ghost_hits_frequency": 0, "nodes": [], "lists": [[], []],
+               "ghosts": [{"hash": [], "live": [], "clock": 0}] * 2})
     hits = 0
     for k in keys:
         if k in p:
@@ -155,8 +150,10 @@ def test_a_member_followed_picks_what_it_picks_alone(name):
             (v,) = p.victims(1)
             p.remove(v, evicted=True)
         p.admit(k, R.mix64(k) or 1)
-    assert p.stats()["follows"] == name
-    assert hits == N.policy_simulate("ref:" + name, array.array("Q", keys).tobytes(), cap)["hits"]
+    assert p.stats()["decided"] == f"lru_lfu@{setting} (start: too small to sample)"
+    buf = array.array("Q", keys).tobytes()
+    assert hits == N.policy_simulate(f"lru_lfu@{setting}", buf, cap)["hits"]
+    assert hits == N.policy_simulate(f"ref:lru_lfu@{setting}", buf, cap)["hits"]
     p.check()
 
 

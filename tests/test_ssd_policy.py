@@ -67,25 +67,30 @@ def test_dump_restore_gives_the_same_victims(name):
     assert q.stats() == p.stats()
 
 
-def test_lru_lfu_restores_its_entries_and_the_member_it_followed():
-    """lru_lfu's dump is its entries (recency order, uses) and the member of
-    its bank it followed; the restored bank starts from them, the entries
-    used most replayed as often (so frequency survives a restart)."""
+def test_lru_lfu_restores_its_segments_ghosts_and_setting():
+    """lru_lfu's dump is its hybrid's state (recency order and uses, the two
+    segments, the ghost rings of fingerprints) and the setting in force; the
+    restored policy picks the same victims, now and after the same future
+    (a policy this small runs no simulation to start anew)."""
     rng = random.Random(7)
     p = _native.Policy("lru_lfu")
     _churn(p, rng, 3000)
     p.check()
     state = json.loads(json.dumps(p.dump()))
-    assert state["bank"] == 2 and state["lists"] == [] and state["ghosts"] == []
+    assert state["format"] == 3 and len(state["lists"]) == 2 and len(state["ghosts"]) == 2
+    assert any(state["ghosts"][0]["live"]) and all(h < 1 << 32 for h in state["ghosts"][0]["hash"])
     q = _native.Policy("lru")
     q.restore(state)
     q.check()
     assert q.name == "lru_lfu" and q.ids() == p.ids()
-    assert q.stats()["follows"] == p.stats()["follows"] != ""
-    assert len(q.victims(50)) == 50
+    assert q.stats()["setting"] == p.stats()["setting"] == 2
+    assert q.victims(50) == p.victims(50)
+    assert q.dump() == p.dump()
     _churn(p, random.Random(11), 2000)
     _churn(q, random.Random(11), 2000)
     q.check()
+    assert q.victims(100) == p.victims(100)
+    assert q.stats() == p.stats()
     # a slot used again and again outlives a scan of the restored cache
     r = _native.Policy("lru_lfu")
     for i in range(1, 11):
@@ -105,15 +110,17 @@ def test_restore_refuses_a_damaged_state_and_stays_usable():
     for name, damages in (
             ("lru_lfu", (lambda s: s["lists"].append([3]),      # a list it does not keep
                          lambda s: s["ghosts"].append({}),      # a ring it does not keep
-                         lambda s: s.pop("bank"),               # the format before the bank
-                         lambda s: s.update(bank=1),
+                         lambda s: s.pop("format"),             # the format before the bank
+                         lambda s: s.update(format=2),
+                         lambda s: (s.pop("format"), s.update(bank=2)),   # the bank's format
+                         lambda s: s["ghosts"][0]["hash"].append(1 << 40),  # not a fingerprint
                          lambda s: s["nodes"].append(list(s["nodes"][0])),   # an id twice
-                         lambda s: s.update(expert=99),         # no such member
+                         lambda s: s.update(expert=99),         # no such setting
                          lambda s: s.update(nodes="x"))),
             ("lfu", (lambda s: s["lists"][0].append(3),         # on two lists
                      lambda s: s["lists"].pop(),                # a level missing
                      lambda s: s["nodes"].append([99, 1, 0, 0]),   # on no list
-                     lambda s: s.update(bank=2)))):
+                     lambda s: s.update(format=3)))):
         p = _native.Policy(name)
         for i in range(1, 20):
             p.admit(i, i)
@@ -141,7 +148,8 @@ def test_ssd_policy_falls_back_to_the_order_on_a_bad_state(tmp_path, caplog):
     restored.restore(state, set(keys[1:]), keys, "test")      # keys[0] is gone
     assert restored.restored == "state" and keys[0] not in restored
     assert restored.victims(4) == keys[1:]
-    state["state"]["bank"] = 1                  # an lru_lfu state of the older format
+    state["state"].pop("format")                # an lru_lfu state of an older format
+    state["state"]["bank"] = 2
     broken = SSDPolicy()
     broken.restore(state, set(keys), list(reversed(keys)), "test")
     assert broken.restored == "fallback"
@@ -247,7 +255,7 @@ def test_frequent_slot_outlives_a_scan_across_a_remount(make_mount, policy):
     assert stat.S_IMODE(os.stat(state_file).st_mode) == 0o600
     saved = json.loads(state_file.read_text())
     assert saved["state"]["policy"] == policy and len(saved["state"]["nodes"]) == 10
-    assert saved["state"]["bank"] == 2
+    assert saved["state"]["format"] == 3
     m2 = make_mount(ssd=str(m.ssd), **opts)
     s2 = m2.p("agent", "s1")
     _scan(s2, 100, 30)                  # another scan, hot not read since the restart

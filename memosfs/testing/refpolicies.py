@@ -1,6 +1,6 @@
 """Reference implementations of the published eviction policies, one short
 class each, written from the papers to check the peers `bench policy`
-compares with (libCacheSim) and the experts of native/policy.c.
+compares with (libCacheSim) and the simulated members of native/policies/.
 
 Every class is a cache of `capacity` unit-size blocks with one method,
 `access(key) -> bool` (a hit; a miss inserts the key, evicting as the
@@ -33,7 +33,7 @@ slow (pure Python) but short enough to read against the paper:
              4-bit counters with minimal increment, halved every 10 x capacity
              increments; the window's victim enters the main cache if its
              estimate beats the main victim's (strictly).  The sketch hashes
-             are `sketch_index` (the same in native/policy.c).
+             are `sketch_index` (the same in native/policies/wtinylfu.c).
 
 May call: the standard library only.
 """
@@ -49,7 +49,7 @@ M64 = (1 << 64) - 1
 
 
 def mix64(x: int) -> int:
-    """splitmix64's finalizer (native/policy.c: mix64)."""
+    """splitmix64's finalizer (native/policies/member.c: member_mix64)."""
     x &= M64
     x ^= x >> 30
     x = (x * 0xBF58476D1CE4E5B9) & M64
