@@ -157,6 +157,12 @@ def _apply_ssd_capacity(ctl: "ControlTree", value: int) -> int:
     return value
 
 
+def _apply_ssd_pack_below(ctl: "ControlTree", value: int) -> int:
+    if ctl.store.ssd is not None:
+        ctl.store.ssd.segs.pack_below = value
+    return value
+
+
 def _apply_prefetch_mode(ctl: "ControlTree", value: str) -> str:
     ctl.store.prefetch.set_mode(value)          # ModeUnavailable is a KnobError
     return value
@@ -210,6 +216,7 @@ KNOB_APPLY: dict[str, Callable[["ControlTree", Any], Any]] = {
     "reclaim_fail_limit": _apply_reclaim_fail_limit,
     "writeback_delay_ms": _apply_writeback_delay_ms,
     "ssd_capacity": _apply_ssd_capacity,
+    "ssd_pack_below": _apply_ssd_pack_below,
     "warmup_ratio": _read_at_use,               # the warm-up at mount (cli.py)
     "quantize": _read_at_use,                   # each publish (publish.py)
     "quant_error_max": _read_at_use,            # each publish (publish.py)

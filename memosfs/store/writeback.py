@@ -291,6 +291,7 @@ class WriteBackMixin:
             try:
                 self._write_back_due(time.monotonic() - delay)
                 self._clean_ahead()
+                self.ssd.segs.maintain()            # compaction of packed slots
                 now = time.monotonic()
                 if now - last_meta < META_SAVE_GAP_S:
                     continue                        # (woken by publishes: not each time)
