@@ -210,6 +210,22 @@ def test_a_rename_cut_short_before_its_tombstone_is_completed_at_mount(tmp_path,
     assert reopen(tmp_path).keys() == [b"a/s/new"]
 
 
+def test_a_later_slot_under_the_old_name_is_not_taken_for_a_leftover(tmp_path, cache):
+    """moved_from names the old record by its seq: a slot made under the old
+    name after the rename (same version, same bytes) is not completed away."""
+    tier = SSDTier(str(tmp_path))
+    ref = _publish(cache, b"a/s/a", b"same")
+    tier.put(ref, {}, durable=True)
+    ref.release()
+    tier.rename(b"a/s/a", b"a/s/b", {})
+    d = cache.draft()
+    d.write(0, b"same")
+    ref = cache.publish(d, b"a/s/a", version=1)
+    tier.put(ref, {}, durable=True)
+    ref.release()
+    assert sorted(reopen(tmp_path).keys()) == [b"a/s/a", b"a/s/b"]
+
+
 # ---------------------------------------------------------------- crashes and damage
 
 

@@ -1,0 +1,194 @@
+"""`memosfs bench ssd`: many small slots through the SSD tier and back,
+beside the same bytes as files on the filesystem that holds $TMPDIR.
+
+    memosfs bench ssd [--slots 20000] [--slot-size 4K] [--formats packed,files] [--json]
+
+For each format (packed: the default ssd_pack_below, small slots in segment
+files; files: ssd_pack_below=0, a file per slot, the format before segments):
+  - write: --slots slots of --slot-size bytes created through a mount
+    (capacity for all of them, writeback_delay_ms high, warmup_ratio=0),
+    then `flush` writes them all back: daemon_cpu_create_us (the daemon's
+    CPU per slot created, before any write-back) and daemon_cpu_writeback_us
+    (its CPU during the flush, per slot), writeback_s (the flush's time);
+  - space: ssd_bytes_on_disk (st_blocks of everything under the SSD
+    directory) over the slots' bytes -> space_ratio; slot_data_ratio counts
+    the slot files and segments only (not order.json, policy.json,
+    namespace.json);
+  - read back: unmount (umount_s), mount again (mount_s), then `cat` of every
+    slot (xargs cat, in the session folder) while the SSD directory is still
+    in the page cache -> readback_warm_s; then unmount, drop the page cache
+    (drop_caches, else posix_fadvise DONTNEED on every file), mount, `cat`
+    all again -> readback_cold_s.
+The baseline: the same bytes as --slots files in one folder on $TMPDIR's
+filesystem, `cat` the same way, once in the page cache (ext4_warm_s) and
+once after dropping it (ext4_cold_s); *_ratio = memosfs time / ext4's.
+
+May call: memosfs.bench.common (mounts, dropping caches) and the standard
+library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from memosfs.bench.common import Daemon, drop_page_cache, files_under
+from memosfs.knobs import parse_size
+
+FORMATS = {"packed": None, "files": 0}      # ssd_pack_below (None: the default)
+
+
+def add_parsers(bsub) -> None:
+    p = bsub.add_parser("ssd", help="SSD tier: many small slots written back, remounted and "
+                        "read back, vs the same files on the local filesystem")
+    p.add_argument("--slots", type=int, default=20000, help="slots (default 20000)")
+    p.add_argument("--slot-size", default="4K", help="bytes per slot (default 4K)")
+    p.add_argument("--formats", default="packed,files",
+                   help="comma-separated: packed (segments), files (a file per slot)")
+    p.add_argument("--json", action="store_true", help="print JSON only")
+    p.set_defaults(fn=cmd_bench_ssd)
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cat_all(folder: str, names: list[str]) -> float:
+    """Seconds to `cat` every name in folder to /dev/null (xargs cat)."""
+    t0 = time.perf_counter()
+    subprocess.run(["xargs", "-0", "cat"], input=b"\0".join(n.encode() for n in names),
+                   cwd=folder, stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def _disk_bytes(root: str, only: tuple[str, ...] = ()) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        if only and rel.split(os.sep)[0] not in only:
+            continue
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _write_all(folder: str, names: list[str], blobs: list[bytes]) -> None:
+    for n, b in zip(names, blobs):
+        fd = os.open(os.path.join(folder, n), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, b)
+        finally:
+            os.close(fd)
+
+
+def bench_ssd(slots: int, size: int, formats: list[str], progress=None) -> dict[str, object]:
+    say = progress or (lambda msg: None)
+    names = [f"k{i:06d}" for i in range(slots)]
+    block = os.urandom(size + slots)
+    blobs = [i.to_bytes(8, "little") + block[i:i + size - 8] if size >= 8 else block[i:i + size]
+             for i in range(slots)]
+    tmp = tempfile.mkdtemp(prefix="memosfs-bench-ssd-")
+    out: dict[str, object] = {"bench": "ssd", "slots": slots, "slot_bytes": size,
+                              "data_bytes": slots * size}
+    daemons: list[Daemon] = []
+
+    def mount(name: str, ssd: str, **opts: object) -> Daemon:
+        d = Daemon(os.path.join(tmp, name), ssd, os.path.join(tmp, name + ".log"),
+                   {"capacity": max(256 << 20, 4 * slots * max(size, 4096)),
+                    "warmup_ratio": 0, "writeback_delay_ms": 3_600_000, **opts},
+                   stop_timeout=300)
+        daemons.append(d)
+        return d
+
+    def stop(d: Daemon) -> float:
+        t0 = time.perf_counter()
+        d.stop()
+        if d.proc.returncode != 0:
+            raise RuntimeError(f"memosfs exited {d.proc.returncode} (see {d.log})")
+        return time.perf_counter() - t0
+
+    try:
+        say(f"ext4: {slots} files of {size} bytes")
+        raw = os.path.join(tmp, "raw")
+        os.mkdir(raw)
+        _write_all(raw, names, blobs)
+        os.sync()
+        _cat_all(raw, names)                        # in the page cache now
+        out["ext4_warm_s"] = round(_cat_all(raw, names), 3)
+        out["cache_drop"] = drop_page_cache(files_under(raw))
+        out["ext4_cold_s"] = round(_cat_all(raw, names), 3)
+        for fmt in formats:
+            say(f"{fmt}: write {slots} slots through a mount, flush")
+            ssd = os.path.join(tmp, f"ssd-{fmt}")
+            opts = {} if FORMATS[fmt] is None else {"ssd_pack_below": FORMATS[fmt]}
+            m = mount(f"mnt-{fmt}-w", ssd, **opts)
+            sess = m.p("bench", "ssd")
+            os.makedirs(sess)
+            c0 = _cpu_s(m.proc.pid)
+            _write_all(str(sess), names, blobs)
+            c1 = _cpu_s(m.proc.pid)
+            t0 = time.perf_counter()
+            with open(m.ctl("flush"), "w") as f:
+                f.write("1")
+            wb = time.perf_counter() - t0
+            c2 = _cpu_s(m.proc.pid)
+            st = m.stats()
+            r: dict[str, object] = {
+                "daemon_cpu_create_us": round((c1 - c0) / slots * 1e6, 1),
+                "daemon_cpu_writeback_us": round((c2 - c1) / slots * 1e6, 1),
+                "writeback_s": round(wb, 3),
+                "ssd_writes": int(st.get("ssd_writes", 0)),
+            }
+            r["umount_s"] = round(stop(m), 3)
+            disk = _disk_bytes(ssd)
+            data = _disk_bytes(ssd, ("slots", "segments"))
+            r |= {"ssd_bytes_on_disk": disk, "space_ratio": round(disk / (slots * size), 3),
+                  "slot_data_bytes_on_disk": data,
+                  "slot_data_ratio": round(data / (slots * size), 3)}
+
+            say(f"{fmt}: remount, cat every slot (SSD directory in the page cache)")
+            m = mount(f"mnt-{fmt}-r1", ssd, **opts)
+            r["mount_s"] = round(m.t_mounted - m.t_start, 3)
+            r["readback_warm_s"] = round(_cat_all(str(m.p("bench", "ssd")), names), 3)
+            st = m.stats()
+            r["ssd_hits"] = int(st.get("ssd_hits", 0))
+            stop(m)
+
+            say(f"{fmt}: drop the page cache, remount, cat every slot")
+            r["cache_drop"] = drop_page_cache(files_under(ssd))
+            m = mount(f"mnt-{fmt}-r2", ssd, **opts)
+            r["readback_cold_s"] = round(_cat_all(str(m.p("bench", "ssd")), names), 3)
+            stop(m)
+            r["warm_ratio"] = round(r["readback_warm_s"] / out["ext4_warm_s"], 2)
+            r["cold_ratio"] = round(r["readback_cold_s"] / out["ext4_cold_s"], 2)
+            out[fmt] = r
+        return out
+    finally:
+        for d in daemons:
+            d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cmd_bench_ssd(args: argparse.Namespace) -> int:
+    size = parse_size(args.slot_size)
+    formats = [f for f in args.formats.split(",") if f]
+    if args.slots < 1 or size < 1 or not formats or any(f not in FORMATS for f in formats):
+        print("memosfs bench ssd: need --slots >= 1, --slot-size >= 1, --formats of "
+              f"{', '.join(FORMATS)}", file=sys.stderr)
+        return 2
+    say = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    result = bench_ssd(args.slots, size, formats, progress=say)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
