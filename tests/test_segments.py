@@ -299,6 +299,34 @@ def test_a_store_drops_a_rotten_packed_slot(tmp_path):
     store.close()
 
 
+def test_get_resident_promotes_a_cached_record_and_leaves_the_rest_to_get(tmp_path):
+    """The event loop's read back: a packed record the page cache holds is
+    promoted at once; a rotten one is not served, and get() then reports it."""
+    store = Store(16 * MiB, ssd=SSDTier(str(tmp_path)))
+    for k in (b"a/s/x", b"a/s/y"):
+        d = store.draft()
+        d.write(0, k * 1000)
+        store.publish(d, k).release()
+    assert store.flush() == 2
+    for k in (b"a/s/x", b"a/s/y"):
+        store.cache.remove(k)
+    ref = store.get_resident(b"a/s/x")
+    assert ref is not None and ref.read(0, ref.size) == b"a/s/x" * 1000 and not ref.dirty
+    ref.release()
+    st = store.statistics()
+    assert (st.ssd_hits, st.promotions) == (1, 1)
+    assert store.tier_of(b"a/s/x") == "mem"
+    e = store.ssd.get(b"a/s/y")
+    with open(e.path, "r+b") as f:
+        f.seek(e.data_off)
+        f.write(b"!")
+    assert store.get_resident(b"a/s/y") is None
+    assert store.statistics().ssd_hits == 1 and store.ssd.corrupt == 0
+    assert store.get(b"a/s/y") is None and store.ssd.corrupt == 1
+    assert store.get_resident(b"a/s/big") is None       # nothing there: get() says so
+    store.close()
+
+
 # ---------------------------------------------------------------- compaction
 
 

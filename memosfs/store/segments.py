@@ -206,6 +206,36 @@ def records(buf: bytes) -> Iterator[_Rec]:
         off += rec.length
 
 
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)     # 0: not here (the caller goes off the loop)
+
+
+def read_resident(entry: PackedEntry) -> Optional[bytes]:
+    """entry's payload if the page cache holds all of it (preadv2 with
+    RWF_NOWAIT: never waits for the disk), its crc32c checked; None if it
+    would wait, or if anything is amiss (the caller then reads it the
+    ordinary way, which reports what is wrong)."""
+    seg = entry.seg
+    if not _NOWAIT or seg is None:
+        return None
+    buf = bytearray(entry.size)
+    with seg.lock:
+        if seg.retired or seg.fd < 0:
+            return None
+        seg.users += 1
+    try:
+        n = os.preadv(seg.fd, [buf], entry.data_off, _NOWAIT) if entry.size else 0
+    except OSError:
+        return None                     # EAGAIN: not all in the page cache
+    finally:
+        with seg.lock:
+            seg.users -= 1
+            if seg.retired and seg.users == 0:
+                seg._close()
+    if n != entry.size or _native.crc32c(buf) != entry.crc:
+        return None
+    return bytes(buf)
+
+
 def read_checked(entry: PackedEntry) -> bytes:
     """entry's payload, its crc32c checked (CorruptSlot; StaleEntry: the
     segment was compacted away, look again)."""
@@ -425,9 +455,12 @@ class SegmentStore:
         data = read_checked(entry)
         if data:
             draft.write(0, data)
+        self.count_read(entry.size)
+
+    def count_read(self, size: int) -> None:
         with self.tier.lock:
             self.tier.reads += 1
-            self.tier.read_bytes += entry.size
+            self.tier.read_bytes += size
 
     def prefetch(self, entry: PackedEntry) -> None:
         seg = entry.seg
