@@ -160,6 +160,27 @@ def test_a_slot_that_grows_past_the_threshold_and_is_removed_stays_gone(tmp_path
     assert load(reopen(tmp_path), cache, b"a/s/k") == b"small again"
 
 
+def test_ssd_capacity_evicts_packed_slots_in_policy_order_and_they_stay_gone(tmp_path):
+    store = Store(64 * MiB, ssd=SSDTier(str(tmp_path), capacity=MiB + MiB // 2))
+    dropped = []
+    store.on_drop(lambda key, why: dropped.append(key))
+    for i in range(30):                         # 30 x 60 KB > 1.5 MiB, each one packed
+        k = f"a/s/{i}".encode()
+        d = store.draft()
+        d.write(0, bytes([i]) * 60_000)
+        store.publish(d, k).release()
+        store.flush()
+        store.cache.remove(k)                   # only the SSD holds it
+    st = store.ssd.statistics()
+    assert st.ssd_packed == st.ssd_slots and st.ssd_bytes <= MiB + MiB // 2
+    assert dropped and dropped == [f"a/s/{i}".encode() for i in range(len(dropped))]
+    assert st.ssd_tombstones == len(dropped)
+    store.ssd.check()
+    kept = sorted(store.ssd.keys())
+    store.close()
+    assert sorted(reopen(tmp_path).keys()) == kept      # the evicted stay evicted
+
+
 def test_the_knob_turns_packing_off(tmp_path, cache):
     tier = SSDTier(str(tmp_path))
     tier.segs.pack_below = 0

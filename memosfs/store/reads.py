@@ -29,8 +29,9 @@ from memosfs.store.ssd import CorruptSlot, SSDEntry, SSDReader, StaleEntry
 
 log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
 
-RESIDENT_SLACK = 8 << 20    # get_resident: memory free beyond the slot, or off the loop
-RESIDENT_ROOM_S = 0.05      # get_resident: how often it asks the cache how much is free
+RESIDENT_SLACK = 32 << 20   # get_resident: memory free beyond the slot (at most a
+                            # quarter of capacity), or off the loop
+RESIDENT_ROOM_S = 0.5       # get_resident: how often it asks the cache how much is free
 PROMOTE_TRIES = 64          # promotions retried while newer versions land meanwhile
                             # (each try looks the key up again: a name rewritten this
                             # often is still there, and one try that opens the file
@@ -41,7 +42,8 @@ _RACED = object()
 class ReadMixin:
     """Lookups and promotion (a base of Store; see the module docstring)."""
 
-    _resident_room = (0, float("-inf"))     # get_resident: (bytes free, when asked)
+    _resident_room = (0, float("-inf"))     # get_resident: (bytes free beyond the
+                                            # slack, when asked)
 
     # ---- reads ----
 
@@ -81,13 +83,16 @@ class ReadMixin:
             return None
         now = time.monotonic()
         room, when = self._resident_room
-        need = entry.size + RESIDENT_SLACK
-        if now - when > RESIDENT_ROOM_S or room < need:
-            # (cache.stats() is not cheap: asked every RESIDENT_ROOM_S, what
-            # this path takes counted off in between)
-            room, when = self.cache.stats()["free_pages"] * _native.PAGE_SIZE, now
+        if now - when > RESIDENT_ROOM_S or room < entry.size:
+            # (the cache's figures cost ~1 ms: asked every RESIDENT_ROOM_S,
+            # what this path takes counted off in between; what other
+            # threads take meanwhile is what the slack is for)
+            st = self.cache.stats()
+            room = st["free_pages"] * _native.PAGE_SIZE \
+                - min(RESIDENT_SLACK, st["capacity"] // 4)
+            when = now
         self._resident_room = (room, when)
-        if room < need:
+        if room < entry.size:
             return None                         # room would be made: not on the loop
         data = read_resident(entry)
         if data is None:
