@@ -348,6 +348,33 @@ def test_get_resident_promotes_a_cached_record_and_leaves_the_rest_to_get(tmp_pa
     store.close()
 
 
+def test_a_failed_append_changes_nothing_and_never_comes_back(tmp_path, cache, monkeypatch):
+    """ENOSPC halfway through a record: the put fails, the index keeps the
+    previous version, and the half record is taken back (a restart does not
+    find it, and the next append is whole)."""
+    tier = SSDTier(str(tmp_path))
+    put(tier, cache, b"a/s/k", b"old" * 100)
+    [seg] = seg_files(tmp_path)
+    size = seg.stat().st_size
+    real = os.pwrite
+
+    def half(fd, data, off):
+        real(fd, bytes(data)[:len(data) // 2], off)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(segments.os, "pwrite", half)
+    with pytest.raises(OSError) as e:
+        put(tier, cache, b"a/s/k", b"new" * 100, durable=True)
+    assert e.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    assert seg.stat().st_size == size and tier.statistics().ssd_write_errors == 1
+    assert load(tier, cache, b"a/s/k") == b"old" * 100
+    tier.check()
+    assert load(reopen(tmp_path), cache, b"a/s/k") == b"old" * 100
+    put(tier, cache, b"a/s/j", b"after")
+    again = reopen(tmp_path)
+    assert load(again, cache, b"a/s/j") == b"after" and again.corrupt == 0
+
+
 # ---------------------------------------------------------------- compaction
 
 

@@ -283,18 +283,32 @@ class SegmentStore:
 
     # ---- appends (writer lock held) ----
 
-    def _append(self, data: bytes) -> tuple[Segment, int]:
+    def _append(self, data: bytes, sync: bool = False) -> tuple[Segment, int]:
+        """Append data to the active segment (fdatasync'd with sync).  An
+        OSError (ENOSPC, EIO) takes back what part of it was written, so a
+        failed write never comes back after a restart."""
         seg = self.active
         if seg is None or seg.size >= SEGMENT_BYTES:
             seg = self._start()
         off = seg.size
         view = memoryview(data)
         pos = off
-        while view:
-            n = os.pwrite(seg.fd, view, pos)
-            view = view[n:]
-            pos += n
-        seg.size = pos
+        try:
+            while view:
+                n = os.pwrite(seg.fd, view, pos)
+                view = view[n:]
+                pos += n
+            seg.size = pos
+            if sync:
+                self._fsync(seg)
+        except OSError:
+            seg.size = off
+            seg.durable = min(seg.durable, off)
+            try:
+                os.ftruncate(seg.fd, off)
+            except OSError as e:
+                log.error("ssd: cannot take back a failed append to %s (%s)", seg.path, e)
+            raise
         return seg, off
 
     def _start(self) -> Segment:
@@ -345,14 +359,12 @@ class SegmentStore:
         seq = self.seq
         head = encode(KIND_SLOT, key, m, seq, ref.version, size, crc)
         try:
-            seg, off = self._append(head + payload)
-            self.seq += 1
-            if sync_now:
-                self._fsync(seg)
+            seg, off = self._append(head + payload, sync=sync_now)
         except OSError:
             with tier.lock:
                 tier.write_errors += 1
             raise
+        self.seq += 1
         self.recs[key] = self.recs.get(key, 0) + 1
         entry = PackedEntry(key, ref.version, size, crc, seg.path, len(head) + size,
                             dict(meta), synced=sync_now, seg=seg, off=off,
@@ -379,10 +391,8 @@ class SegmentStore:
         record set aside), so that no older record of it comes back."""
         seq = self.seq
         try:
-            seg, _off = self._append(encode(KIND_TOMB, key, b"", seq, 0, 0, 0))
+            self._append(encode(KIND_TOMB, key, b"", seq, 0, 0, 0), sync=sync)
             self.seq += 1
-            if sync:
-                self._fsync(seg)
         except OSError as e:
             log.error("ssd: cannot record the removal of %r in a segment (%s): it may "
                       "come back after a restart", key, e)
@@ -418,9 +428,8 @@ class SegmentStore:
         head = encode(KIND_SLOT, new, m, seq, entry.version, entry.size, entry.crc)
         tier._check_room(new, len(head) + entry.size)
         try:
-            seg, off = self._append(head + payload)
+            seg, off = self._append(head + payload, sync=True)  # durable before old's goes
             self.seq += 1
-            self._fsync(seg)                # new's name is durable before old's goes
         except OSError:
             with tier.lock:
                 tier.write_errors += 1
