@@ -49,6 +49,10 @@ explicitly whatever the umask; a folder with looser modes (an older memosfs
 made it 0755, its JSON files 0644) is tightened when the tier opens, with a
 WARNING in the log (memosfs/private.py).
 
+Slots smaller than `ssd_pack_below` are not files but records appended to
+segment files (memosfs/store/segments.py, `self.segs`, PackedEntry in the
+index); the hooks here hand those entries to it.
+
 The tier interface is small — put, load, remove, rename, keys, sizes — so
 that another tier (a shared remote one) can stand beside it.
 """
