@@ -444,6 +444,79 @@ def test_a_reader_of_a_compacted_segment_is_told_to_look_again(tmp_path, cache, 
     assert load(tier, cache, b"a/s/0") == b"new" * 1000
 
 
+def test_compaction_racing_writers_and_readers(tmp_path, small_segments):
+    """Writers rewrite and remove keys, compaction runs again and again, and
+    readers load what the index names: every read is a whole version of its
+    key (or a stale entry, looked up again), and the end state survives a
+    restart."""
+    import threading
+    from memosfs.store.ssd import StaleEntry
+    cache = _native.Cache(64 * MiB)
+    tier = SSDTier(str(tmp_path))
+    keys = [f"a/s/{i}".encode() for i in range(24)]
+    last: dict[bytes, bytes] = {}
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def body(k: bytes, n: int) -> bytes:
+        return (k + b"#%d#" % n) * 200
+
+    def writer():
+        try:
+            for n in range(40):
+                for i, k in enumerate(keys):
+                    if (n + i) % 7 == 0:
+                        tier.remove(k)
+                        last.pop(k, None)
+                    else:
+                        put(tier, cache, k, body(k, n))
+                        last[k] = body(k, n)
+        except Exception as e:          # reported below
+            errors.append(f"writer: {e!r}")
+        finally:
+            stop.set()
+
+    def compactor():
+        while not stop.is_set():
+            tier.segs._changed = True
+            tier.segs.maintain()
+            stop.wait(0.001)
+
+    def reader():
+        d = cache.draft()
+        try:
+            while not stop.is_set():
+                for k in keys:
+                    e = tier.get(k)
+                    if e is None:
+                        continue
+                    try:
+                        tier.load_into(e, d)
+                    except StaleEntry:
+                        continue
+                    got = d.read(0, e.size)
+                    if not got.startswith(k + b"#") or got != got[:len(got) // 200] * 200:
+                        errors.append(f"reader: {k!r} read {got[:40]!r}")
+        except Exception as e:
+            errors.append(f"reader: {e!r}")
+        finally:
+            d.free()
+
+    threads = [threading.Thread(target=f) for f in (writer, compactor, reader)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors[:5]
+    assert tier.statistics().ssd_compactions > 0
+    tier.check()
+    again = reopen(tmp_path)
+    assert sorted(again.keys()) == sorted(last)
+    for k, v in last.items():
+        assert load(again, cache, k) == v
+    cache.close()
+
+
 # ---------------------------------------------------------------- durability
 
 
