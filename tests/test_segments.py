@@ -263,6 +263,30 @@ def test_a_torn_tail_is_ignored_and_the_previous_version_wins(tmp_path, cache, c
     assert load(again, cache, b"a/s/k") == b"v1" * 500
     assert load(again, cache, b"a/s/j") == b"j" * 100
     assert again.corrupt == 0 and "not a whole record" in caplog.text
+    # the torn end is cut off and the segment sealed: the next mount is quiet
+    assert seg.stat().st_size == again.get(b"a/s/j").off + again.get(b"a/s/j").file_bytes
+    caplog.clear()
+    assert reopen(tmp_path).corrupt == 0 and "not a whole record" not in caplog.text
+
+
+def test_damage_inside_a_sealed_segment_is_counted_and_set_aside(tmp_path, cache,
+                                                                  small_segments):
+    tier = SSDTier(str(tmp_path))
+    for i in range(40):                         # 40 x 3 KB: the first segment is sealed
+        put(tier, cache, f"a/s/{i}".encode(), bytes([i]) * 3000)
+    first, *rest = seg_files(tmp_path)
+    assert rest and first.read_bytes()[8] == segments.SEALED
+    e = tier.get(b"a/s/3")
+    assert e.path == str(first)
+    raw = bytearray(first.read_bytes())
+    raw[e.off] ^= 0xFF                          # a record header goes bad
+    first.write_bytes(bytes(raw))
+    again = reopen(tmp_path)
+    assert again.corrupt == 1
+    assert (tmp_path / "corrupt" / f"{first.name}@{e.off}.rec").exists()
+    assert again.get(b"a/s/3") is None          # and the rest of that segment with it
+    last = f"a/s/{39}".encode()
+    assert load(again, cache, last) == bytes([39]) * 3000
 
 
 def test_a_rotten_record_is_set_aside_at_mount_once(tmp_path, cache):

@@ -4,7 +4,7 @@ A slot version whose payload is smaller than PACK_BELOW (64 KiB) is not a
 file of its own (memosfs/store/ssd.py) but a record appended to a segment,
 `DIR/segments/<id, 8 hex>.seg`; larger versions keep a file each.
 
-    segment   [0, 16)    "MEMOSEG1" + 8 reserved bytes
+    segment   [0, 16)    "MEMOSEG1", flags u8 (1: sealed), 7 reserved bytes
               [16, ...)  records, back to back, no padding
     record    magic "MREC", kind u8 (1 slot version, 2 tombstone), flags u8,
               reserved u16, key length u32, meta length u32, seq u64,
@@ -30,9 +30,12 @@ needs no sync, because the older record stays in its segment until a
 compaction, and a compaction syncs everything first.
 
 Crash.  A record torn by a crash fails its header or payload checksum: the
-scan stops at a bad header (the rest of that segment is unreadable: a torn
-tail after a crash, logged) and skips a record whose payload fails (set
-aside in corrupt/ as `<segment>@<offset>.rec`, counted in ssd_corrupt once);
+scan stops at a bad header and skips a record whose payload fails (set
+aside in corrupt/ as `<segment>@<offset>.rec`, counted in ssd_corrupt once).
+What follows a bad header is a torn tail (a crash cut the last append short:
+logged, cut off) in a segment that was not sealed, damage in one that was (set
+aside and counted); a segment is sealed when appends move on to the next
+one, when a compaction writes it, and at the first mount after it was active;
 the key then falls back to its previous record, as a slot file torn before
 its rename leaves the previous file.  A rename appends the moved version
 under the new key (meta `moved_from`: the old key and its record's seq),
@@ -89,6 +92,7 @@ COMPACT_SMALL = SEGMENT_BYTES // 8  # sealed segments smaller than this are merg
 COMPACT_GAP_S = 1.0             # compaction looks at most this often
 SEG_MAGIC = b"MEMOSEG1"
 SEG_HEAD = 16
+SEALED = 1                      # the flags byte at offset 8: no more appends
 REC_MAGIC = b"MREC"
 KIND_SLOT, KIND_TOMB = 1, 2
 _REC = struct.Struct("<4sBBHIIQQQI")    # magic kind flags - klen mlen seq version size crc
@@ -96,6 +100,7 @@ _HCRC = struct.Struct("<I")
 HEAD = _REC.size + _HCRC.size           # 48
 MAX_KEY = 1 << 16
 MAX_META = 1 << 20
+MAX_RECORD = HEAD + MAX_KEY + MAX_META + (1 << 20)     # what one torn append can leave
 
 
 class Segment:
@@ -289,6 +294,8 @@ class SegmentStore:
         failed write never comes back after a restart."""
         seg = self.active
         if seg is None or seg.size >= SEGMENT_BYTES:
+            if seg is not None:
+                _seal(seg)
             seg = self._start()
         off = seg.size
         view = memoryview(data)
@@ -605,14 +612,21 @@ class SegmentStore:
                 rank = (rec.seq, sid)
                 if rec.key not in best or rank > best[rec.key][0]:
                     best[rec.key] = (rank, entry)
-            if end < len(buf):
-                if name == names[-1] or all(n <= name for n in names if n.endswith(".seg")):
-                    log.info("ssd: %s: %d bytes at its end are not a whole record (a write "
-                             "a crash cut short); ignored", path, len(buf) - end)
-                else:
-                    self._set_aside(seg, end, buf[end:],
-                                    f"{path}@{end}: unreadable from here on "
-                                    f"({len(buf) - end} bytes)")
+            sealed = len(buf) > len(SEG_MAGIC) and buf[len(SEG_MAGIC)] & SEALED
+            if end < len(buf) and (sealed or len(buf) - end > MAX_RECORD):
+                self._set_aside(seg, end, buf[end:],
+                                f"{path}@{end}: unreadable from here on "
+                                f"({len(buf) - end} bytes)")
+            elif end < len(buf):
+                log.info("ssd: %s: %d bytes at its end are not a whole record (an append "
+                         "a crash cut short); cut off", path, len(buf) - end)
+                try:
+                    os.ftruncate(fd, end)
+                    seg.size = seg.durable = end
+                except OSError as e:
+                    log.error("ssd: cannot cut the torn end off %s (%s)", path, e)
+            if not sealed:
+                _seal(seg)
         for key, ((seq, _sid), entry) in best.items():
             f = found.get(key)
             if f is not None:
@@ -735,7 +749,7 @@ class SegmentStore:
             log.error("ssd: compaction cannot create %s (%s)", tmp, e)
             return 0
         try:
-            chunks = [SEG_MAGIC + bytes(SEG_HEAD - len(SEG_MAGIC))]
+            chunks = [SEG_MAGIC + bytes([SEALED]) + bytes(SEG_HEAD - len(SEG_MAGIC) - 1)]
             off = SEG_HEAD
             for seg, rec, data in keep:
                 if rec.kind == KIND_SLOT:
@@ -827,6 +841,15 @@ class SegmentStore:
             seg.retire()
         self.segs.clear()
         self.active = None
+
+
+def _seal(seg: Segment) -> None:
+    """Mark seg sealed (no more appends: damage at its end is not a torn
+    append).  Not synced: a lost mark only makes a later scan lenient."""
+    try:
+        os.pwrite(seg.fd, bytes([SEALED]), len(SEG_MAGIC))
+    except OSError as e:
+        log.warning("ssd: cannot mark %s sealed (%s)", seg.path, e)
 
 
 def _int(v: Any) -> int:
