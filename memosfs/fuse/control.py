@@ -216,8 +216,8 @@ KNOB_APPLY: dict[str, Callable[["ControlTree", Any], Any]] = {
     "reclaim_fail_limit": _apply_reclaim_fail_limit,
     "writeback_delay_ms": _apply_writeback_delay_ms,
     "ssd_capacity": _apply_ssd_capacity,
-    "ssd_pack_below": _apply_ssd_pack_below,
     "warmup_ratio": _read_at_use,               # the warm-up at mount (cli.py)
+    "ssd_pack_below": _apply_ssd_pack_below,
     "quantize": _read_at_use,                   # each publish (publish.py)
     "quant_error_max": _read_at_use,            # each publish (publish.py)
     "page_cache_push": _read_at_use,            # each publish and close (publish.py, files.py)

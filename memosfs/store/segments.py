@@ -414,12 +414,9 @@ class SegmentStore:
             with self.tier.write_lock:
                 self.tombstone(key)
 
-    def dropped(self, entry: SSDEntry) -> None:
-        """entry left the index (SSDTier.remove): its file goes, or its
-        record gets a tombstone."""
-        if not isinstance(entry, PackedEntry):
-            self.tier._unlink_locked(entry.path)
-        self.forgotten(entry.key)
+    def holds(self, path: str) -> bool:
+        """path is a segment (SSDTier._unlink_locked never unlinks one)."""
+        return os.path.dirname(path) == self.dir
 
     def rename(self, entry: PackedEntry, old: bytes, new: bytes,
                meta: dict[str, Any]) -> PackedEntry:

@@ -571,10 +571,13 @@ class SSDTier:
                 self.used_bytes -= current.file_bytes
                 self.policy.removed(key, evicted=evicted)
                 self.evictions += evicted
-            self.segs.dropped(current)          # its file, or a tombstone
+            self.segs.forgotten(key)            # a tombstone if a segment holds it
+            self._unlink_locked(current.path)
         return True
 
     def _unlink_locked(self, path: str) -> None:
+        if self.segs.holds(path):
+            return                              # a packed record's segment: not the slot's
         try:
             os.unlink(path)
         except FileNotFoundError:

@@ -290,8 +290,8 @@ class WriteBackMixin:
                 return
             try:
                 self._write_back_due(time.monotonic() - delay)
-                self._clean_ahead()
                 self.ssd.segs.maintain()            # compaction of packed slots
+                self._clean_ahead()
                 now = time.monotonic()
                 if now - last_meta < META_SAVE_GAP_S:
                     continue                        # (woken by publishes: not each time)
