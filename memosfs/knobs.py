@@ -237,6 +237,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("warmup_ratio", "ratio", (0.0, 1.0), 0.5,
          "share of capacity preloaded from the SSD tier at mount, most recently used "
          "first, in the background", "at mount (give it with -o)"),
+    Knob("ssd_pack_below", "size", (1, 1 << 20), 64 << 10,
+         "SSD tier: versions smaller than this are packed, several to a segment file, "
+         "instead of a file each (docs/ssd-format.md); 0 = a file for every slot",
+         "on the next write-back", zero=True),
     _choice("quantize", ("off", "int8", "int8-layer", "int4"), "off",
             "store safetensors slots' float tensors quantized: int8 (keys per channel, values "
             "per token), int8-layer (one scale per tensor), int4 (groups of 32); reads return "

@@ -46,11 +46,13 @@ def _put(store: Store, key: bytes, data: bytes) -> None:
 
 
 def on_disk(root) -> dict[bytes, bytes]:
-    """What the next mount finds: key -> payload of every slot file."""
+    """What the next mount finds: key -> payload of every slot file or
+    packed record (a segment's record: its payload at data_off)."""
     tier = SSDTier(str(root))
     out = {}
     for e in tier.scan():
         with open(e.path, "rb") as f:
+            f.seek(getattr(e, "data_off", 0))
             out[e.key] = f.read(e.size)
     assert tier.corrupt == 0
     return out
@@ -235,7 +237,9 @@ def test_sync_namespace_fsyncs_unlinks_and_writes_the_namespace(tmp_path, monkey
     synced: list[str] = []
     real = ssd_mod._fsync_dir
     monkeypatch.setattr(ssd_mod, "_fsync_dir", lambda p: (synced.append(p), real(p)))
-    store = Store(16 * MiB, ssd=SSDTier(str(tmp_path)), writeback_delay_ms=3600000)
+    tier = SSDTier(str(tmp_path))
+    tier.segs.pack_below = 0                # a file's unlink (test_segments: tombstones)
+    store = Store(16 * MiB, ssd=tier, writeback_delay_ms=3600000)
     store.namespace_of = lambda: [{"path": "a/s", "mode": 0o755, "uid": 0, "gid": 0}]
     _put(store, b"a/s/x", b"x" * 1000)
     store.persist(b"a/s/x")
@@ -366,6 +370,7 @@ def test_a_clean_victim_whose_ssd_copy_went_bad_is_written_again(tmp_path):
     store.flush()
     entry = store.ssd.get(b"a/s/k")
     with open(entry.path, "r+b") as f:          # the payload goes bad on disk
+        f.seek(getattr(entry, "data_off", 0))   # (a packed slot's: in its segment)
         f.write(b"X")
     store._corrupt(entry, "payload checksum mismatch")
     ref = store.peek(b"a/s/k")

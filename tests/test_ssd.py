@@ -1,4 +1,9 @@
-"""The SSD tier: its file format alone, then restarts of real mounts."""
+"""The SSD tier: its file format alone, then restarts of real mounts.
+
+These tests look at the per-slot files, so the tiers they make in process
+pack nothing (PACK_BELOW 0) and the mounts that look at files are mounted
+with ssd_pack_below=0; tests/test_segments.py runs the store-level ones
+again with small slots packed."""
 
 from __future__ import annotations
 
@@ -28,6 +33,13 @@ def _publish(cache, key: bytes, data: bytes):
     d = cache.draft()
     d.write(0, data)
     return cache.publish(d, key)
+
+
+@pytest.fixture(autouse=True)
+def files_only(monkeypatch):
+    """In-process tiers write a file for every slot (the format under test)."""
+    import memosfs.store.segments as segments
+    monkeypatch.setattr(segments, "PACK_BELOW", 0)
 
 
 @pytest.fixture
@@ -265,7 +277,7 @@ def test_flush_and_clean_unmount_persist_everything(make_mount):
 
 
 def test_background_writer_persists_after_the_delay(make_mount):
-    m = make_mount(writeback_delay_ms=100)
+    m = make_mount(writeback_delay_ms=100, ssd_pack_below=0)
     s = session(m)
     (s / "a").write_bytes(b"z" * 4096)
     deadline = time.monotonic() + 10
@@ -276,7 +288,7 @@ def test_background_writer_persists_after_the_delay(make_mount):
 
 
 def test_unlink_rename_and_reset_reach_the_ssd(make_mount):
-    m = make_mount(capacity="16M")
+    m = make_mount(capacity="16M", ssd_pack_below=0)
     s = session(m)
     for n in ("gone", "moved", "r1", "r2"):
         (s / n).write_bytes(n.encode() * 100)
@@ -298,7 +310,7 @@ def test_unlink_rename_and_reset_reach_the_ssd(make_mount):
 
 
 def test_corrupt_files_found_at_mount_are_reported_and_skipped(make_mount):
-    m = make_mount()
+    m = make_mount(ssd_pack_below=0)
     s = session(m)
     (s / "good").write_bytes(b"g" * 5000)
     (s / "bad").write_bytes(b"b" * 5000)
@@ -311,7 +323,7 @@ def test_corrupt_files_found_at_mount_are_reported_and_skipped(make_mount):
     raw = bytearray(files[b"r"].read_bytes())
     raw[100] ^= 0xFF                                                   # payload rot
     files[b"r"].write_bytes(bytes(raw))
-    m2 = make_mount(ssd=str(m.ssd), warmup_ratio="0")
+    m2 = make_mount(ssd=str(m.ssd), warmup_ratio="0", ssd_pack_below=0)
     s2 = m2.p("agent", "s1")
     assert sorted(os.listdir(s2)) == ["good", "rotten"]
     assert m2.stats()["ssd_corrupt"] == 1

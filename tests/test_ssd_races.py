@@ -6,6 +6,8 @@ file a concurrent write had just renamed into place, failed the payload
 checksum, and set aside the new, valid file (the only durable copy of an
 acknowledged version); the name then answered ENOENT.  The `renamed` fault
 hook stops a write at that point to make the window reachable at will.
+These are races of the per-slot files, so the tiers here pack nothing
+(tests/test_segments.py has the packed records' own).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 import threading
 from pathlib import Path
 
+import pytest
+
 from memosfs import _native
 from memosfs.store.reads import _RACED
 from memosfs.store.ssd import SSDTier
@@ -21,6 +25,12 @@ from memosfs.store.store import Store
 
 MiB = 1 << 20
 KEY = b"a/s/k"
+
+
+@pytest.fixture(autouse=True)
+def files_only(monkeypatch):
+    import memosfs.store.segments as segments
+    monkeypatch.setattr(segments, "PACK_BELOW", 0)
 
 
 def _store_with_ssd_only_version(tmp_path: Path, data: bytes) -> Store:

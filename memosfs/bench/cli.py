@@ -19,6 +19,7 @@ BENCHES = (
     ("clients", False),         # torch, safetensors optional (patterns skipped)
     ("engines", False),         # the engines optional (reported skipped)
     ("persist", False),
+    ("ssd", False),
     ("policy", False),
     ("native", False),
     ("kv", False),

@@ -165,6 +165,12 @@ def _apply_ssd_full(ctl: "ControlTree", value: str) -> str:
     return value
 
 
+def _apply_ssd_pack_below(ctl: "ControlTree", value: int) -> int:
+    if ctl.store.ssd is not None:
+        ctl.store.ssd.segs.pack_below = value
+    return value
+
+
 def _apply_prefetch_mode(ctl: "ControlTree", value: str) -> str:
     ctl.store.prefetch.set_mode(value)          # ModeUnavailable is a KnobError
     return value
@@ -220,6 +226,7 @@ KNOB_APPLY: dict[str, Callable[["ControlTree", Any], Any]] = {
     "ssd_capacity": _apply_ssd_capacity,
     "ssd_full": _apply_ssd_full,
     "warmup_ratio": _read_at_use,               # the warm-up at mount (cli.py)
+    "ssd_pack_below": _apply_ssd_pack_below,
     "quantize": _read_at_use,                   # each publish (publish.py)
     "quant_error_max": _read_at_use,            # each publish (publish.py)
     "page_cache_push": _read_at_use,            # each publish and close (publish.py, files.py)

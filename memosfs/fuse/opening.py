@@ -394,7 +394,12 @@ class OpenOps(OpsCore):
                     # around the page cache that this writer will use
                     node.pending[pid] = time.monotonic() + WRITER_RETRY_S
                 try:
-                    ref = await self._off_loop(fn, node.key)  # read back from SSD or remote
+                    # a small slot whose bytes the page cache holds: here, at
+                    # once (no thread hand-off); else read back off the loop
+                    ref = self.store.get_resident(node.key) \
+                        if tier == "ssd" and acc == os.O_RDONLY else None
+                    if ref is None:
+                        ref = await self._off_loop(fn, node.key)  # SSD or remote
                 except BaseException:
                     if acc != os.O_RDONLY:
                         node.pending.pop(pid, None)

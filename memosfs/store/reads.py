@@ -24,10 +24,14 @@ from typing import Optional
 
 from memosfs import _native
 from memosfs.store.common import _k
+from memosfs.store.segments import PackedEntry, read_resident
 from memosfs.store.ssd import CorruptSlot, SSDEntry, SSDReader, StaleEntry
 
 log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
 
+RESIDENT_SLACK = 32 << 20   # get_resident: memory free beyond the slot (at most a
+                            # quarter of capacity), or off the loop
+RESIDENT_ROOM_S = 0.5       # get_resident: how often it asks the cache how much is free
 PROMOTE_TRIES = 64          # promotions retried while newer versions land meanwhile
                             # (each try looks the key up again: a name rewritten this
                             # often is still there, and one try that opens the file
@@ -37,6 +41,9 @@ _RACED = object()
 
 class ReadMixin:
     """Lookups and promotion (a base of Store; see the module docstring)."""
+
+    _resident_room = (0, float("-inf"))     # get_resident: (bytes free beyond the
+                                            # slack, when asked)
 
     # ---- reads ----
 
@@ -63,6 +70,44 @@ class ReadMixin:
             return ref
         self._c["misses"] += 1
         return None
+
+    def get_resident(self, key: bytes) -> Optional["_native.Ref"]:
+        """get() for the event loop, when memory lacks key: a packed SSD
+        version whose bytes the page cache holds is read (one pread that
+        never waits for the disk, and its checksum) and promoted here, with
+        no thread hand-off, when memory has room for it without evicting.
+        None otherwise, and nothing counted: the caller does get() off the
+        loop (a cold read, a large slot, a corrupt one, a race)."""
+        entry = self.ssd.get(key) if self.ssd is not None else None
+        if not isinstance(entry, PackedEntry):
+            return None
+        now = time.monotonic()
+        room, when = self._resident_room
+        if now - when > RESIDENT_ROOM_S or room < entry.size:
+            # (the cache's figures cost ~1 ms: asked every RESIDENT_ROOM_S,
+            # what this path takes counted off in between; what other
+            # threads take meanwhile is what the slack is for)
+            st = self.cache.stats()
+            room = st["free_pages"] * _native.PAGE_SIZE \
+                - min(RESIDENT_SLACK, st["capacity"] // 4)
+            when = now
+        self._resident_room = (room, when)
+        if room < entry.size:
+            return None                         # room would be made: not on the loop
+        data = read_resident(entry)
+        if data is None:
+            return None
+        self._resident_room = (room - entry.size, when)
+        self.ssd.segs.count_read(entry.size)
+        ref = self._promote_entry(key, entry, data=data)
+        if ref is None or ref is _RACED:
+            return None
+        self._c["lookups"] += 1
+        self._c["ssd_hits"] += 1
+        self._touch(key)
+        if self.prefetch is not None:
+            self.prefetch.on_access(key, False)
+        return ref
 
     def load(self, key: bytes) -> Optional["_native.Ref"]:
         """A pinned reference to the current version, promoted from the SSD
@@ -128,16 +173,21 @@ class ReadMixin:
                 return result
         return self.cache.peek(key)
 
-    def _promote_entry(self, key: bytes, entry: SSDEntry, prefetched: bool = False):
+    def _promote_entry(self, key: bytes, entry: SSDEntry, prefetched: bool = False,
+                       data: Optional[bytes] = None):
         """One try at promoting `entry`; _RACED if a newer version replaced
         its file meanwhile (a failed check is then no corruption: try again).
         Memory that would have to wait for room (other threads' write-backs)
-        is not waited for: the version is served from its file instead."""
+        is not waited for: the version is served from its file instead.
+        data: its payload, read and checked already (get_resident)."""
         draft = self.cache.draft()
         try:
             was = _native.set_nowait(True)
             try:
-                self.ssd.load_into(entry, draft)
+                if data is None:
+                    self.ssd.load_into(entry, draft)
+                elif data:
+                    draft.write(0, data)
             finally:
                 _native.set_nowait(was)
         except StaleEntry:

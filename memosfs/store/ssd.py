@@ -49,6 +49,10 @@ explicitly whatever the umask; a folder with looser modes (an older memosfs
 made it 0755, its JSON files 0644) is tightened when the tier opens, with a
 WARNING in the log (memosfs/private.py).
 
+Slots smaller than `ssd_pack_below` are not files but records appended to
+segment files (memosfs/store/segments.py, `self.segs`, PackedEntry in the
+index); the hooks here hand those entries to it.
+
 The tier interface is small — put, load, remove, rename, keys, sizes — so
 that another tier (a shared remote one) can stand beside it.
 """
@@ -179,6 +183,11 @@ class SSDStats(Record):
     ssd_evictions: int = counter("slot files evicted to keep within ssd_capacity (policy order)")
     ssd_policy_probation: int = gauge("SSD tier, lru_lfu: slots in probation")
     ssd_policy_protected: int = gauge("SSD tier, lru_lfu: slots in protected")
+    ssd_packed: int = gauge("of ssd_slots, small ones packed in segment files")
+    ssd_segments: int = gauge("segment files (small slots packed, docs/ssd-format.md)")
+    ssd_segment_bytes: int = gauge("bytes of the segment files, dead records included")
+    ssd_tombstones: int = counter("tombstone records written (removals of packed slots)")
+    ssd_compactions: int = counter("segment files compacted away")
 
 
 class SSDTier:
@@ -221,6 +230,7 @@ class SSDTier:
         # fault hooks for tests, by point name ("renamed": a file was renamed
         # into place, under `lock`, before the index learns it); empty in use
         self.hooks: dict[str, Any] = {}
+        self.segs = _segments.SegmentStore(self)    # small slots, packed (segments.py)
 
     # ---- mount ----
 
@@ -254,6 +264,7 @@ class SSDTier:
                     log.error("ssd: cannot read %s: %s", path, e)
                     continue
                 found[entry.key] = entry
+        self.segs.scan(found)                   # packed slots; newest of each key wins
         self._complete_renames(found)
         with self.lock:
             self.index = found
@@ -353,7 +364,10 @@ class SSDTier:
         size = ref.size
         if crc is None:
             crc = ref.crc32c()
-        trailer = encode_trailer(key, ref.version, size, crc, meta)
+        if self.segs.packs(size):
+            return self.segs.put(ref, key, meta, durable, crc)
+        # (its seq orders it with packed records: segments.py)
+        trailer = encode_trailer(key, ref.version, size, crc, self.segs.stamp(meta))
         total = size + len(trailer)
         sdir, final = self._path_of(key)
         self._shard_dir(sdir)
@@ -471,6 +485,8 @@ class SSDTier:
         StaleEntry: the path holds another version now (look again);
         CorruptSlot: entry's own file does not check out (`report_corrupt`
         decides)."""
+        if isinstance(entry, _segments.PackedEntry):
+            return self.segs.load_into(entry, draft)
         fd = open_entry(entry)
         try:
             if os.fstat(fd).st_size != entry.file_bytes:
@@ -491,6 +507,8 @@ class SSDTier:
 
     def prefetch(self, entry: SSDEntry) -> None:
         """Start reading a version in the background (warm-up reads ahead)."""
+        if isinstance(entry, _segments.PackedEntry):
+            return self.segs.prefetch(entry)
         try:
             fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -510,6 +528,8 @@ class SSDTier:
         entry goes and the file is set aside (True).  Otherwise nothing is
         set aside (False): the index moved on (a newer version), or the path
         holds a valid file of this key, which the index then takes."""
+        if isinstance(entry, _segments.PackedEntry):
+            return self.segs.report_corrupt(entry, why)
         with self.write_lock:
             with self.lock:
                 if self.index.get(entry.key) is not entry:
@@ -552,11 +572,13 @@ class SSDTier:
 
     def _forget(self, entry: SSDEntry) -> None:
         with self.lock:
-            if self.index.get(entry.key) is entry:
-                del self.index[entry.key]
-                self.used_bytes -= entry.file_bytes
-                self.policy.removed(entry.key)
-                self._unsynced.pop(entry.key, None)
+            if self.index.get(entry.key) is not entry:
+                return
+            del self.index[entry.key]
+            self.used_bytes -= entry.file_bytes
+            self.policy.removed(entry.key)
+            self._unsynced.pop(entry.key, None)
+        self.segs.forgotten(entry.key)          # no older record comes back
 
     def remove(self, key: bytes, entry: Optional[SSDEntry] = None,
                evicted: bool = False) -> bool:
@@ -572,11 +594,14 @@ class SSDTier:
                 self.used_bytes -= current.file_bytes
                 self.policy.removed(key, evicted=evicted)
                 self.evictions += evicted
+            self.segs.forgotten(key)            # a tombstone if a segment holds it
             self._unlink_locked(current.path)
         self.trouble = None                 # (room came: the next write tells)
         return True
 
     def _unlink_locked(self, path: str) -> None:
+        if self.segs.holds(path):
+            return                              # a packed record's segment: not the slot's
         try:
             os.unlink(path)
         except FileNotFoundError:
@@ -603,6 +628,8 @@ class SSDTier:
                 # replaced slot's, whatever its version
                 self._check_room(new, ref.size + _trailer_bound(new, meta))
                 return self._write_locked(ref, new, meta, durable=False)
+            if isinstance(entry, _segments.PackedEntry):
+                return self.segs.rename(entry, old, new, meta)
             sdir, final = self._path_of(new)
             # the file under new's name says which file it was copied from: a
             # crash between its rename into place and the unlink of old's file
@@ -613,7 +640,8 @@ class SSDTier:
                                               "ctime_ns": st.st_ctime_ns})
             except FileNotFoundError:
                 pass
-            trailer = encode_trailer(new, entry.version, entry.size, entry.crc, meta)
+            trailer = encode_trailer(new, entry.version, entry.size, entry.crc,
+                                     self.segs.stamp(meta))
             total = entry.size + len(trailer)
             self._check_room(new, total)
             self._shard_dir(sdir)
@@ -657,6 +685,7 @@ class SSDTier:
                 _discard(tmp)
                 raise
             self._unlink_locked(entry.path)
+            self.segs.forgotten(old)
             return moved
 
     # ---- consistency (tests; memosfs at unmount with MEMOSFS_CHECK_AT_UNMOUNT=1) ----
@@ -675,8 +704,11 @@ class SSDTier:
                 if os.path.isdir(sdir):
                     files |= {os.path.join(sdir, n) for n in os.listdir(sdir)
                               if n.endswith(".slot")}
+            self.segs.check(index)
             for key, e in index.items():
                 assert e.key == key, f"ssd: entry of {key!r} says {e.key!r}"
+                if isinstance(e, _segments.PackedEntry):
+                    continue
                 try:
                     fd = os.open(e.path, os.O_RDONLY | os.O_CLOEXEC)
                 except FileNotFoundError:
@@ -719,6 +751,8 @@ class SSDTier:
 
     def _fsync_entry(self, entry: SSDEntry) -> None:
         """fsync an entry's file (writer lock held)."""
+        if isinstance(entry, _segments.PackedEntry):
+            return self.segs.fsync_entry(entry)
         try:
             fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -760,6 +794,7 @@ class SSDTier:
                 with self.lock:                 # still not durable: next time
                     self._dirty_dirs.update(dirs[i:])
                 raise
+        self.segs.sync()                        # segments: tombstones, unsynced records
 
     def write_json(self, name: str, obj: Any, durable: bool) -> None:
         """Replace root/name atomically with obj as JSON."""
@@ -802,7 +837,8 @@ class SSDTier:
                 ssd_slots=len(self.index), ssd_bytes=self.used_bytes,
                 ssd_capacity=self.capacity, ssd_corrupt=self.corrupt, ssd_writes=self.writes, ssd_writes_unsynced=self.unsynced_writes,
                 ssd_write_bytes=self.write_bytes, ssd_write_errors=self.write_errors,
-                ssd_reads=self.reads, ssd_read_bytes=self.read_bytes)
+                ssd_reads=self.reads, ssd_read_bytes=self.read_bytes,
+                **self.segs.stats(self.index))
 
     # ---- the eviction order (ssdpolicy.py) ----
 
@@ -886,7 +922,12 @@ class SSDReader:
         self.version = entry.version
         self.size = entry.size
         self.stored = entry.file_bytes
-        self._fd: Optional[int] = open_entry(entry)     # StaleEntry: look again
+        self._data: Optional[bytes] = None
+        if isinstance(entry, _segments.PackedEntry):    # small: its checked bytes
+            self._data = _segments.read_checked(entry)
+            self._fd: Optional[int] = None
+            return
+        self._fd = open_entry(entry)     # StaleEntry: look again
         try:
             _check_payload(self._fd, entry)
         except BaseException:
@@ -894,12 +935,15 @@ class SSDReader:
             raise
 
     def read(self, off: int, n: int) -> bytes:
+        if self._data is not None:
+            return self._data[off:off + max(0, n)]
         if self._fd is None:
             raise ValueError("reference was released")
         n = max(0, min(n, self.size - off))
         return os.pread(self._fd, n, off) if n else b""
 
     def release(self) -> None:
+        self._data = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -1085,3 +1129,7 @@ def _mtime(path: str) -> float:
         return os.stat(path).st_mtime
     except OSError:
         return 0.0
+
+
+# the packed small slots build on the classes above (segments.py imports them)
+from memosfs.store import segments as _segments  # noqa: E402

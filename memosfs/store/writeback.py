@@ -337,6 +337,7 @@ class WriteBackMixin:
                 return
             try:
                 self._write_back_due(time.monotonic() - delay)
+                self.ssd.segs.maintain()            # compaction of packed slots
                 self._clean_ahead()
                 self.flush_eviction_log(due_only=True)
                 now = time.monotonic()

@@ -1,0 +1,228 @@
+"""`memosfs bench ssd`: many small slots through the SSD tier and back,
+beside the same bytes as files on the filesystem that holds $TMPDIR.
+
+    memosfs bench ssd [--slots 20000] [--slot-size 4K] [--formats packed,files]
+                      [--repeat 1] [--json]
+
+For each format (packed: the default ssd_pack_below, small slots in segment
+files; files: ssd_pack_below=0, a file per slot, the format before segments):
+  - write: --slots slots of --slot-size bytes created through a mount
+    (capacity for all of them, writeback_delay_ms high, warmup_ratio=0):
+    daemon_cpu_create_us (the daemon's CPU per slot created, before any
+    write-back); then writeback_delay_ms=0 and the background writer writes
+    them all back, unsynced: daemon_cpu_writeback_us (the daemon's CPU per
+    slot meanwhile), writeback_s; then `flush` makes them durable: flush_s,
+    daemon_cpu_flush_us (a file per slot: an fsync each; packed: one per
+    segment);
+  - space: ssd_bytes_on_disk (st_blocks of everything under the SSD
+    directory) over the slots' bytes -> space_ratio; slot_data_ratio counts
+    the slot files and segments only (not order.json, policy.json,
+    namespace.json);
+  - read back: unmount (umount_s), mount again (mount_s), then `cat` of every
+    slot (xargs cat, in the session folder) while the SSD directory is still
+    in the page cache -> readback_warm_s; then unmount, drop the page cache
+    (drop_caches, else posix_fadvise DONTNEED on every file), mount, `cat`
+    all again -> readback_cold_s.  reread_memory_s: the second `cat` of all in
+    the first remount (every slot promoted into memory by then: what the
+    mount costs without the SSD).
+The baseline: the same bytes as --slots files in one folder on $TMPDIR's
+filesystem, `cat` the same way, once in the page cache (ext4_warm_s) and
+once after dropping it (ext4_cold_s); *_ratio = memosfs time / ext4's.
+
+May call: memosfs.bench.common (mounts, dropping caches) and the standard
+library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from memosfs.bench.common import Daemon, drop_page_cache, files_under
+from memosfs.knobs import parse_size
+
+FORMATS = {"packed": None, "files": 0}      # ssd_pack_below (None: the default)
+
+
+def add_parsers(bsub) -> None:
+    p = bsub.add_parser("ssd", help="SSD tier: many small slots written back, remounted and "
+                        "read back, vs the same files on the local filesystem")
+    p.add_argument("--slots", type=int, default=20000, help="slots (default 20000)")
+    p.add_argument("--slot-size", default="4K", help="bytes per slot (default 4K)")
+    p.add_argument("--formats", default="packed,files",
+                   help="comma-separated: packed (segments), files (a file per slot)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each format; each time and CPU figure is the best")
+    p.add_argument("--json", action="store_true", help="print JSON only")
+    p.set_defaults(fn=cmd_bench_ssd)
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cat_all(folder: str, names: list[str]) -> float:
+    """Seconds to `cat` every name in folder to /dev/null (xargs cat)."""
+    t0 = time.perf_counter()
+    subprocess.run(["xargs", "-0", "cat"], input=b"\0".join(n.encode() for n in names),
+                   cwd=folder, stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def _disk_bytes(root: str, only: tuple[str, ...] = ()) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        if only and rel.split(os.sep)[0] not in only:
+            continue
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _write_all(folder: str, names: list[str], blobs: list[bytes]) -> None:
+    for n, b in zip(names, blobs):
+        fd = os.open(os.path.join(folder, n), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, b)
+        finally:
+            os.close(fd)
+
+
+def bench_ssd(slots: int, size: int, formats: list[str], repeat: int = 1,
+              progress=None) -> dict[str, object]:
+    say = progress or (lambda msg: None)
+    names = [f"k{i:06d}" for i in range(slots)]
+    block = os.urandom(size + slots)
+    blobs = [i.to_bytes(8, "little") + block[i:i + size - 8] if size >= 8 else block[i:i + size]
+             for i in range(slots)]
+    tmp = tempfile.mkdtemp(prefix="memosfs-bench-ssd-")
+    out: dict[str, object] = {"bench": "ssd", "slots": slots, "slot_bytes": size,
+                              "data_bytes": slots * size}
+    daemons: list[Daemon] = []
+
+    def mount(name: str, ssd: str, **opts: object) -> Daemon:
+        d = Daemon(os.path.join(tmp, name), ssd, os.path.join(tmp, name + ".log"),
+                   {"capacity": max(256 << 20, 4 * slots * max(size, 4096)),
+                    "warmup_ratio": 0, "writeback_delay_ms": 3_600_000, **opts},
+                   timeout=120, stop_timeout=300)
+        daemons.append(d)
+        return d
+
+    def stop(d: Daemon) -> float:
+        t0 = time.perf_counter()
+        d.stop()
+        if d.proc.returncode != 0:
+            raise RuntimeError(f"memosfs exited {d.proc.returncode} (see {d.log})")
+        return time.perf_counter() - t0
+
+    try:
+        say(f"ext4: {slots} files of {size} bytes")
+        raw = os.path.join(tmp, "raw")
+        os.mkdir(raw)
+        _write_all(raw, names, blobs)
+        os.sync()
+        _cat_all(raw, names)                        # in the page cache now
+        warm, cold = [], []
+        for _ in range(repeat):
+            warm.append(_cat_all(raw, names))
+            out["cache_drop"] = drop_page_cache(files_under(raw))
+            cold.append(_cat_all(raw, names))
+        out["ext4_warm_s"] = round(min(warm), 3)
+        out["ext4_cold_s"] = round(min(cold), 3)
+        for run, fmt in [(i, f) for i in range(repeat) for f in formats]:
+            say(f"[{run + 1}/{repeat}] {fmt}: write {slots} slots through a mount, flush")
+            ssd = os.path.join(tmp, f"ssd-{fmt}-{run}")
+            opts = {} if FORMATS[fmt] is None else {"ssd_pack_below": FORMATS[fmt]}
+            m = mount(f"mnt-{fmt}-{run}-w", ssd, **opts)
+            sess = m.p("bench", "ssd")
+            os.makedirs(sess)
+            c0 = _cpu_s(m.proc.pid)
+            _write_all(str(sess), names, blobs)
+            c1 = _cpu_s(m.proc.pid)
+            # the background writer writes them all back (no fsync: nobody
+            # acknowledged them), then flush makes them durable
+            t0 = time.perf_counter()
+            with open(m.ctl("writeback_delay_ms"), "w") as f:
+                f.write("0")
+            while m.stats().get("writebacks", 0) < slots:
+                if time.perf_counter() - t0 > 600:
+                    raise RuntimeError("the background writer did not finish in 10 minutes")
+                time.sleep(0.05)
+            wb = time.perf_counter() - t0
+            c2 = _cpu_s(m.proc.pid)
+            t0 = time.perf_counter()
+            with open(m.ctl("flush"), "w") as f:
+                f.write("1")
+            fl = time.perf_counter() - t0
+            c3 = _cpu_s(m.proc.pid)
+            st = m.stats()
+            r: dict[str, object] = {
+                "daemon_cpu_create_us": round((c1 - c0) / slots * 1e6, 1),
+                "daemon_cpu_writeback_us": round((c2 - c1) / slots * 1e6, 1),
+                "writeback_s": round(wb, 3),
+                "flush_s": round(fl, 3),
+                "daemon_cpu_flush_us": round((c3 - c2) / slots * 1e6, 1),
+                "ssd_writes": int(st.get("ssd_writes", 0)),
+            }
+            r["umount_s"] = round(stop(m), 3)
+            disk = _disk_bytes(ssd)
+            data = _disk_bytes(ssd, ("slots", "segments"))
+            r |= {"ssd_bytes_on_disk": disk, "space_ratio": round(disk / (slots * size), 3),
+                  "slot_data_bytes_on_disk": data,
+                  "slot_data_ratio": round(data / (slots * size), 3)}
+
+            say(f"{fmt}: remount, cat every slot (SSD directory in the page cache)")
+            m = mount(f"mnt-{fmt}-{run}-r1", ssd, **opts)
+            r["mount_s"] = round(m.t_mounted - m.t_start, 3)
+            r["readback_warm_s"] = round(_cat_all(str(m.p("bench", "ssd")), names), 3)
+            # again: every slot in memory now (the mount's own floor)
+            r["reread_memory_s"] = round(_cat_all(str(m.p("bench", "ssd")), names), 3)
+            st = m.stats()
+            r["ssd_hits"] = int(st.get("ssd_hits", 0))
+            stop(m)
+
+            say(f"{fmt}: drop the page cache, remount, cat every slot")
+            r["cache_drop"] = drop_page_cache(files_under(ssd))
+            m = mount(f"mnt-{fmt}-{run}-r2", ssd, **opts)
+            r["readback_cold_s"] = round(_cat_all(str(m.p("bench", "ssd")), names), 3)
+            stop(m)
+            shutil.rmtree(ssd, ignore_errors=True)
+            best = out.setdefault(fmt, r)
+            for k, v in r.items():
+                if k.endswith(("_s", "_us")):
+                    best[k] = min(best[k], v)
+        for fmt in formats:
+            r = out[fmt]
+            r["warm_ratio"] = round(r["readback_warm_s"] / out["ext4_warm_s"], 2)
+            r["cold_ratio"] = round(r["readback_cold_s"] / out["ext4_cold_s"], 2)
+        return out
+    finally:
+        for d in daemons:
+            d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cmd_bench_ssd(args: argparse.Namespace) -> int:
+    size = parse_size(args.slot_size)
+    formats = [f for f in args.formats.split(",") if f]
+    if args.slots < 1 or size < 1 or not formats or any(f not in FORMATS for f in formats):
+        print("memosfs bench ssd: need --slots >= 1, --slot-size >= 1, --formats of "
+              f"{', '.join(FORMATS)}", file=sys.stderr)
+        return 2
+    say = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    result = bench_ssd(args.slots, size, formats, max(1, args.repeat), progress=say)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
