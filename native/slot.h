@@ -30,7 +30,6 @@
 #define SLOT_EEXIST  (-2)   /* O_EXCL create of a name that exists */
 #define SLOT_EINVAL  (-3)   /* a call that does not fit the slot's state */
 #define SLOT_ENOMEM  (-4)   /* no memory for the table */
-#define SLOT_EREFUSED (-5)  /* publish refused: a write of the draft was refused */
 
 /* ---- effects: what the caller carries out (a bitmask) ---- */
 
