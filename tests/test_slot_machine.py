@@ -1,0 +1,364 @@
+"""The slot state machine (native/slot.c, memosfs._native.SlotMachine)
+against the model of docs/semantics.md (memosfs/testing/slotmodel.py).
+
+A hypothesis stateful test drives both side by side through creates, opens
+for reading and writing (O_TRUNC or not, by several processes, forked
+children holding inherited copies), writes, refused writes, truncates,
+closes and fsyncs by the opener and by others, renames over, unlinks,
+evictions, stale dentries and page-cache pushes, playing the kernel's part
+for the machine (its one retry after ESTALE, the bounded waits); after every
+step both must agree on what each process finds by each name (ENOENT or
+the size and version it shows), on each writer's fstat, on each reader's
+version and on every publish, and memos_slot_check must pass.  Then one
+regression case per race the suite knows, replayed on the machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from memosfs import _native as n
+from memosfs.testing.slotmodel import NOTHING, PUBLISHED, REFUSED, SlotModel
+
+NAMES = (1, 2, 3)
+PARENTS = (11, 12, 13)
+CHILDREN = (21, 22)
+PROCS = PARENTS + CHILDREN
+ACTIONS = {n.OPEN_ENOENT: "ENOENT", n.OPEN_READ: "READ", n.OPEN_WRITE: "WRITE",
+           n.OPEN_PRIVATE: "PRIVATE", n.OPEN_SEND_BACK: "SEND_BACK", n.OPEN_WAIT: "WAIT"}
+PUBLISH = {n.PUBLISH_NOTHING: NOTHING, n.PUBLISH_REFUSED: REFUSED, n.PUBLISH_DO: PUBLISHED}
+
+
+class Kernel:
+    """The machine with the kernel's part played: lookups, the retry after
+    ESTALE, the bounded waits, the handles and their copies."""
+
+    def __init__(self) -> None:
+        self.m = n.SlotMachine(100)
+        self.now = 10**9
+        self.version = 0
+        self.pushes: list[int] = []
+
+    def next_version(self) -> int:
+        self.version += 1
+        return self.version
+
+    def open(self, name: int, ino: int, tgid: int, write: bool, trunc: bool):
+        """The kernel's open of inode ino (found by name): (kind, ino the
+        handle is on, the kernel's inode, dio, version), or None (ENOENT)."""
+        m = self.m
+        retry = waited = sent = False
+        for _ in range(8):
+            act, inode, target, version, fx = m.open_plan(ino, tgid, tgid, write, trunc,
+                                                          retry, waited, self.now)
+            event(f"open: {ACTIONS[act]}")
+            if act == n.OPEN_WAIT:
+                assert not waited, "a second wait"
+                if target:
+                    m.wait_mark(target, tgid, self.now)
+                self.now += n.SLOT_RETRY_NS         # (nothing here ends the wait earlier)
+                waited = True
+                continue
+            if act == n.OPEN_SEND_BACK:
+                assert not sent, "a second ESTALE reached the application"
+                m.send_back(target, tgid, trunc, self.now)
+                sent, waited, retry = True, False, trunc
+                found = m.lookup(name, tgid)        # the kernel looks the name up again
+                if found is None and write:
+                    # (a slot created and not yet published by this process,
+                    # whose draft a fresh inode now replaces: the kernel's
+                    # lookup is ENOENT, and O_CREAT makes it send a create)
+                    ino, fx = m.create(name, tgid, tgid, trunc, False, self.now)
+                    return "write", ino, ino, False, 0
+                if found is None:
+                    return None
+                ino = found
+                continue
+            if act == n.OPEN_ENOENT:
+                return None
+            if act == n.OPEN_READ:
+                fx = m.attach_reader(inode, version, bool(fx & n.SLOT_FX_DIRECT_IO))
+                return "read", inode, inode, bool(fx & n.SLOT_FX_DIRECT_IO), version
+            if act == n.OPEN_WRITE:
+                m.attach_writer(inode, tgid, tgid, bool(fx & n.SLOT_FX_TRUNC_DRAFT), self.now)
+                return "write", inode, inode, False, 0
+            assert act == n.OPEN_PRIVATE
+            priv, fx = m.private(inode, tgid, tgid, self.now)
+            return "write", priv, inode, True, 0
+        raise AssertionError("open did not settle")
+
+
+class SlotMachineVsModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.k = Kernel()
+        self.model = SlotModel()
+        self.handles: list[dict] = []       # {kind, ino, kino, dio, version, mh}
+        self.stale: list[tuple[int, int, object]] = []   # (name, ino, model slot)
+
+    # ---- helpers ----
+
+    def _add(self, got, mh) -> None:
+        kind, ino, kino, dio, version = got
+        assert kind == mh.kind
+        if kind == "read":
+            assert version == mh.version, (version, mh.version)
+        self.handles.append(dict(kind=kind, ino=ino, kino=kino, dio=dio, mh=mh))
+
+    def _pick(self, i: int, kind: str):
+        hs = [h for h in self.handles if h["kind"] == kind]
+        return hs[i % len(hs)] if hs else None
+
+    def _publish(self, h, closer: int) -> str:
+        mh = h["mh"]
+        act, _ = self.k.m.publish_plan(h["ino"], mh.opener, closer)
+        got, want = PUBLISH[act], self.model.publish_due(mh, closer)
+        event(f"publish: {got}")
+        assert got == want, (got, want)
+        if got == PUBLISHED:
+            size = self.k.m.stat(h["ino"], mh.opener, self.k.now)["size"]
+            assert size == mh.draft.size
+            v = self.k.next_version()
+            holder, fx = self.k.m.published(h["ino"], v, size, size, self.k.now)
+            if fx & n.SLOT_FX_FORGET_ENTRY:
+                event("publish: a fresh inode or the name back")
+            self.model.publish(mh, v)
+        return got
+
+    # ---- opening ----
+
+    @rule(p=st.sampled_from(PARENTS), name=st.sampled_from(NAMES), trunc=st.booleans(),
+          excl=st.booleans())
+    def create(self, p, name, trunc, excl):
+        if self.k.m.lookup(name, p) is not None:
+            assert self.model.find(name, p) is not None
+            if not excl:                # the kernel opens what its lookup found
+                self.open_write(p, name, trunc)
+            return
+        assert self.model.find(name, p) is None
+        try:
+            ino, fx = self.k.m.create(name, p, p, trunc, excl, self.k.now)
+        except FileExistsError:
+            assert self.model.create(name, p, trunc, excl) is None
+            return
+        mh = self.model.create(name, p, trunc, excl)
+        assert mh is not None
+        self._add(("write", ino, ino, False, 0), mh)
+
+    @rule(p=st.sampled_from(PROCS), name=st.sampled_from(NAMES))
+    def open_read(self, p, name):
+        ino = self.k.m.lookup(name, p)
+        s = self.model.find(name, p)
+        assert (ino is None) == (s is None)
+        if ino is None:
+            return
+        got = self.k.open(name, ino, p, False, False)
+        assert got is not None
+        self._add(got, self.model.open_read(s, p))
+
+    @rule(p=st.sampled_from(PARENTS), name=st.sampled_from(NAMES), trunc=st.booleans())
+    def open_write(self, p, name, trunc):
+        ino = self.k.m.lookup(name, p)
+        s = self.model.find(name, p)
+        assert (ino is None) == (s is None)
+        if ino is None:
+            return
+        got = self.k.open(name, ino, p, True, trunc)
+        assert got is not None, "a writer of a name it found got ENOENT"
+        assert got[1] == got[2], "a private draft on a path open"
+        self._add(got, self.model.open_write(s, p, trunc))
+
+    @rule(p=st.sampled_from(PROCS), name=st.sampled_from(NAMES))
+    def remember(self, p, name):
+        """A lookup whose open comes later (a dentry the kernel keeps)."""
+        ino = self.k.m.lookup(name, p)
+        if ino is not None:
+            self.k.m.lookups(ino, 1)
+            self.stale.append((name, ino, self.model.find(name, p)))
+
+    @precondition(lambda self: self.stale)
+    @rule(p=st.sampled_from(PROCS), i=st.integers(0, 50))
+    def open_stale_read(self, p, i):
+        name, ino, s = self.stale.pop(i % len(self.stale))
+        got = self.k.open(name, ino, p, False, False)
+        mh = self.model.open_stale_read(s, p)
+        assert (got is None) == (mh is None), (got, mh)
+        if got is not None:
+            self._add(got, mh)
+        self.k.m.lookups(ino, -1)
+
+    # ---- writing ----
+
+    @precondition(lambda self: any(h["kind"] == "write" for h in self.handles))
+    @rule(i=st.integers(0, 50), off=st.integers(0, 64), size=st.integers(1, 64),
+          append=st.booleans())
+    def write(self, i, off, size, append):
+        """(by the opener or a child holding a copy: the same draft)"""
+        h = self._pick(i, "write")
+        at, fx = self.k.m.write_plan(h["ino"], off, append)
+        assert at == self.model.write(h["mh"], off, size, append)
+        self.k.m.wrote(h["ino"], at, size, self.k.now)
+
+    @precondition(lambda self: any(h["kind"] == "write" for h in self.handles))
+    @rule(i=st.integers(0, 50))
+    def refused_write(self, i):
+        h = self._pick(i, "write")
+        self.k.m.refused(h["ino"])
+        self.model.refused(h["mh"])
+
+    @precondition(lambda self: any(h["kind"] == "write" for h in self.handles))
+    @rule(i=st.integers(0, 50), size=st.sampled_from([0, 0, 5, 100]))
+    def ftruncate(self, i, size):
+        h = self._pick(i, "write")
+        self.k.m.truncated(h["ino"], size, self.k.now)
+        self.model.truncate(h["mh"], size)
+
+    @rule(p=st.sampled_from(PARENTS), name=st.sampled_from(NAMES),
+          size=st.sampled_from([0, 3, 50]))
+    def truncate_path(self, p, name, size):
+        """truncate(2) of a slot nobody writes: a new version at once."""
+        ino = self.k.m.lookup(name, p)
+        s = self.model.find(name, p)
+        assert (ino is None) == (s is None)
+        if ino is None or s.current is not None or not s.version:
+            return
+        assert self.k.m.stat(ino, p, self.k.now)["writers"] == 0
+        v = self.k.next_version()
+        self.k.m.set_version(ino, v, size, size, self.k.now)
+        self.model.truncate_path(s, size, v)
+
+    @precondition(lambda self: any(h["kind"] == "write" for h in self.handles))
+    @rule(i=st.integers(0, 50), child=st.sampled_from(CHILDREN))
+    def fork(self, i, child):
+        self._pick(i, "write")["mh"].copies.add(child)
+
+    # ---- publishing and closing ----
+
+    @precondition(lambda self: any(h["kind"] == "write" for h in self.handles))
+    @rule(i=st.integers(0, 50), j=st.integers(0, 5))
+    def close_writer(self, i, j):
+        h = self._pick(i, "write")
+        mh = h["mh"]
+        who = sorted(mh.copies)[j % len(mh.copies)]
+        self._publish(h, who)               # flush: publishes only for its opener
+        if not self.model.close_copy(mh, who):
+            return
+        # release, the last copy: the last writer publishes what is unpublished
+        if self.k.m.stat(h["ino"], mh.opener, self.k.now)["writers"] == 1:
+            assert mh.draft.writers == 1
+            self._publish(h, 0)
+        self.k.m.writer_gone(h["ino"], mh.opener)
+        self.model.writer_gone(mh)
+        self.handles.remove(h)
+
+    @precondition(lambda self: any(h["kind"] == "write" for h in self.handles))
+    @rule(i=st.integers(0, 50))
+    def fsync(self, i):
+        self._publish(self._pick(i, "write"), 0)
+
+    @precondition(lambda self: any(h["kind"] == "read" for h in self.handles))
+    @rule(i=st.integers(0, 50))
+    def close_reader(self, i):
+        h = self._pick(i, "read")
+        self.k.m.reader_gone(h["ino"], h["dio"])
+        self.handles.remove(h)
+
+    # ---- the namespace ----
+
+    @rule(p=st.sampled_from(PARENTS), name=st.sampled_from(NAMES))
+    def unlink(self, p, name):
+        if self.k.m.lookup(name, p) is None:
+            assert self.model.find(name, p) is None
+            return
+        self.k.m.unlink(name)
+        self.model.unlink(name)
+
+    @rule(p=st.sampled_from(PARENTS), old=st.sampled_from(NAMES), new=st.sampled_from(NAMES))
+    def rename(self, p, old, new):
+        if self.k.m.lookup(old, p) is None or old == new:
+            return
+        self.k.m.rename(old, new)
+        self.model.rename(old, new)
+
+    @rule(name=st.sampled_from(NAMES))
+    def evict(self, name):
+        """No tier holds the name's published slot any more."""
+        s = self.model.names.get(name)
+        if s is None or not s.version:
+            return
+        self.k.m.drop(name)
+        self.model.drop(name)
+
+    # ---- the page-cache pusher and the clock (the machine's alone) ----
+
+    @rule(name=st.sampled_from(NAMES))
+    def push_start(self, name):
+        ino = self.k.m.lookup(name, 0)
+        if ino is None:
+            return
+        info = self.k.m.stat(ino, 0, self.k.now)
+        if info["writers"]:
+            return
+        if self.k.m.push_claim(ino, info["version"]):
+            self.k.m.own_cache(ino, info["version"])
+        self.k.m.lookups(ino, 1)            # (the pusher's reference)
+        self.k.pushes.append(ino)
+
+    @precondition(lambda self: self.k.pushes)
+    @rule(i=st.integers(0, 50))
+    def push_done(self, i):
+        ino = self.k.pushes.pop(i % len(self.k.pushes))
+        self.k.m.push_done(ino)
+        self.k.m.lookups(ino, -1)
+
+    @rule()
+    def elapse(self):
+        self.k.now += n.SLOT_RETRY_NS + 1
+
+    # ---- after every step ----
+
+    @invariant()
+    def both_agree(self):
+        m, now = self.k.m, self.k.now
+        m.check()
+        for p in PROCS:
+            for name in NAMES:
+                ino = m.lookup(name, p)
+                want = self.model.view(name, p)
+                if ino is None:
+                    assert want is None, (p, name, want)
+                    continue
+                assert want is not None, (p, name, m.stat(ino, p, now))
+                info = m.stat(ino, p, now)
+                assert (info["size"], info["version"]) == want, (p, name, info, want)
+        for h in self.handles:
+            if h["kind"] == "write":
+                mh = h["mh"]
+                assert m.stat(h["kino"], mh.opener, now)["size"] == mh.draft.size
+
+    def teardown(self):
+        m = self.k.m
+        for h in list(self.handles):
+            if h["kind"] == "read":
+                m.reader_gone(h["ino"], h["dio"])
+            else:
+                m.writer_gone(h["ino"], h["mh"].opener)
+        for ino in self.k.pushes:
+            m.push_done(ino)
+            m.lookups(ino, -1)
+        for _, ino, _ in self.stale:
+            m.lookups(ino, -1)
+        m.check()
+        for name in NAMES:
+            if m.lookup(name, 0) is not None:
+                m.unlink(name)
+        assert len(m) == 0, f"{len(m)} inodes left after every handle and name went"
+
+
+SlotMachineVsModel.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=60, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+test_slot_machine_against_the_model = SlotMachineVsModel.TestCase
