@@ -41,6 +41,22 @@ class Kernel:
         self.now = 10**9
         self.version = 0
         self.pushes: list[int] = []
+        # the kernel's page cache: inode -> what its pages hold (a content
+        # token); every version's content; tokens are unique ints
+        self.pages: dict[int, object] = {}
+        self.content: dict[int, object] = {0: "empty"}
+        self.tokens = 0
+
+    def token(self) -> int:
+        self.tokens += 1
+        return self.tokens
+
+    def pages_hold(self, ino: int, version: int) -> None:
+        """A page-cache reader of version on ino: the pages it keeps must be
+        that version's (or none)."""
+        held = self.pages.get(ino)
+        assert held in (None, self.content[version]), \
+            f"inode {ino}: a reader of version {version} kept pages of {held!r}"
 
     def next_version(self) -> int:
         self.version += 1
@@ -72,6 +88,7 @@ class Kernel:
                     # whose draft a fresh inode now replaces: the kernel's
                     # lookup is ENOENT, and O_CREAT makes it send a create)
                     ino, fx = m.create(name, tgid, tgid, trunc, False, self.now)
+                    self.pages.pop(ino, None)       # (no keep_cache)
                     return "write", ino, ino, False, 0
                 if found is None:
                     return None
@@ -81,9 +98,14 @@ class Kernel:
                 return None
             if act == n.OPEN_READ:
                 fx = m.attach_reader(inode, version, bool(fx & n.SLOT_FX_DIRECT_IO))
+                if fx & n.SLOT_FX_KEEP_CACHE:
+                    self.pages_hold(inode, version)
+                elif not fx & n.SLOT_FX_DIRECT_IO:
+                    self.pages.pop(inode, None)     # the open drops them
                 return "read", inode, inode, bool(fx & n.SLOT_FX_DIRECT_IO), version
             if act == n.OPEN_WRITE:
                 m.attach_writer(inode, tgid, tgid, bool(fx & n.SLOT_FX_TRUNC_DRAFT), self.now)
+                self.pages.pop(inode, None)         # writers open without keep_cache
                 return "write", inode, inode, False, 0
             assert act == n.OPEN_PRIVATE
             priv, fx = m.private(inode, tgid, tgid, self.now)
@@ -98,6 +120,7 @@ class SlotMachineVsModel(RuleBasedStateMachine):
         self.model = SlotModel()
         self.handles: list[dict] = []       # {kind, ino, kino, dio, version, mh}
         self.stale: list[tuple[int, int, object]] = []   # (name, ino, model slot)
+        self.dtok: dict[int, object] = {}   # id(model draft) -> its content token
 
     # ---- helpers ----
 
@@ -106,7 +129,20 @@ class SlotMachineVsModel(RuleBasedStateMachine):
         assert kind == mh.kind
         if kind == "read":
             assert version == mh.version, (version, mh.version)
-        self.handles.append(dict(kind=kind, ino=ino, kino=kino, dio=dio, mh=mh))
+        self.handles.append(dict(kind=kind, ino=ino, kino=kino, dio=dio, mh=mh, version=version))
+        if kind == "write" and id(mh.draft) not in self.dtok:
+            d = mh.draft
+            self.dtok[id(d)] = self.k.token() if d.changed \
+                else self.k.content[d.slot.version]
+
+    def _changed(self, h, refused: bool = False) -> None:
+        """A change of h's draft through the kernel: its pages hold it, or,
+        refused, something that is no version's."""
+        tok = self.k.token()
+        if not refused:
+            self.dtok[id(h["mh"].draft)] = tok
+        if not h["dio"]:
+            self.k.pages[h["kino"]] = tok
 
     def _pick(self, i: int, kind: str):
         hs = [h for h in self.handles if h["kind"] == kind]
@@ -123,6 +159,7 @@ class SlotMachineVsModel(RuleBasedStateMachine):
             assert size == mh.draft.size
             v = self.k.next_version()
             holder, fx = self.k.m.published(h["ino"], v, size, size, self.k.now)
+            self.k.content[v] = self.dtok[id(mh.draft)]
             if fx & n.SLOT_FX_FORGET_ENTRY:
                 event("publish: a fresh inode or the name back")
             self.model.publish(mh, v)
@@ -200,7 +237,10 @@ class SlotMachineVsModel(RuleBasedStateMachine):
         h = self._pick(i, "write")
         at, fx = self.k.m.write_plan(h["ino"], off, append)
         assert at == self.model.write(h["mh"], off, size, append)
+        if fx & n.SLOT_FX_DROP_PAGES:
+            self.k.pages.pop(h["kino"], None)
         self.k.m.wrote(h["ino"], at, size, self.k.now)
+        self._changed(h)
 
     @precondition(lambda self: any(h["kind"] == "write" for h in self.handles))
     @rule(i=st.integers(0, 50))
@@ -208,6 +248,7 @@ class SlotMachineVsModel(RuleBasedStateMachine):
         h = self._pick(i, "write")
         self.k.m.refused(h["ino"])
         self.model.refused(h["mh"])
+        self._changed(h, refused=True)
 
     @precondition(lambda self: any(h["kind"] == "write" for h in self.handles))
     @rule(i=st.integers(0, 50), size=st.sampled_from([0, 0, 5, 100]))
@@ -215,6 +256,7 @@ class SlotMachineVsModel(RuleBasedStateMachine):
         h = self._pick(i, "write")
         self.k.m.truncated(h["ino"], size, self.k.now)
         self.model.truncate(h["mh"], size)
+        self._changed(h)
 
     @rule(p=st.sampled_from(PARENTS), name=st.sampled_from(NAMES),
           size=st.sampled_from([0, 3, 50]))
@@ -228,6 +270,7 @@ class SlotMachineVsModel(RuleBasedStateMachine):
         assert self.k.m.stat(ino, p, self.k.now)["writers"] == 0
         v = self.k.next_version()
         self.k.m.set_version(ino, v, size, size, self.k.now)
+        self.k.content[v] = self.k.token()
         self.model.truncate_path(s, size, v)
 
     @precondition(lambda self: any(h["kind"] == "write" for h in self.handles))
@@ -258,6 +301,16 @@ class SlotMachineVsModel(RuleBasedStateMachine):
     @rule(i=st.integers(0, 50))
     def fsync(self, i):
         self._publish(self._pick(i, "write"), 0)
+
+    @precondition(lambda self: any(h["kind"] == "read" for h in self.handles))
+    @rule(i=st.integers(0, 50))
+    def read(self, i):
+        """A read through the page cache: what the pages hold is the
+        reader's version, and then they hold it."""
+        h = self._pick(i, "read")
+        if not h["dio"]:
+            self.k.pages_hold(h["ino"], h["version"])
+            self.k.pages[h["ino"]] = self.k.content[h["version"]]
 
     @precondition(lambda self: any(h["kind"] == "read" for h in self.handles))
     @rule(i=st.integers(0, 50))
@@ -303,7 +356,8 @@ class SlotMachineVsModel(RuleBasedStateMachine):
         if info["writers"]:
             return
         if self.k.m.push_claim(ino, info["version"]):
-            self.k.m.own_cache(ino, info["version"])
+            self.k.m.own_cache(ino, info["version"])    # (after dropping the pages)
+        self.k.pages[ino] = self.k.content[info["version"]]
         self.k.m.lookups(ino, 1)            # (the pusher's reference)
         self.k.pushes.append(ino)
 
