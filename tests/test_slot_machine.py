@@ -41,6 +41,7 @@ class Kernel:
         self.now = 10**9
         self.version = 0
         self.pushes: list[int] = []
+        self.events = False                 # hypothesis.event per plan (inside a test)
         # the kernel's page cache: inode -> what its pages hold (a content
         # token); every version's content; tokens are unique ints
         self.pages: dict[int, object] = {}
@@ -70,7 +71,8 @@ class Kernel:
         for _ in range(8):
             act, inode, target, version, fx = m.open_plan(ino, tgid, tgid, write, trunc,
                                                           retry, waited, self.now)
-            event(f"open: {ACTIONS[act]}")
+            if self.events:
+                event(f"open: {ACTIONS[act]}")
             if act == n.OPEN_WAIT:
                 assert not waited, "a second wait"
                 if target:
@@ -117,6 +119,7 @@ class SlotMachineVsModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.k = Kernel()
+        self.k.events = True
         self.model = SlotModel()
         self.handles: list[dict] = []       # {kind, ino, kino, dio, version, mh}
         self.stale: list[tuple[int, int, object]] = []   # (name, ino, model slot)
@@ -416,3 +419,175 @@ SlotMachineVsModel.TestCase.settings = settings(
     max_examples=300, stateful_step_count=60, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_slot_machine_against_the_model = SlotMachineVsModel.TestCase
+
+
+# ---- regressions: the races the suite knows, replayed on the machine ----
+
+K, TMP = 1, 2
+A, B, C = 11, 12, 13
+
+
+def _save(k: Kernel, name: int, tgid: int, size: int) -> int:
+    """A whole slot written and closed by tgid; its inode."""
+    m = k.m
+    ino, _ = m.create(name, tgid, tgid, True, False, k.now)
+    m.wrote(ino, 0, size, k.now)
+    act, _ = m.publish_plan(ino, tgid, tgid)
+    assert act == n.PUBLISH_DO
+    v = k.next_version()
+    m.published(ino, v, size, size, k.now)
+    k.content[v] = k.token()
+    m.writer_gone(ino, tgid)
+    return ino
+
+
+def _size(k: Kernel, name: int, tgid: int):
+    ino = k.m.lookup(name, tgid)
+    return None if ino is None else k.m.stat(ino, tgid, k.now)["size"]
+
+
+def test_an_open_of_the_replaced_inode_is_served_the_name_now():
+    """tests/test_rename_over.py: the lookup found the old inode, the rename
+    came, then the open: a reader gets the version the name holds now; a
+    reader of an unlinked name finds nothing."""
+    k = Kernel()
+    old = _save(k, K, A, 300)
+    k.m.lookups(old, 1)
+    renamed = _save(k, TMP, A, 600)
+    k.m.rename(TMP, K)
+    kind, ino, _, dio, version = k.open(K, old, B, False, False)
+    assert (ino, dio, version) == (old, True, k.m.stat(renamed, B, k.now)["version"])
+    k.m.reader_gone(ino, dio)
+    newer = _save(k, TMP, A, 5)
+    k.m.rename(TMP, K)
+    assert k.open(K, old, B, False, False)[4] == k.m.stat(newer, B, k.now)["version"]
+    k.m.reader_gone(old, True)
+    k.m.unlink(K)
+    assert k.open(K, old, B, False, False) is None
+    k.m.lookups(old, -1)
+    k.m.check()
+    assert len(k.m) == 0
+
+
+def test_a_writer_sent_back_from_a_replaced_inode_never_brings_it_back():
+    """tests/test_rename_over.py: an O_TRUNC writer whose open reached an
+    inode that a rename had replaced, while readers kept that inode's pages,
+    is sent to the slot renamed over it; the replaced version never takes
+    the name back."""
+    k = Kernel()
+    old = _save(k, K, A, 300)
+    k.m.lookups(old, 1)
+    reader = k.open(K, old, B, False, False)
+    assert not reader[3]                                    # a page-cache reader
+    renamed = _save(k, TMP, A, 600)
+    k.m.rename(TMP, K)
+    kind, ino, _, _, _ = k.open(K, old, C, True, True)      # ESTALE, then the retry
+    assert (kind, ino) == ("write", renamed)
+    assert _size(k, K, B) == 600
+    k.m.wrote(ino, 0, 7, k.now)
+    assert k.m.publish_plan(ino, C, C)[0] == n.PUBLISH_DO
+    k.m.published(ino, k.next_version(), 7, 7, k.now)
+    k.m.writer_gone(ino, C)
+    assert _size(k, K, B) == 7
+    assert k.m.stat(old, B, k.now)["size"] == 300             # the reader's snapshot
+    k.m.reader_gone(old, False)
+    k.m.lookups(old, -1)
+    k.m.check()
+
+
+def test_a_forked_child_closing_its_copy_publishes_nothing():
+    """tests/test_writer_view.py: only the opener's close publishes; a child
+    that wrote after the opener closed is published by the last release."""
+    k = Kernel()
+    ino = _save(k, K, A, 10)
+    k.open(K, ino, A, True, True)
+    k.m.wrote(ino, 0, 20, k.now)
+    assert k.m.publish_plan(ino, A, B)[0] == n.PUBLISH_NOTHING      # the child's close
+    assert _size(k, K, C) == 10 and _size(k, K, B) == 10 and _size(k, K, A) == 20
+    assert k.m.publish_plan(ino, A, A)[0] == n.PUBLISH_DO            # the opener's
+    k.m.published(ino, k.next_version(), 20, 20, k.now)
+    k.m.wrote(ino, 20, 5, k.now)                                     # the child writes on
+    assert k.m.publish_plan(ino, A, 0)[0] == n.PUBLISH_DO            # the last release
+    k.m.published(ino, k.next_version(), 25, 25, k.now)
+    k.m.writer_gone(ino, A)
+    assert _size(k, K, C) == 25
+    k.m.check()
+
+
+def test_a_refused_create_leaves_no_name_and_its_close_fails():
+    """issue 34's rule: `head -c 20M /dev/zero > slot` on an 8M tier."""
+    k = Kernel()
+    ino, _ = k.m.create(K, A, A, True, False, k.now)
+    k.m.wrote(ino, 0, 8 << 20, k.now)
+    k.m.refused(ino)
+    assert k.m.publish_plan(ino, A, A)[0] == n.PUBLISH_REFUSED       # close: EIO
+    fx = k.m.writer_gone(ino, A)
+    assert fx & n.SLOT_FX_FORGET_ENTRY
+    assert _size(k, K, A) is None and len(k.m) == 0
+    k.m.check()
+
+
+def test_a_refused_rewrite_leaves_the_version_before():
+    k = Kernel()
+    ino = _save(k, K, A, 100)
+    k.open(K, ino, B, True, False)
+    k.m.wrote(ino, 100, 50, k.now)
+    k.m.refused(ino)
+    assert k.m.publish_plan(ino, B, B)[0] == n.PUBLISH_REFUSED
+    assert k.m.publish_plan(ino, B, 0)[0] == n.PUBLISH_REFUSED       # fsync too
+    k.m.writer_gone(ino, B)
+    assert _size(k, K, C) == 100
+    k.m.check()
+
+
+def test_two_o_trunc_writers_each_make_a_whole_version():
+    """docs/semantics.md: the second is sent to a fresh inode; the last
+    publish wins, never a mix."""
+    k = Kernel()
+    ino = _save(k, K, A, 100)
+    k.open(K, ino, B, True, True)
+    k.m.wrote(ino, 0, 30, k.now)
+    kind, fresh, _, _, _ = k.open(K, ino, C, True, True)
+    assert fresh != ino
+    k.m.wrote(fresh, 0, 40, k.now)
+    assert _size(k, K, C) == 40 and _size(k, K, B) == 100
+    assert k.m.stat(ino, B, k.now)["size"] == 30                     # B's fstat
+    for who, i in ((C, fresh), (B, ino)):
+        assert k.m.publish_plan(i, who, who)[0] == n.PUBLISH_DO
+        size = k.m.stat(i, who, k.now)["size"]
+        k.m.published(i, k.next_version(), size, size, k.now)
+        k.m.writer_gone(i, who)
+    assert _size(k, K, A) == 30
+    k.m.check()
+
+
+def test_a_publish_that_raced_an_eviction_puts_the_name_back():
+    """publish.py: the cache dropped the name while its writer wrote."""
+    k = Kernel()
+    ino = _save(k, K, A, 10)
+    k.open(K, ino, A, True, True)
+    k.m.wrote(ino, 0, 3, k.now)
+    k.m.drop(K)
+    assert _size(k, K, B) is None
+    assert k.m.publish_plan(ino, A, A)[0] == n.PUBLISH_DO
+    k.m.published(ino, k.next_version(), 3, 3, k.now)
+    k.m.writer_gone(ino, A)
+    assert _size(k, K, B) == 3
+    k.m.check()
+
+
+def test_an_o_trunc_reopen_of_its_own_unpublished_create_needs_o_creat():
+    """Today's behaviour, kept: a process that created a slot and opens it
+    again with O_TRUNC while the first descriptor is open is sent to a
+    fresh inode, which its retried lookup does not find (created, never
+    published, and it is no writer there yet): without O_CREAT the open is
+    ENOENT; with it the kernel's create joins the fresh inode."""
+    k = Kernel()
+    first, _ = k.m.create(K, A, A, True, False, k.now)
+    act, _, target, _, _ = k.m.open_plan(first, A, A, True, True, False, False, k.now)
+    assert act == n.OPEN_SEND_BACK
+    k.m.send_back(target, A, True, k.now)
+    assert k.m.lookup(K, A) is None
+    second, _ = k.m.create(K, A, A, True, False, k.now)
+    assert second != first and k.m.lookup(K, A) == second
+    k.m.check()
