@@ -123,10 +123,11 @@ static PyObject *sm_attach_reader(SlotMachineObject *self, PyObject *args)
 {
     unsigned long long ino, version;
     int around;
+    long long now;
     unsigned fx;
-    if (!PyArg_ParseTuple(args, "KKp", &ino, &version, &around))
+    if (!PyArg_ParseTuple(args, "KKpL", &ino, &version, &around, &now))
         return NULL;
-    RC(memos_slot_attach_reader(self->t, ino, version, around, &fx), "attach_reader");
+    RC(memos_slot_attach_reader(self->t, ino, version, around, now, &fx), "attach_reader");
     return PyLong_FromUnsignedLong(fx);
 }
 
@@ -276,9 +277,10 @@ static PyObject *sm_writer_gone(SlotMachineObject *self, PyObject *args)
 {
     unsigned long long ino;
     unsigned tgid, fx;
-    if (!PyArg_ParseTuple(args, "KI", &ino, &tgid))
+    long long now;
+    if (!PyArg_ParseTuple(args, "KIL", &ino, &tgid, &now))
         return NULL;
-    RC(memos_slot_writer_gone(self->t, ino, tgid, &fx), "writer_gone");
+    RC(memos_slot_writer_gone(self->t, ino, tgid, now, &fx), "writer_gone");
     return PyLong_FromUnsignedLong(fx);
 }
 
@@ -379,7 +381,7 @@ static PyMethodDef sm_methods[] = {
      "open_plan(ino, tgid, pid, write, trunc, retry, waited, now) -> "
      "(action, inode, target, version, fx): what an open should do (pure)"},
     {"attach_reader", (PyCFunction)sm_attach_reader, METH_VARARGS,
-     "attach_reader(ino, version, around) -> fx"},
+     "attach_reader(ino, version, around, now) -> fx"},
     {"attach_writer", (PyCFunction)sm_attach_writer, METH_VARARGS,
      "attach_writer(ino, tgid, pid, trunc, now) -> fx"},
     {"private", (PyCFunction)sm_private, METH_VARARGS,
@@ -402,7 +404,7 @@ static PyMethodDef sm_methods[] = {
      "non-writer"},
     {"reader_gone", (PyCFunction)sm_reader_gone, METH_VARARGS, "reader_gone(ino, dio)"},
     {"writer_gone", (PyCFunction)sm_writer_gone, METH_VARARGS,
-     "writer_gone(ino, tgid) -> fx"},
+     "writer_gone(ino, tgid, now) -> fx"},
     {"unlink", (PyCFunction)sm_unlink, METH_O, "unlink(name) -> fx"},
     {"rename", (PyCFunction)sm_rename, METH_VARARGS, "rename(from, to) -> fx"},
     {"drop", (PyCFunction)sm_drop, METH_O, "drop(name) -> fx: no tier holds it now"},

@@ -160,7 +160,8 @@ static void pending_pop(memos_slot *s, uint32_t pid);
 static int  pending_merge(memos_slot *to, const memos_slot *from);
 static uint64_t draft_size(const memos_slot *s);
 static int  do_published(slot_table *t, memos_slot *node, uint64_t version, uint64_t size,
-                         uint64_t stored, int64_t now_ns, memos_slot **holder, unsigned *fx);
+                         uint64_t stored, int64_t mtime_ns, int64_t now_ns,
+                         memos_slot **holder, unsigned *fx);
 static void link_to(memos_slot **field, memos_slot *to);
 static void unlink_from(slot_table *t, memos_slot **field);
 
@@ -370,16 +371,15 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
 #undef PLAN
 
 int memos_slot_attach_reader(slot_table *t, uint64_t inode, uint64_t version, int around,
-                             unsigned *fx)
+                             int64_t now_ns, unsigned *fx)
 {
     memos_slot *s = map_get(&t->inos, inode);
     *fx = 0;
     if (!s)
         return SLOT_ENOENT;
     s->handles++;
+    pending_prune(s, now_ns);
     if (s->d.writers || s->p.npending || around) {
-        /* (pending, expired or not, as the Python code's writer_pending
-         * before its prune: the caller prunes with the clock it has) */
         *fx = SLOT_FX_DIRECT_IO;        /* the writers' draft lives in these pages */
         return SLOT_OK;
     }
@@ -602,7 +602,7 @@ int memos_slot_published(slot_table *t, uint64_t ino, uint64_t version, uint64_t
     }
     int64_t mtime = src->d.mtime_ns ? src->d.mtime_ns : now_ns;
     memos_slot *h = NULL;
-    int rc = do_published(t, target, version, size, stored, mtime, &h, fx);
+    int rc = do_published(t, target, version, size, stored, mtime, now_ns, &h, fx);
     if (rc != SLOT_OK)
         return rc;
     if (target == src && src->version == version)
@@ -624,7 +624,7 @@ int memos_slot_set_version(slot_table *t, uint64_t ino, uint64_t version, uint64
     if (!slot_holds_name(t, s))
         return SLOT_ENOENT;
     memos_slot *h = NULL;
-    int rc = do_published(t, s, version, size, stored, now_ns, &h, fx);
+    int rc = do_published(t, s, version, size, stored, now_ns, now_ns, &h, fx);
     if (rc == SLOT_OK)
         *holder = h->ino;
     return rc;
@@ -646,7 +646,8 @@ int memos_slot_reader_gone(slot_table *t, uint64_t ino, int dio)
     return SLOT_OK;
 }
 
-int memos_slot_writer_gone(slot_table *t, uint64_t ino, uint32_t tgid, unsigned *fx)
+int memos_slot_writer_gone(slot_table *t, uint64_t ino, uint32_t tgid, int64_t now_ns,
+                           unsigned *fx)
 {
     memos_slot *s = map_get(&t->inos, ino);
     *fx = 0;
@@ -692,6 +693,7 @@ int memos_slot_writer_gone(slot_table *t, uint64_t ino, uint32_t tgid, unsigned 
         slot_settle(s);
     }
     memos_slot *l = slot_latest(s);     /* a push of the version may follow */
+    pending_prune(l, now_ns);
     if (l->state != SLOT_GONE && l->version && !l->d.writers && !l->p.npending
         && !l->p.readers && !l->p.pushing && l->p.cache_version != (int64_t)l->version)
         *fx |= SLOT_FX_PUSH;
@@ -1055,7 +1057,8 @@ static void slot_go(slot_table *t, memos_slot *s, enum memos_slot_gone why)
 }
 
 static int do_published(slot_table *t, memos_slot *node, uint64_t version, uint64_t size,
-                        uint64_t stored, int64_t mtime_ns, memos_slot **holder, unsigned *fx)
+                        uint64_t stored, int64_t mtime_ns, int64_t now_ns,
+                        memos_slot **holder, unsigned *fx)
 {
     if (node->p.readers || node->p.pushing) {
         node = slot_supersede(t, node, fx);     /* readers keep their snapshot */
@@ -1070,6 +1073,7 @@ static int do_published(slot_table *t, memos_slot *node, uint64_t version, uint6
     node->mtime_ns = mtime_ns;
     slot_settle(node);
     *fx |= SLOT_FX_FORGET_ATTRS;
+    pending_prune(node, now_ns);
     if (!node->d.writers && !node->p.npending)
         *fx |= SLOT_FX_PUSH;            /* (with writers open the pages are theirs) */
     *holder = node;

@@ -165,9 +165,10 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
                          int64_t now_ns, memos_open_plan *out);
 
 /* A reader handle on `inode` reading `version` (around: it reads around the
- * page cache).  *fx: KEEP_CACHE or DIRECT_IO.  SLOT_OK, SLOT_ENOENT. */
+ * page cache; so does every reader while writers are open or on their way).
+ * *fx: KEEP_CACHE or DIRECT_IO.  SLOT_OK, SLOT_ENOENT. */
 int memos_slot_attach_reader(slot_table *t, uint64_t inode, uint64_t version, int around,
-                             unsigned *fx);
+                             int64_t now_ns, unsigned *fx);
 
 /* A writer handle on `inode` for tgid/pid.  trunc: the draft starts empty;
  * else from the published version (*fx NEED_BASE when none is held yet).
@@ -250,7 +251,8 @@ int memos_slot_reader_gone(slot_table *t, uint64_t ino, int dio);
  * its writers wrote it through them, a never-published create loses its
  * name (FORGET_ENTRY), and a push may follow (PUSH).  SLOT_OK, SLOT_ENOENT,
  * SLOT_EINVAL (no such writer). */
-int memos_slot_writer_gone(slot_table *t, uint64_t ino, uint32_t tgid, unsigned *fx);
+int memos_slot_writer_gone(slot_table *t, uint64_t ino, uint32_t tgid, int64_t now_ns,
+                           unsigned *fx);
 
 /* ---- the namespace ---- */
 

@@ -99,7 +99,7 @@ class Kernel:
             if act == n.OPEN_ENOENT:
                 return None
             if act == n.OPEN_READ:
-                fx = m.attach_reader(inode, version, bool(fx & n.SLOT_FX_DIRECT_IO))
+                fx = m.attach_reader(inode, version, bool(fx & n.SLOT_FX_DIRECT_IO), self.now)
                 if fx & n.SLOT_FX_KEEP_CACHE:
                     self.pages_hold(inode, version)
                 elif not fx & n.SLOT_FX_DIRECT_IO:
@@ -296,7 +296,7 @@ class SlotMachineVsModel(RuleBasedStateMachine):
         if self.k.m.stat(h["ino"], mh.opener, self.k.now)["writers"] == 1:
             assert mh.draft.writers == 1
             self._publish(h, 0)
-        self.k.m.writer_gone(h["ino"], mh.opener)
+        self.k.m.writer_gone(h["ino"], mh.opener, self.k.now)
         self.model.writer_gone(mh)
         self.handles.remove(h)
 
@@ -402,7 +402,7 @@ class SlotMachineVsModel(RuleBasedStateMachine):
             if h["kind"] == "read":
                 m.reader_gone(h["ino"], h["dio"])
             else:
-                m.writer_gone(h["ino"], h["mh"].opener)
+                m.writer_gone(h["ino"], h["mh"].opener, self.k.now)
         for ino in self.k.pushes:
             m.push_done(ino)
             m.lookups(ino, -1)
@@ -437,7 +437,7 @@ def _save(k: Kernel, name: int, tgid: int, size: int) -> int:
     v = k.next_version()
     m.published(ino, v, size, size, k.now)
     k.content[v] = k.token()
-    m.writer_gone(ino, tgid)
+    m.writer_gone(ino, tgid, k.now)
     return ino
 
 
@@ -487,7 +487,7 @@ def test_a_writer_sent_back_from_a_replaced_inode_never_brings_it_back():
     k.m.wrote(ino, 0, 7, k.now)
     assert k.m.publish_plan(ino, C, C)[0] == n.PUBLISH_DO
     k.m.published(ino, k.next_version(), 7, 7, k.now)
-    k.m.writer_gone(ino, C)
+    k.m.writer_gone(ino, C, k.now)
     assert _size(k, K, B) == 7
     assert k.m.stat(old, B, k.now)["size"] == 300             # the reader's snapshot
     k.m.reader_gone(old, False)
@@ -509,7 +509,7 @@ def test_a_forked_child_closing_its_copy_publishes_nothing():
     k.m.wrote(ino, 20, 5, k.now)                                     # the child writes on
     assert k.m.publish_plan(ino, A, 0)[0] == n.PUBLISH_DO            # the last release
     k.m.published(ino, k.next_version(), 25, 25, k.now)
-    k.m.writer_gone(ino, A)
+    k.m.writer_gone(ino, A, k.now)
     assert _size(k, K, C) == 25
     k.m.check()
 
@@ -521,7 +521,7 @@ def test_a_refused_create_leaves_no_name_and_its_close_fails():
     k.m.wrote(ino, 0, 8 << 20, k.now)
     k.m.refused(ino)
     assert k.m.publish_plan(ino, A, A)[0] == n.PUBLISH_REFUSED       # close: EIO
-    fx = k.m.writer_gone(ino, A)
+    fx = k.m.writer_gone(ino, A, k.now)
     assert fx & n.SLOT_FX_FORGET_ENTRY
     assert _size(k, K, A) is None and len(k.m) == 0
     k.m.check()
@@ -535,7 +535,7 @@ def test_a_refused_rewrite_leaves_the_version_before():
     k.m.refused(ino)
     assert k.m.publish_plan(ino, B, B)[0] == n.PUBLISH_REFUSED
     assert k.m.publish_plan(ino, B, 0)[0] == n.PUBLISH_REFUSED       # fsync too
-    k.m.writer_gone(ino, B)
+    k.m.writer_gone(ino, B, k.now)
     assert _size(k, K, C) == 100
     k.m.check()
 
@@ -556,7 +556,7 @@ def test_two_o_trunc_writers_each_make_a_whole_version():
         assert k.m.publish_plan(i, who, who)[0] == n.PUBLISH_DO
         size = k.m.stat(i, who, k.now)["size"]
         k.m.published(i, k.next_version(), size, size, k.now)
-        k.m.writer_gone(i, who)
+        k.m.writer_gone(i, who, k.now)
     assert _size(k, K, A) == 30
     k.m.check()
 
@@ -571,7 +571,7 @@ def test_a_publish_that_raced_an_eviction_puts_the_name_back():
     assert _size(k, K, B) is None
     assert k.m.publish_plan(ino, A, A)[0] == n.PUBLISH_DO
     k.m.published(ino, k.next_version(), 3, 3, k.now)
-    k.m.writer_gone(ino, A)
+    k.m.writer_gone(ino, A, k.now)
     assert _size(k, K, B) == 3
     k.m.check()
 

@@ -75,7 +75,7 @@ static int close_writer(slot_table *t, uint64_t ino, uint32_t opener, uint32_t c
         memos_slot_stat(t, ino, opener, now, &in);
         memos_slot_published(t, ino, next_version++, in.size, in.size, now, &holder, &fx);
     }
-    CHECK_EQ(memos_slot_writer_gone(t, ino, opener, &fx), SLOT_OK);
+    CHECK_EQ(memos_slot_writer_gone(t, ino, opener, now, &fx), SLOT_OK);
     return act;
 }
 
@@ -128,7 +128,7 @@ static void test_a_refused_create_leaves_no_name(void)
     write_n(t, ino, 0, 4096);
     CHECK_EQ(memos_slot_refused(t, ino), SLOT_OK);      /* the next write: EFBIG */
     CHECK_EQ(memos_slot_publish_plan(t, ino, A, A, &target), PUBLISH_REFUSED);
-    CHECK_EQ(memos_slot_writer_gone(t, ino, A, &fx), SLOT_OK);
+    CHECK_EQ(memos_slot_writer_gone(t, ino, A, now, &fx), SLOT_OK);
     CHECK(fx & SLOT_FX_FORGET_ENTRY);
     CHECK_EQ(stat_name(t, NAME_K, A), -1);
     CHECK_EQ(memos_slot_count(t), 0);                   /* no lookup: forgotten */
@@ -150,7 +150,7 @@ static void test_a_refused_rewrite_leaves_the_version_before(void)
     memos_slot_refused(t, ino);
     CHECK_EQ(memos_slot_publish_plan(t, ino, B, B, &target), PUBLISH_REFUSED);
     CHECK_EQ(memos_slot_publish_plan(t, ino, B, 0, &target), PUBLISH_REFUSED);  /* fsync */
-    memos_slot_writer_gone(t, ino, B, &fx);
+    memos_slot_writer_gone(t, ino, B, now, &fx);
     CHECK_EQ(version_of(t, NAME_K), v);
     CHECK_EQ(stat_name(t, NAME_K, C), 100);
     /* a writer that truncates to nothing starts a whole version again */
@@ -189,7 +189,7 @@ static void test_a_reader_keeps_its_version_across_a_rewrite(void)
     memos_open_plan p = plan(t, ino, B, 0, 0, 0);
     CHECK_EQ(p.action, OPEN_READ);
     CHECK_EQ(p.version, v);
-    memos_slot_attach_reader(t, ino, p.version, 0, &fx);
+    memos_slot_attach_reader(t, ino, p.version, 0, now, &fx);
     CHECK(fx & SLOT_FX_KEEP_CACHE);
     /* a writer of the same inode: readers keep it, ESTALE to a fresh one */
     p = plan(t, ino, C, 1, 1, 0);
@@ -201,7 +201,7 @@ static void test_a_reader_keeps_its_version_across_a_rewrite(void)
     CHECK(fresh != ino);
     /* meanwhile a new reader of the fresh inode reads around its cache */
     memos_open_plan r = plan(t, fresh, B, 0, 0, 0);
-    memos_slot_attach_reader(t, fresh, r.version, 0, &fx);
+    memos_slot_attach_reader(t, fresh, r.version, 0, now, &fx);
     CHECK(fx & SLOT_FX_DIRECT_IO);
     p = plan(t, fresh, C, 1, 1, 1);
     CHECK_EQ(p.action, OPEN_WRITE);
@@ -313,7 +313,7 @@ static void test_a_writer_sent_back_from_a_replaced_inode_never_brings_it_back(v
     unsigned fx;
     memos_slot_lookups(t, old, 1);
     memos_open_plan p = plan(t, old, B, 0, 0, 0);
-    memos_slot_attach_reader(t, old, p.version, 0, &fx);        /* a page-cache reader */
+    memos_slot_attach_reader(t, old, p.version, 0, now, &fx);        /* a page-cache reader */
     uint64_t renamed = save(t, NAME_TMP, A, 600);
     memos_slot_rename(t, NAME_TMP, NAME_K, &fx);
     p = plan(t, old, C, 1, 1, 0);
@@ -349,7 +349,7 @@ static void test_a_writer_of_an_unlinked_name_publishes_nothing(void)
     memos_slot_info in;
     memos_slot_stat(t, ino, A, now, &in);
     CHECK_EQ(in.size, 20);                      /* fstat: its draft all the same */
-    memos_slot_writer_gone(t, ino, A, &fx);
+    memos_slot_writer_gone(t, ino, A, now, &fx);
     CHECK_EQ(stat_name(t, NAME_K, A), -1);
     checked(t);
     CHECK_EQ(memos_slot_count(t), 0);
@@ -402,7 +402,7 @@ static void test_pages_stay_the_version_its_writers_wrote(void)
     memos_slot_stat(t, ino, 0, now, &in);
     CHECK_EQ(in.cache_version, (int64_t)in.version);    /* written through its pages */
     unsigned fx;
-    memos_slot_attach_reader(t, ino, in.version, 0, &fx);
+    memos_slot_attach_reader(t, ino, in.version, 0, now, &fx);
     CHECK(fx & SLOT_FX_KEEP_CACHE);
     memos_slot_reader_gone(t, ino, 0);
     /* a refused write: the pages may hold it */
@@ -414,7 +414,7 @@ static void test_pages_stay_the_version_its_writers_wrote(void)
     close_writer(t, ino, A, A);
     memos_slot_stat(t, ino, 0, now, &in);
     CHECK_EQ(in.cache_version, -2);
-    memos_slot_attach_reader(t, ino, in.version, 0, &fx);
+    memos_slot_attach_reader(t, ino, in.version, 0, now, &fx);
     CHECK(!(fx & SLOT_FX_KEEP_CACHE));
     /* a push claims the inode: a stale one drops first */
     CHECK_EQ(memos_slot_push_claim(t, ino, in.version), 0);
