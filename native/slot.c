@@ -124,20 +124,24 @@ typedef struct memos_slot {
 /* u64 -> slot, open addressing, linear probing, backward-shift deletion */
 typedef struct slot_map {
     uint64_t   *keys;       /* 0: empty */
-    memos_slot **vals;
-    size_t      cap;        /* a power of two */
-    size_t      n;          /* used */
+    memos_slot **vals;      /* the slot of each key */
+    size_t      cap;        /* entries, a power of two */
+    size_t      n;          /* used entries */
+    struct slot_table *t;   /* its table (the allocation countdown) */
 } slot_map;
 
 struct slot_table {
     slot_map inos;          /* ino -> slot, every inode held */
     slot_map names;         /* name -> the inode that holds it */
     uint64_t next_ino;      /* the next inode number handed out */
+    uint64_t fail_after;    /* allocations until an injected failure (0: none) */
 };
 
 /* ---- private prototypes ---- */
 
+static void *slot_realloc(slot_table *t, void *p, size_t n);
 static memos_slot *map_get(const slot_map *m, uint64_t k);
+static int  map_reserve(slot_map *m, size_t more);
 static int  map_put(slot_map *m, uint64_t k, memos_slot *v);
 static void map_del(slot_map *m, uint64_t k);
 static memos_slot *slot_alloc(slot_table *t, uint64_t name);
@@ -150,14 +154,14 @@ static memos_slot *slot_name_holder(const slot_table *t, memos_slot *s);
 static memos_slot *slot_supersede(slot_table *t, memos_slot *s, unsigned *fx);
 static void slot_go(slot_table *t, memos_slot *s, enum memos_slot_gone why);
 static int  slot_has_tgid(const memos_slot *s, uint32_t tgid);
-static int  slot_add_tgid(memos_slot *s, uint32_t tgid);
+static int  slot_add_tgid(slot_table *t, memos_slot *s, uint32_t tgid);
 static int  slot_del_tgid(memos_slot *s, uint32_t tgid);
 static int  pending_has(const memos_slot *s, uint32_t pid);
 static int  pending_live(const memos_slot *s, int64_t now_ns);
 static void pending_prune(memos_slot *s, int64_t now_ns);
-static int  pending_set(memos_slot *s, uint32_t pid, int64_t until_ns);
+static int  pending_set(slot_table *t, memos_slot *s, uint32_t pid, int64_t until_ns);
 static void pending_pop(memos_slot *s, uint32_t pid);
-static int  pending_merge(memos_slot *to, const memos_slot *from);
+static int  pending_merge(slot_table *t, memos_slot *to, const memos_slot *from);
 static uint64_t draft_size(const memos_slot *s);
 static int  do_published(slot_table *t, memos_slot *node, uint64_t version, uint64_t size,
                          uint64_t stored, int64_t mtime_ns, int64_t now_ns,
@@ -173,6 +177,7 @@ slot_table *memos_slot_table_new(uint64_t first_ino)
     if (!t)
         return NULL;
     t->next_ino = first_ino ? first_ino : 1;
+    t->inos.t = t->names.t = t;
     return t;
 }
 
@@ -193,6 +198,13 @@ void memos_slot_table_free(slot_table *t)
 size_t memos_slot_count(const slot_table *t)
 {
     return t->inos.n;
+}
+
+uint64_t memos_slot_fail_after(slot_table *t, uint64_t n)
+{
+    uint64_t left = t->fail_after;
+    t->fail_after = n;
+    return left;
 }
 
 /* ---- API: lifecycle ---- */
@@ -397,7 +409,7 @@ int memos_slot_attach_writer(slot_table *t, uint64_t inode, uint32_t tgid, uint3
     *fx = 0;
     if (!s)
         return SLOT_ENOENT;
-    if (slot_add_tgid(s, tgid) < 0)
+    if (slot_add_tgid(t, s, tgid) < 0)
         return SLOT_ENOMEM;
     if (trunc) {
         if (s->d.has_base)
@@ -440,12 +452,14 @@ int memos_slot_private(slot_table *t, uint64_t inode, uint32_t tgid, uint32_t pi
     link_to(&sh->successor, in);        /* publishes follow the name */
     link_to(&sh->private_of, in);
     sh->private_tgid = tgid;
-    sh->next_private = in->privates;
-    in->privates = sh;
     unsigned afx;
     int rc = memos_slot_attach_writer(t, sh->ino, tgid, pid, 1, now_ns, &afx);
-    if (rc != SLOT_OK)
+    if (rc != SLOT_OK) {
+        slot_maybe_forget(t, sh);       /* (no handle: it goes, its links with it) */
         return rc;
+    }
+    sh->next_private = in->privates;
+    in->privates = sh;
     in->p.trusted = 0;                  /* its bytes go around these pages */
     *fx = afx | SLOT_FX_DIRECT_IO;
     *priv = sh->ino;
@@ -459,13 +473,16 @@ int memos_slot_send_back(slot_table *t, uint64_t inode, uint32_t pid, int trunc,
     *fx = 0;
     if (!s)
         return SLOT_ENOENT;
-    if (slot_holds_name(t, s) && (s->p.readers || s->p.pushing
-                                  || (trunc && (s->d.writers || pending_live(s, now_ns)))))
-        s = slot_supersede(t, s, fx);
-    if (!s)
-        return SLOT_ENOMEM;
+    int move = slot_holds_name(t, s) && (s->p.readers || s->p.pushing
+                                         || (trunc && (s->d.writers || pending_live(s, now_ns))));
+    /* marked first: a supersede moves the writers on their way to the
+     * fresh inode, which then never holds the name with nobody coming */
     pending_prune(s, now_ns);
-    return pending_set(s, pid, now_ns + SLOT_RETRY_NS) < 0 ? SLOT_ENOMEM : SLOT_OK;
+    if (pending_set(t, s, pid, now_ns + SLOT_RETRY_NS) < 0)
+        return SLOT_ENOMEM;
+    if (move && !slot_supersede(t, s, fx))
+        return SLOT_ENOMEM;
+    return SLOT_OK;
 }
 
 int memos_slot_wait_mark(slot_table *t, uint64_t inode, uint32_t pid, int64_t now_ns)
@@ -473,7 +490,7 @@ int memos_slot_wait_mark(slot_table *t, uint64_t inode, uint32_t pid, int64_t no
     memos_slot *s = map_get(&t->inos, inode);
     if (!s)
         return SLOT_ENOENT;
-    return pending_set(s, pid, now_ns + SLOT_RETRY_NS) < 0 ? SLOT_ENOMEM : SLOT_OK;
+    return pending_set(t, s, pid, now_ns + SLOT_RETRY_NS) < 0 ? SLOT_ENOMEM : SLOT_OK;
 }
 
 /* ---- API: writing ---- */
@@ -580,12 +597,6 @@ int memos_slot_published(slot_table *t, uint64_t ino, uint64_t version, uint64_t
     memos_slot *node = slot_latest(src);
     if (node->state == SLOT_GONE && node->gone != SLOT_GONE_EVICTED)
         return SLOT_EINVAL;
-    /* the writers go on from what is published now: a (lazily copied) base */
-    src->d.has_draft = 0;
-    src->d.has_base = 1;
-    src->d.size = size;
-    src->d.changed = 0;
-    src->d.write_failed = 0;
     memos_slot *target = node;
     if (node->state == SLOT_GONE) {    /* dropped by the cache meanwhile */
         memos_slot *cur = map_get(&t->names, node->name);
@@ -605,6 +616,12 @@ int memos_slot_published(slot_table *t, uint64_t ino, uint64_t version, uint64_t
     int rc = do_published(t, target, version, size, stored, mtime, now_ns, &h, fx);
     if (rc != SLOT_OK)
         return rc;
+    /* the writers go on from what is published now: a (lazily copied) base */
+    src->d.has_draft = 0;
+    src->d.has_base = 1;
+    src->d.size = size;
+    src->d.changed = 0;
+    src->d.write_failed = 0;
     if (target == src && src->version == version)
         src->p.pages_version = version; /* its writers' pages hold this version */
     else
@@ -724,14 +741,14 @@ int memos_slot_rename(slot_table *t, uint64_t from, uint64_t to, unsigned *fx)
     if (from == to)
         return SLOT_OK;
     memos_slot *target = map_get(&t->names, to);
+    if (map_reserve(&t->names, 1) < 0 || (target && s->version && pending_merge(t, s, target) < 0))
+        return SLOT_ENOMEM;             /* (extra writers on their way change nothing) */
     if (target) {
         if (s->version) {
             /* no process finds the new path missing: an open of the
              * replaced inode is served this slot; writers sent back to the
              * name will find this one */
             link_to(&target->replaced_by, s);
-            if (pending_merge(s, target) < 0)
-                return SLOT_ENOMEM;
         } else {
             *fx |= SLOT_FX_REMOVE_KEY;  /* (a published slot replaces the key itself) */
         }
@@ -739,8 +756,7 @@ int memos_slot_rename(slot_table *t, uint64_t from, uint64_t to, unsigned *fx)
     }
     map_del(&t->names, from);
     s->name = to;
-    if (map_put(&t->names, to, s) < 0)
-        return SLOT_ENOMEM;
+    map_put(&t->names, to, s);          /* (reserved) */
     *fx |= SLOT_FX_FORGET_ENTRY;
     if (target)
         slot_maybe_forget(t, target);
@@ -878,7 +894,10 @@ static memos_slot *map_get(const slot_map *m, uint64_t k)
 static int map_grow(slot_map *m)
 {
     size_t cap = m->cap ? m->cap * 2 : 64;
-    slot_map n = { calloc(cap, sizeof *n.keys), calloc(cap, sizeof *n.vals), cap, 0 };
+    slot_map n = { slot_realloc(m->t, NULL, cap * sizeof *n.keys),
+                   slot_realloc(m->t, NULL, cap * sizeof *n.vals), cap, 0, m->t };
+    if (n.keys)
+        memset(n.keys, 0, cap * sizeof *n.keys);
     if (!n.keys || !n.vals) {
         free(n.keys);
         free(n.vals);
@@ -893,9 +912,18 @@ static int map_grow(slot_map *m)
     return 0;
 }
 
+/* room for `more` new keys without an allocation: 0, or -1 */
+static int map_reserve(slot_map *m, size_t more)
+{
+    while ((m->n + more) * 2 > m->cap)
+        if (map_grow(m) < 0)
+            return -1;
+    return 0;
+}
+
 static int map_put(slot_map *m, uint64_t k, memos_slot *v)
 {
-    if ((m->n + 1) * 2 > m->cap && map_grow(m) < 0)
+    if (!map_get(m, k) && map_reserve(m, 1) < 0)
         return -1;
     size_t i = map_slot(m, k);
     while (m->keys[i] && m->keys[i] != k)
@@ -933,16 +961,33 @@ static void map_del(slot_map *m, uint64_t k)
 
 /* ---- private helpers: slots ---- */
 
+/* realloc(p, n) through the table's allocation countdown */
+static void *slot_realloc(slot_table *t, void *p, size_t n)
+{
+    if (t->fail_after && --t->fail_after == 0)
+        return NULL;                    /* injected (memos_slot_fail_after) */
+    return realloc(p, n);
+}
+
+/* A new inode, in the inode map; room for its first writers is made here,
+ * so that attaching them to a fresh inode cannot fail. */
 static memos_slot *slot_alloc(slot_table *t, uint64_t name)
 {
-    memos_slot *s = calloc(1, sizeof *s);
+    memos_slot *s = slot_realloc(t, NULL, sizeof *s);
     if (!s)
         return NULL;
+    memset(s, 0, sizeof *s);
+    s->d.tgids = slot_realloc(t, NULL, 4 * sizeof *s->d.tgids);
+    if (!s->d.tgids) {
+        free(s);
+        return NULL;
+    }
+    s->d.cap_tgids = 4;
     s->ino = t->next_ino++;
     s->name = name;
     s->p.cache_version = -1;
     if (map_put(&t->inos, s->ino, s) < 0) {
-        free(s);
+        slot_release(t, s);
         return NULL;
     }
     return s;
@@ -1093,7 +1138,7 @@ static int slot_has_tgid(const memos_slot *s, uint32_t tgid)
     return 0;
 }
 
-static int slot_add_tgid(memos_slot *s, uint32_t tgid)
+static int slot_add_tgid(slot_table *t, memos_slot *s, uint32_t tgid)
 {
     for (uint32_t i = 0; i < s->d.ntgids; i++)
         if (s->d.tgids[i].tgid == tgid) {
@@ -1102,7 +1147,7 @@ static int slot_add_tgid(memos_slot *s, uint32_t tgid)
         }
     if (s->d.ntgids == s->d.cap_tgids) {
         uint32_t cap = s->d.cap_tgids ? s->d.cap_tgids * 2 : 4;
-        slot_tgid *a = realloc(s->d.tgids, cap * sizeof *a);
+        slot_tgid *a = slot_realloc(t, s->d.tgids, cap * sizeof *a);
         if (!a)
             return -1;
         s->d.tgids = a;
@@ -1148,7 +1193,7 @@ static void pending_prune(memos_slot *s, int64_t now_ns)
             i++;
 }
 
-static int pending_set(memos_slot *s, uint32_t pid, int64_t until_ns)
+static int pending_set(slot_table *t, memos_slot *s, uint32_t pid, int64_t until_ns)
 {
     for (uint32_t i = 0; i < s->p.npending; i++)
         if (s->p.pending[i].pid == pid) {
@@ -1157,7 +1202,7 @@ static int pending_set(memos_slot *s, uint32_t pid, int64_t until_ns)
         }
     if (s->p.npending == s->p.cap_pending) {
         uint32_t cap = s->p.cap_pending ? s->p.cap_pending * 2 : 4;
-        slot_pending *a = realloc(s->p.pending, cap * sizeof *a);
+        slot_pending *a = slot_realloc(t, s->p.pending, cap * sizeof *a);
         if (!a)
             return -1;
         s->p.pending = a;
@@ -1176,10 +1221,10 @@ static void pending_pop(memos_slot *s, uint32_t pid)
         }
 }
 
-static int pending_merge(memos_slot *to, const memos_slot *from)
+static int pending_merge(slot_table *t, memos_slot *to, const memos_slot *from)
 {
     for (uint32_t i = 0; i < from->p.npending; i++)
-        if (pending_set(to, from->p.pending[i].pid, from->p.pending[i].until_ns) < 0)
+        if (pending_set(t, to, from->p.pending[i].pid, from->p.pending[i].until_ns) < 0)
             return -1;
     return 0;
 }

@@ -129,6 +129,10 @@ slot_table *memos_slot_table_new(uint64_t first_ino);   /* NULL: no memory */
 void memos_slot_table_free(slot_table *t);
 size_t memos_slot_count(const slot_table *t);           /* inodes held */
 
+/* Testing: the n-th allocation from now fails (once; 0 disarms).  Returns
+ * the countdown left of the previous setting (0: it fired, or none). */
+uint64_t memos_slot_fail_after(slot_table *t, uint64_t n);
+
 /* ---- lifecycle ---- */
 
 /* create(2) of `name` by tgid/pid (trunc: O_TRUNC; excl: O_EXCL).  A new

@@ -465,6 +465,85 @@ static void test_many_slots_come_and_go_without_leaks(void)
     memos_slot_table_free(t);
 }
 
+/* A run of every kind of call, each allowed to fail (results ignored), over
+ * names and processes that make the table grow, supersede, rename over,
+ * send back, go private and forget. */
+static void busy_life(slot_table *t)
+{
+    uint64_t ino, at, priv, target, holder;
+    unsigned fx;
+    memos_open_plan p;
+    for (uint32_t round = 0; round < 3; round++) {
+        for (uint64_t name = 1; name <= 40; name++) {
+            uint32_t w = 100 + (uint32_t)(name % 7);
+            if (memos_slot_create(t, name, w, w, 1, 0, now, &ino, &fx) != SLOT_OK)
+                continue;
+            memos_slot_write_plan(t, ino, 0, 1, &at, &fx);
+            memos_slot_wrote(t, ino, at, name, now);
+            if (memos_slot_publish_plan(t, ino, w, w, &target) == PUBLISH_DO)
+                memos_slot_published(t, ino, next_version++, name, name, now, &holder, &fx);
+            memos_slot_lookups(t, ino, 1);
+            memos_open_req rd = { 7, 7, 0, 0, 0, 0 };
+            if (memos_slot_open_plan(t, ino, &rd, now, &p) == SLOT_OK && p.action == OPEN_READ)
+                memos_slot_attach_reader(t, p.inode, p.version, 0, now, &fx);
+            for (uint32_t other = 200; other < 206; other++) {
+                memos_open_req wr = { other, other, 1, 1, other & 1, 0 };
+                if (memos_slot_open_plan(t, ino, &wr, now, &p) != SLOT_OK)
+                    break;
+                if (p.action == OPEN_SEND_BACK)
+                    memos_slot_send_back(t, p.target, other, 1, now, &fx);
+                else if (p.action == OPEN_WRITE)
+                    memos_slot_attach_writer(t, p.inode, other, other, 1, now, &fx);
+                else if (p.action == OPEN_PRIVATE)
+                    memos_slot_private(t, p.inode, other, other, now, &priv, &fx);
+            }
+            if (name % 3 == 0)
+                memos_slot_rename(t, name, name - 1, &fx);
+            if (name % 5 == 0)
+                memos_slot_drop(t, name, &fx);
+        }
+        /* everybody leaves */
+        for (uint64_t i = 10; i < 10 + 2000; i++) {
+            memos_slot_info in;
+            if (memos_slot_stat(t, i, 0, now, &in) != SLOT_OK)
+                continue;
+            if (in.readers)
+                memos_slot_reader_gone(t, i, 0);
+            for (uint32_t who = 100; who < 206; who++)
+                while (memos_slot_writer_gone(t, i, who, now, &fx) == SLOT_OK)
+                    ;
+            memos_slot_stat(t, i, 0, now, &in);
+            if (in.state == SLOT_SUPERSEDED || in.state == SLOT_GONE)
+                memos_slot_lookups(t, i, -1);
+        }
+        for (uint64_t name = 1; name <= 40; name += 2)
+            memos_slot_unlink(t, name, &fx);
+        now += SLOT_RETRY_NS;
+    }
+}
+
+static void test_every_allocation_failure_leaves_a_consistent_table(void)
+{
+    int fired = 0;
+    for (uint64_t n = 1;; n++) {
+        slot_table *t = memos_slot_table_new(10);
+        memos_slot_fail_after(t, n);
+        busy_life(t);
+        uint64_t left = memos_slot_fail_after(t, 0);
+        checked(t);
+        memos_slot_table_free(t);
+        if (t_cur_failed) {
+            fprintf(stderr, "after an injected failure at allocation %llu\n", (unsigned long long)n);
+            return;
+        }
+        if (left)
+            break;                      /* the run made fewer than n allocations */
+        fired++;
+    }
+    CHECK(fired > 100);
+    printf("slot fail injection: %d countdowns, the table consistent after each\n", fired);
+}
+
 int main(void)
 {
     now = 1000000000LL;
@@ -483,5 +562,6 @@ int main(void)
     RUN(test_pages_stay_the_version_its_writers_wrote);
     RUN(test_a_push_in_progress_makes_a_writer_wait_then_look_again);
     RUN(test_many_slots_come_and_go_without_leaks);
+    RUN(test_every_allocation_failure_leaves_a_consistent_table);
     return DONE("test_slot");
 }
