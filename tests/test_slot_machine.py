@@ -63,33 +63,36 @@ class Kernel:
         self.version += 1
         return self.version
 
-    def open(self, name: int, ino: int, tgid: int, write: bool, trunc: bool):
-        """The kernel's open of inode ino (found by name): (kind, ino the
-        handle is on, the kernel's inode, dio, version), or None (ENOENT)."""
+    def open(self, name: int, ino: int, tgid: int, write: bool, trunc: bool,
+             pid: int = 0):
+        """The kernel's open of inode ino (found by name) by thread pid of
+        process tgid: (kind, ino the handle is on, the kernel's inode, dio,
+        version), or None (ENOENT)."""
         m = self.m
+        pid = pid or tgid
         retry = waited = sent = False
         for _ in range(8):
-            act, inode, target, version, fx = m.open_plan(ino, tgid, tgid, write, trunc,
+            act, inode, target, version, fx = m.open_plan(ino, tgid, pid, write, trunc,
                                                           retry, waited, self.now)
             if self.events:
                 event(f"open: {ACTIONS[act]}")
             if act == n.OPEN_WAIT:
                 assert not waited, "a second wait"
                 if target:
-                    m.wait_mark(target, tgid, self.now)
+                    m.wait_mark(target, pid, self.now)
                 self.now += n.SLOT_RETRY_NS         # (nothing here ends the wait earlier)
                 waited = True
                 continue
             if act == n.OPEN_SEND_BACK:
                 assert not sent, "a second ESTALE reached the application"
-                m.send_back(target, tgid, trunc, self.now)
+                m.send_back(target, pid, trunc, self.now)
                 sent, waited, retry = True, False, trunc
                 found = m.lookup(name, tgid)        # the kernel looks the name up again
                 if found is None and write:
                     # (a slot created and not yet published by this process,
                     # whose draft a fresh inode now replaces: the kernel's
                     # lookup is ENOENT, and O_CREAT makes it send a create)
-                    ino, fx = m.create(name, tgid, tgid, trunc, False, self.now)
+                    ino, fx = m.create(name, tgid, pid, trunc, False, self.now)
                     self.pages.pop(ino, None)       # (no keep_cache)
                     return "write", ino, ino, False, 0
                 if found is None:
@@ -106,11 +109,11 @@ class Kernel:
                     self.pages.pop(inode, None)     # the open drops them
                 return "read", inode, inode, bool(fx & n.SLOT_FX_DIRECT_IO), version
             if act == n.OPEN_WRITE:
-                m.attach_writer(inode, tgid, tgid, bool(fx & n.SLOT_FX_TRUNC_DRAFT), self.now)
+                m.attach_writer(inode, tgid, pid, bool(fx & n.SLOT_FX_TRUNC_DRAFT), self.now)
                 self.pages.pop(inode, None)         # writers open without keep_cache
                 return "write", inode, inode, False, 0
             assert act == n.OPEN_PRIVATE
-            priv, fx = m.private(inode, tgid, tgid, self.now)
+            priv, fx = m.private(inode, tgid, pid, self.now)
             return "write", priv, inode, True, 0
         raise AssertionError("open did not settle")
 
@@ -199,14 +202,17 @@ class SlotMachineVsModel(RuleBasedStateMachine):
         assert got is not None
         self._add(got, self.model.open_read(s, p))
 
-    @rule(p=st.sampled_from(PARENTS), name=st.sampled_from(NAMES), trunc=st.booleans())
-    def open_write(self, p, name, trunc):
+    @rule(p=st.sampled_from(PARENTS), name=st.sampled_from(NAMES), trunc=st.booleans(),
+          thread=st.sampled_from([0, 0, 1000, 2000]))
+    def open_write(self, p, name, trunc, thread=0):
+        """(thread: the request comes from another thread of p: the writer's
+        view and the right to publish are p's, a send-back is the thread's)"""
         ino = self.k.m.lookup(name, p)
         s = self.model.find(name, p)
         assert (ino is None) == (s is None)
         if ino is None:
             return
-        got = self.k.open(name, ino, p, True, trunc)
+        got = self.k.open(name, ino, p, True, trunc, pid=p + thread)
         assert got is not None, "a writer of a name it found got ENOENT"
         assert got[1] == got[2], "a private draft on a path open"
         self._add(got, self.model.open_write(s, p, trunc))
