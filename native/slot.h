@@ -111,8 +111,11 @@ typedef struct memos_slot_info {
     uint64_t pub_size;      /* bytes of the published version */
     uint64_t stored;        /* bytes of the published version's pages */
     int64_t  mtime_ns;      /* the draft's mtime for a writer that changed it; else 0 */
-    int      writer_view;   /* 1: size is a draft's (attr_timeout 0) */
-    int      found;         /* 1: a lookup by this caller finds it */
+    int      writer_view;   /* 1: size is a draft's (attr_timeout 0 once published:
+                               others see another size; a never-published slot
+                               reaches only its writers) */
+    int      found;         /* 1: a lookup by this caller finds it (and its readdir
+                               lists it: the same rule) */
     uint32_t writers;       /* write handles */
     uint32_t readers;       /* page-cache read handles */
     int      changed;       /* the draft holds unpublished changes */
