@@ -309,7 +309,7 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
          * (the name moved on again): a second ESTALE would reach the
          * application, so wait for them, pending here meanwhile */
         out->target = in->ino;
-        PLAN(OPEN_WAIT, in->ino, 0);
+        PLAN(SLOT_OPEN_WAIT, in->ino, 0);
     }
     memos_slot *node = slot_latest(in);
     if (node->state == SLOT_GONE) {
@@ -320,45 +320,45 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
             if (h && h->version) {
                 out->target = h->ino;
                 out->version = h->version;
-                PLAN(OPEN_READ, in->ino, SLOT_FX_DIRECT_IO);
+                PLAN(SLOT_OPEN_READ, in->ino, SLOT_FX_DIRECT_IO);
             }
         }
         if (!w || (node->gone != SLOT_GONE_UNLINK && node->gone != SLOT_GONE_REPLACED))
-            PLAN(OPEN_ENOENT, in->ino, 0);
+            PLAN(SLOT_OPEN_ENOENT, in->ino, 0);
         if (node->p.readers || node->p.pushing || in->p.readers || in->p.pushing) {
             if (rq->retry && !in->p.readers)
-                PLAN(OPEN_PRIVATE, in->ino, SLOT_FX_DIRECT_IO);
+                PLAN(SLOT_OPEN_PRIVATE, in->ino, SLOT_FX_DIRECT_IO);
             memos_slot *h = node->gone == SLOT_GONE_REPLACED ? slot_name_holder(t, node) : NULL;
             out->target = (h ? h : node)->ino;
-            PLAN(OPEN_SEND_BACK, in->ino, 0);
+            PLAN(SLOT_OPEN_SEND_BACK, in->ino, 0);
         }
         /* as if the open came first: its bytes go with the inode it found;
          * a second whole-slot writer there gets a draft of its own */
         if (in->d.writers && tr && !slot_has_tgid(in, rq->tgid))
-            PLAN(OPEN_PRIVATE, in->ino, SLOT_FX_DIRECT_IO);
-        PLAN(OPEN_WRITE, in->ino, SLOT_FX_TRUNC_DRAFT);
+            PLAN(SLOT_OPEN_PRIVATE, in->ino, SLOT_FX_DIRECT_IO);
+        PLAN(SLOT_OPEN_WRITE, in->ino, SLOT_FX_TRUNC_DRAFT);
     }
     if (!node->version && !slot_has_tgid(node, rq->tgid) && (!w || !node->d.writers))
-        PLAN(OPEN_ENOENT, in->ino, 0);                  /* not published yet */
+        PLAN(SLOT_OPEN_ENOENT, in->ino, 0);                  /* not published yet */
     int busy = node->p.pushing || in->p.pushing
         || (tr && pending_has(node, rq->pid) && node->d.writers)
         || (tr && node != in && (in->d.writers || in->p.readers));
     if (w && !rq->waited && busy)
-        PLAN(OPEN_WAIT, in->ino, 0);
+        PLAN(SLOT_OPEN_WAIT, in->ino, 0);
     if (node != in) {
         /* a stale dentry: readers read the name's version around this
          * inode's cache; writers make a whole version here, or look again */
         if (w) {
             if (tr && !(in->p.readers || in->p.pushing || in->d.writers))
-                PLAN(OPEN_WRITE, in->ino, SLOT_FX_TRUNC_DRAFT);
+                PLAN(SLOT_OPEN_WRITE, in->ino, SLOT_FX_TRUNC_DRAFT);
             if (rq->retry && !in->p.readers)
-                PLAN(OPEN_PRIVATE, in->ino, SLOT_FX_DIRECT_IO);
+                PLAN(SLOT_OPEN_PRIVATE, in->ino, SLOT_FX_DIRECT_IO);
             out->target = node->ino;
-            PLAN(OPEN_SEND_BACK, in->ino, 0);
+            PLAN(SLOT_OPEN_SEND_BACK, in->ino, 0);
         }
         out->target = node->ino;
         out->version = node->version;
-        PLAN(OPEN_READ, in->ino, SLOT_FX_DIRECT_IO);
+        PLAN(SLOT_OPEN_READ, in->ino, SLOT_FX_DIRECT_IO);
     }
     if (w && (node->p.pushing || (tr && node->d.writers)
               || (!pending_has(node, rq->pid)
@@ -366,18 +366,18 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
         /* page-cache readers keep this inode, or another whole-slot writer
          * is in: the writer goes to a fresh inode (ESTALE, the kernel retries) */
         if (rq->retry && !in->p.readers)
-            PLAN(OPEN_PRIVATE, in->ino, SLOT_FX_DIRECT_IO);
+            PLAN(SLOT_OPEN_PRIVATE, in->ino, SLOT_FX_DIRECT_IO);
         out->target = node->ino;
-        PLAN(OPEN_SEND_BACK, in->ino, 0);
+        PLAN(SLOT_OPEN_SEND_BACK, in->ino, 0);
     }
     if (w) {
         unsigned fx = tr ? SLOT_FX_TRUNC_DRAFT
             : (node->version && !node->d.has_draft && !node->d.has_base) ? SLOT_FX_NEED_BASE : 0;
-        PLAN(OPEN_WRITE, node->ino, fx);
+        PLAN(SLOT_OPEN_WRITE, node->ino, fx);
     }
     out->target = node->ino;
     out->version = node->version;
-    PLAN(OPEN_READ, node->ino, 0);
+    PLAN(SLOT_OPEN_READ, node->ino, 0);
 }
 
 #undef PLAN
@@ -572,17 +572,17 @@ int memos_slot_publish_plan(const slot_table *t, uint64_t ino, uint32_t opener_t
         return SLOT_ENOENT;
     *target = 0;
     if (!src->d.writers || !src->d.changed)
-        return PUBLISH_NOTHING;
+        return SLOT_PUBLISH_NOTHING;
     if (closer_tgid && closer_tgid != opener_tgid)
-        return PUBLISH_NOTHING;         /* a child closing an inherited copy */
+        return SLOT_PUBLISH_NOTHING;         /* a child closing an inherited copy */
     memos_slot *node = slot_latest(src);
     if (node->state == SLOT_GONE && node->gone != SLOT_GONE_EVICTED)
-        return PUBLISH_NOTHING;         /* written to a name that is gone (POSIX) */
+        return SLOT_PUBLISH_NOTHING;         /* written to a name that is gone (POSIX) */
     if (src->d.write_failed)
-        return PUBLISH_REFUSED;         /* never a version with a refused write */
+        return SLOT_PUBLISH_REFUSED;         /* never a version with a refused write */
     memos_slot *cur = map_get(&t->names, node->name);
     *target = (node->state == SLOT_GONE && cur ? cur : node)->ino;
-    return PUBLISH_DO;
+    return SLOT_PUBLISH_DO;
 }
 
 int memos_slot_published(slot_table *t, uint64_t ino, uint64_t version, uint64_t size,

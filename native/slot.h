@@ -68,12 +68,12 @@ enum memos_slot_gone {
 /* ---- open: a pure plan ---- */
 
 enum memos_open_action {
-    OPEN_ENOENT = 0,    /* refuse: ENOENT */
-    OPEN_READ,          /* a reader of `version` on `inode` (fx: KEEP_CACHE | DIRECT_IO) */
-    OPEN_WRITE,         /* a writer on `inode` (fx: NEED_BASE | TRUNC_DRAFT) */
-    OPEN_PRIVATE,       /* a writer's draft of its own (memos_slot_private) */
-    OPEN_SEND_BACK,     /* refuse: ESTALE, after memos_slot_send_back(target) */
-    OPEN_WAIT           /* wait (bounded, PUSH_WAIT) and plan again with waited = 1 */
+    SLOT_OPEN_ENOENT = 0,    /* refuse: ENOENT */
+    SLOT_OPEN_READ,          /* a reader of `version` on `inode` (fx: KEEP_CACHE | DIRECT_IO) */
+    SLOT_OPEN_WRITE,         /* a writer on `inode` (fx: NEED_BASE | TRUNC_DRAFT) */
+    SLOT_OPEN_PRIVATE,       /* a writer's draft of its own (memos_slot_private) */
+    SLOT_OPEN_SEND_BACK,     /* refuse: ESTALE, after memos_slot_send_back(target) */
+    SLOT_OPEN_WAIT           /* wait (bounded, PUSH_WAIT) and plan again with waited = 1 */
 };
 
 typedef struct memos_open_req {
@@ -82,7 +82,7 @@ typedef struct memos_open_req {
     int      write;     /* 1: O_WRONLY or O_RDWR */
     int      trunc;     /* 1: O_TRUNC */
     int      retry;     /* 1: the kernel's retry of an open answered ESTALE */
-    int      waited;    /* 1: this open waited already (plan again after OPEN_WAIT) */
+    int      waited;    /* 1: this open waited already (plan again after SLOT_OPEN_WAIT) */
 } memos_open_req;
 
 typedef struct memos_open_plan {
@@ -96,9 +96,9 @@ typedef struct memos_open_plan {
 /* ---- publish: a pure plan ---- */
 
 enum memos_publish_action {
-    PUBLISH_NOTHING = 0,  /* nothing changed, or not the opener, or the name is gone */
-    PUBLISH_REFUSED,      /* a write was refused since the last publish: EIO */
-    PUBLISH_DO            /* publish the draft under the name (memos_slot_published) */
+    SLOT_PUBLISH_NOTHING = 0,  /* nothing changed, or not the opener, or the name is gone */
+    SLOT_PUBLISH_REFUSED,      /* a write was refused since the last publish: EIO */
+    SLOT_PUBLISH_DO            /* publish the draft under the name (memos_slot_published) */
 };
 
 /* ---- what a caller sees of a slot ---- */
@@ -198,7 +198,7 @@ int memos_slot_private(slot_table *t, uint64_t inode, uint32_t tgid, uint32_t pi
 int memos_slot_send_back(slot_table *t, uint64_t inode, uint32_t pid, int trunc,
                          int64_t now_ns, unsigned *fx);
 
-/* A writer waiting on `inode` (OPEN_WAIT) is pending there meanwhile. */
+/* A writer waiting on `inode` (SLOT_OPEN_WAIT) is pending there meanwhile. */
 int memos_slot_wait_mark(slot_table *t, uint64_t inode, uint32_t pid, int64_t now_ns);
 
 /* ---- writing (the bytes go to the caller's draft) ---- */

@@ -27,9 +27,11 @@ NAMES = (1, 2, 3)
 PARENTS = (11, 12, 13)
 CHILDREN = (21, 22)
 PROCS = PARENTS + CHILDREN
-ACTIONS = {n.OPEN_ENOENT: "ENOENT", n.OPEN_READ: "READ", n.OPEN_WRITE: "WRITE",
-           n.OPEN_PRIVATE: "PRIVATE", n.OPEN_SEND_BACK: "SEND_BACK", n.OPEN_WAIT: "WAIT"}
-PUBLISH = {n.PUBLISH_NOTHING: NOTHING, n.PUBLISH_REFUSED: REFUSED, n.PUBLISH_DO: PUBLISHED}
+ACTIONS = {n.SLOT_OPEN_ENOENT: "ENOENT", n.SLOT_OPEN_READ: "READ",
+           n.SLOT_OPEN_WRITE: "WRITE", n.SLOT_OPEN_PRIVATE: "PRIVATE",
+           n.SLOT_OPEN_SEND_BACK: "SEND_BACK", n.SLOT_OPEN_WAIT: "WAIT"}
+PUBLISH = {n.SLOT_PUBLISH_NOTHING: NOTHING, n.SLOT_PUBLISH_REFUSED: REFUSED,
+           n.SLOT_PUBLISH_DO: PUBLISHED}
 
 
 class Kernel:
@@ -76,14 +78,14 @@ class Kernel:
                                                           retry, waited, self.now)
             if self.events:
                 event(f"open: {ACTIONS[act]}")
-            if act == n.OPEN_WAIT:
+            if act == n.SLOT_OPEN_WAIT:
                 assert not waited, "a second wait"
                 if target:
                     m.wait_mark(target, pid, self.now)
                 self.now += n.SLOT_RETRY_NS         # (nothing here ends the wait earlier)
                 waited = True
                 continue
-            if act == n.OPEN_SEND_BACK:
+            if act == n.SLOT_OPEN_SEND_BACK:
                 assert not sent, "a second ESTALE reached the application"
                 m.send_back(target, pid, trunc, self.now)
                 sent, waited, retry = True, False, trunc
@@ -99,20 +101,20 @@ class Kernel:
                     return None
                 ino = found
                 continue
-            if act == n.OPEN_ENOENT:
+            if act == n.SLOT_OPEN_ENOENT:
                 return None
-            if act == n.OPEN_READ:
+            if act == n.SLOT_OPEN_READ:
                 fx = m.attach_reader(inode, version, bool(fx & n.SLOT_FX_DIRECT_IO), self.now)
                 if fx & n.SLOT_FX_KEEP_CACHE:
                     self.pages_hold(inode, version)
                 elif not fx & n.SLOT_FX_DIRECT_IO:
                     self.pages.pop(inode, None)     # the open drops them
                 return "read", inode, inode, bool(fx & n.SLOT_FX_DIRECT_IO), version
-            if act == n.OPEN_WRITE:
+            if act == n.SLOT_OPEN_WRITE:
                 m.attach_writer(inode, tgid, pid, bool(fx & n.SLOT_FX_TRUNC_DRAFT), self.now)
                 self.pages.pop(inode, None)         # writers open without keep_cache
                 return "write", inode, inode, False, 0
-            assert act == n.OPEN_PRIVATE
+            assert act == n.SLOT_OPEN_PRIVATE
             priv, fx = m.private(inode, tgid, pid, self.now)
             return "write", priv, inode, True, 0
         raise AssertionError("open did not settle")
@@ -439,7 +441,7 @@ def _save(k: Kernel, name: int, tgid: int, size: int) -> int:
     ino, _ = m.create(name, tgid, tgid, True, False, k.now)
     m.wrote(ino, 0, size, k.now)
     act, _ = m.publish_plan(ino, tgid, tgid)
-    assert act == n.PUBLISH_DO
+    assert act == n.SLOT_PUBLISH_DO
     v = k.next_version()
     m.published(ino, v, size, size, k.now)
     k.content[v] = k.token()
@@ -491,7 +493,7 @@ def test_a_writer_sent_back_from_a_replaced_inode_never_brings_it_back():
     assert (kind, ino) == ("write", renamed)
     assert _size(k, K, B) == 600
     k.m.wrote(ino, 0, 7, k.now)
-    assert k.m.publish_plan(ino, C, C)[0] == n.PUBLISH_DO
+    assert k.m.publish_plan(ino, C, C)[0] == n.SLOT_PUBLISH_DO
     k.m.published(ino, k.next_version(), 7, 7, k.now)
     k.m.writer_gone(ino, C, k.now)
     assert _size(k, K, B) == 7
@@ -508,12 +510,12 @@ def test_a_forked_child_closing_its_copy_publishes_nothing():
     ino = _save(k, K, A, 10)
     k.open(K, ino, A, True, True)
     k.m.wrote(ino, 0, 20, k.now)
-    assert k.m.publish_plan(ino, A, B)[0] == n.PUBLISH_NOTHING      # the child's close
+    assert k.m.publish_plan(ino, A, B)[0] == n.SLOT_PUBLISH_NOTHING      # the child's close
     assert _size(k, K, C) == 10 and _size(k, K, B) == 10 and _size(k, K, A) == 20
-    assert k.m.publish_plan(ino, A, A)[0] == n.PUBLISH_DO            # the opener's
+    assert k.m.publish_plan(ino, A, A)[0] == n.SLOT_PUBLISH_DO            # the opener's
     k.m.published(ino, k.next_version(), 20, 20, k.now)
     k.m.wrote(ino, 20, 5, k.now)                                     # the child writes on
-    assert k.m.publish_plan(ino, A, 0)[0] == n.PUBLISH_DO            # the last release
+    assert k.m.publish_plan(ino, A, 0)[0] == n.SLOT_PUBLISH_DO            # the last release
     k.m.published(ino, k.next_version(), 25, 25, k.now)
     k.m.writer_gone(ino, A, k.now)
     assert _size(k, K, C) == 25
@@ -526,7 +528,7 @@ def test_a_refused_create_leaves_no_name_and_its_close_fails():
     ino, _ = k.m.create(K, A, A, True, False, k.now)
     k.m.wrote(ino, 0, 8 << 20, k.now)
     k.m.refused(ino)
-    assert k.m.publish_plan(ino, A, A)[0] == n.PUBLISH_REFUSED       # close: EIO
+    assert k.m.publish_plan(ino, A, A)[0] == n.SLOT_PUBLISH_REFUSED       # close: EIO
     fx = k.m.writer_gone(ino, A, k.now)
     assert fx & n.SLOT_FX_FORGET_ENTRY
     assert _size(k, K, A) is None and len(k.m) == 0
@@ -539,8 +541,8 @@ def test_a_refused_rewrite_leaves_the_version_before():
     k.open(K, ino, B, True, False)
     k.m.wrote(ino, 100, 50, k.now)
     k.m.refused(ino)
-    assert k.m.publish_plan(ino, B, B)[0] == n.PUBLISH_REFUSED
-    assert k.m.publish_plan(ino, B, 0)[0] == n.PUBLISH_REFUSED       # fsync too
+    assert k.m.publish_plan(ino, B, B)[0] == n.SLOT_PUBLISH_REFUSED
+    assert k.m.publish_plan(ino, B, 0)[0] == n.SLOT_PUBLISH_REFUSED       # fsync too
     k.m.writer_gone(ino, B, k.now)
     assert _size(k, K, C) == 100
     k.m.check()
@@ -559,7 +561,7 @@ def test_two_o_trunc_writers_each_make_a_whole_version():
     assert _size(k, K, C) == 40 and _size(k, K, B) == 100
     assert k.m.stat(ino, B, k.now)["size"] == 30                     # B's fstat
     for who, i in ((C, fresh), (B, ino)):
-        assert k.m.publish_plan(i, who, who)[0] == n.PUBLISH_DO
+        assert k.m.publish_plan(i, who, who)[0] == n.SLOT_PUBLISH_DO
         size = k.m.stat(i, who, k.now)["size"]
         k.m.published(i, k.next_version(), size, size, k.now)
         k.m.writer_gone(i, who, k.now)
@@ -575,7 +577,7 @@ def test_a_publish_that_raced_an_eviction_puts_the_name_back():
     k.m.wrote(ino, 0, 3, k.now)
     k.m.drop(K)
     assert _size(k, K, B) is None
-    assert k.m.publish_plan(ino, A, A)[0] == n.PUBLISH_DO
+    assert k.m.publish_plan(ino, A, A)[0] == n.SLOT_PUBLISH_DO
     k.m.published(ino, k.next_version(), 3, 3, k.now)
     k.m.writer_gone(ino, A, k.now)
     assert _size(k, K, B) == 3
@@ -591,7 +593,7 @@ def test_an_o_trunc_reopen_of_its_own_unpublished_create_needs_o_creat():
     k = Kernel()
     first, _ = k.m.create(K, A, A, True, False, k.now)
     act, _, target, _, _ = k.m.open_plan(first, A, A, True, True, False, False, k.now)
-    assert act == n.OPEN_SEND_BACK
+    assert act == n.SLOT_OPEN_SEND_BACK
     k.m.send_back(target, A, True, k.now)
     assert k.m.lookup(K, A) is None
     second, _ = k.m.create(K, A, A, True, False, k.now)

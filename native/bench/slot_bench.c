@@ -32,7 +32,7 @@ static int write_cycle(slot_table *t, uint64_t name, uint32_t p, uint64_t *versi
         memos_open_req rq = { p, p, 1, 1, 0, 0 };
         memos_open_plan pl;
         memos_slot_open_plan(t, ino, &rq, 0, &pl);
-        if (pl.action != OPEN_WRITE)
+        if (pl.action != SLOT_OPEN_WRITE)
             return -1;
         memos_slot_attach_writer(t, pl.inode, p, p, 1, 0, &fx);
         ino = pl.inode;
@@ -41,7 +41,7 @@ static int write_cycle(slot_table *t, uint64_t name, uint32_t p, uint64_t *versi
     }
     memos_slot_write_plan(t, ino, 0, 0, &at, &fx);
     memos_slot_wrote(t, ino, at, 4096, 0);
-    if (memos_slot_publish_plan(t, ino, p, p, &target) == PUBLISH_DO)
+    if (memos_slot_publish_plan(t, ino, p, p, &target) == SLOT_PUBLISH_DO)
         memos_slot_published(t, ino, (*version)++, 4096, 4096, 0, &holder, &fx);
     return memos_slot_writer_gone(t, ino, p, 0, &fx);
 }

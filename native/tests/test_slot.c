@@ -65,13 +65,13 @@ static int close_writer(slot_table *t, uint64_t ino, uint32_t opener, uint32_t c
     unsigned fx;
     memos_slot_info in;
     int act = memos_slot_publish_plan(t, ino, opener, closer, &target);
-    if (act == PUBLISH_DO) {
+    if (act == SLOT_PUBLISH_DO) {
         memos_slot_stat(t, ino, opener, now, &in);
         CHECK_EQ(memos_slot_published(t, ino, next_version++, in.size, in.size, now,
                                       &holder, &fx), SLOT_OK);
     }
     memos_slot_stat(t, ino, opener, now, &in);
-    if (in.writers == 1 && memos_slot_publish_plan(t, ino, opener, 0, &target) == PUBLISH_DO) {
+    if (in.writers == 1 && memos_slot_publish_plan(t, ino, opener, 0, &target) == SLOT_PUBLISH_DO) {
         memos_slot_stat(t, ino, opener, now, &in);
         memos_slot_published(t, ino, next_version++, in.size, in.size, now, &holder, &fx);
     }
@@ -86,7 +86,7 @@ static uint64_t save(slot_table *t, uint64_t name, uint32_t tgid, uint64_t n)
     unsigned fx;
     CHECK_EQ(memos_slot_create(t, name, tgid, tgid, 1, 0, now, &ino, &fx), SLOT_OK);
     write_n(t, ino, 0, n);
-    CHECK_EQ(close_writer(t, ino, tgid, tgid), PUBLISH_DO);
+    CHECK_EQ(close_writer(t, ino, tgid, tgid), SLOT_PUBLISH_DO);
     return ino;
 }
 
@@ -110,7 +110,7 @@ static void test_a_create_is_found_by_its_writer_only_until_published(void)
     CHECK_EQ(stat_name(t, NAME_K, B), -1);
     CHECK_EQ(memos_slot_create(t, NAME_K, B, B, 0, 1, now, &ino, &fx), SLOT_EEXIST);
     checked(t);
-    CHECK_EQ(close_writer(t, ino, A, A), PUBLISH_DO);
+    CHECK_EQ(close_writer(t, ino, A, A), SLOT_PUBLISH_DO);
     CHECK_EQ(stat_name(t, NAME_K, B), 300);
     memos_slot_info in;
     memos_slot_stat(t, ino, B, now, &in);
@@ -127,7 +127,7 @@ static void test_a_refused_create_leaves_no_name(void)
     memos_slot_create(t, NAME_K, A, A, 0, 0, now, &ino, &fx);
     write_n(t, ino, 0, 4096);
     CHECK_EQ(memos_slot_refused(t, ino), SLOT_OK);      /* the next write: EFBIG */
-    CHECK_EQ(memos_slot_publish_plan(t, ino, A, A, &target), PUBLISH_REFUSED);
+    CHECK_EQ(memos_slot_publish_plan(t, ino, A, A, &target), SLOT_PUBLISH_REFUSED);
     CHECK_EQ(memos_slot_writer_gone(t, ino, A, now, &fx), SLOT_OK);
     CHECK(fx & SLOT_FX_FORGET_ENTRY);
     CHECK_EQ(stat_name(t, NAME_K, A), -1);
@@ -143,13 +143,13 @@ static void test_a_refused_rewrite_leaves_the_version_before(void)
     uint64_t v = version_of(t, NAME_K);
     unsigned fx;
     memos_open_plan p = plan(t, ino, B, 1, 0, 0);
-    CHECK_EQ(p.action, OPEN_WRITE);
+    CHECK_EQ(p.action, SLOT_OPEN_WRITE);
     CHECK(p.fx & SLOT_FX_NEED_BASE);
     memos_slot_attach_writer(t, ino, B, B, 0, now, &fx);
     write_n(t, ino, 100, 50);
     memos_slot_refused(t, ino);
-    CHECK_EQ(memos_slot_publish_plan(t, ino, B, B, &target), PUBLISH_REFUSED);
-    CHECK_EQ(memos_slot_publish_plan(t, ino, B, 0, &target), PUBLISH_REFUSED);  /* fsync */
+    CHECK_EQ(memos_slot_publish_plan(t, ino, B, B, &target), SLOT_PUBLISH_REFUSED);
+    CHECK_EQ(memos_slot_publish_plan(t, ino, B, 0, &target), SLOT_PUBLISH_REFUSED);  /* fsync */
     memos_slot_writer_gone(t, ino, B, now, &fx);
     CHECK_EQ(version_of(t, NAME_K), v);
     CHECK_EQ(stat_name(t, NAME_K, C), 100);
@@ -158,7 +158,7 @@ static void test_a_refused_rewrite_leaves_the_version_before(void)
     memos_slot_refused(t, ino);
     memos_slot_truncated(t, ino, 0, now);
     write_n(t, ino, 0, 7);
-    CHECK_EQ(close_writer(t, ino, B, B), PUBLISH_DO);
+    CHECK_EQ(close_writer(t, ino, B, B), SLOT_PUBLISH_DO);
     CHECK_EQ(stat_name(t, NAME_K, C), 7);
     checked(t);
     memos_slot_table_free(t);
@@ -171,11 +171,11 @@ static void test_a_forked_child_closing_its_copy_publishes_nothing(void)
     unsigned fx;
     memos_slot_attach_writer(t, ino, A, A, 1, now, &fx);
     write_n(t, ino, 0, 20);
-    CHECK_EQ(memos_slot_publish_plan(t, ino, A, B, &target), PUBLISH_NOTHING);  /* child */
+    CHECK_EQ(memos_slot_publish_plan(t, ino, A, B, &target), SLOT_PUBLISH_NOTHING);  /* child */
     CHECK_EQ(stat_name(t, NAME_K, C), 10);
     CHECK_EQ(stat_name(t, NAME_K, B), 10);      /* the child is no writer: it sees the version */
     CHECK_EQ(stat_name(t, NAME_K, A), 20);
-    CHECK_EQ(close_writer(t, ino, A, A), PUBLISH_DO);
+    CHECK_EQ(close_writer(t, ino, A, A), SLOT_PUBLISH_DO);
     CHECK_EQ(stat_name(t, NAME_K, C), 20);
     checked(t);
     memos_slot_table_free(t);
@@ -187,13 +187,13 @@ static void test_a_reader_keeps_its_version_across_a_rewrite(void)
     uint64_t ino = save(t, NAME_K, A, 100), v = version_of(t, NAME_K);
     unsigned fx;
     memos_open_plan p = plan(t, ino, B, 0, 0, 0);
-    CHECK_EQ(p.action, OPEN_READ);
+    CHECK_EQ(p.action, SLOT_OPEN_READ);
     CHECK_EQ(p.version, v);
     memos_slot_attach_reader(t, ino, p.version, 0, now, &fx);
     CHECK(fx & SLOT_FX_KEEP_CACHE);
     /* a writer of the same inode: readers keep it, ESTALE to a fresh one */
     p = plan(t, ino, C, 1, 1, 0);
-    CHECK_EQ(p.action, OPEN_SEND_BACK);
+    CHECK_EQ(p.action, SLOT_OPEN_SEND_BACK);
     CHECK_EQ(memos_slot_send_back(t, p.target, C, 1, now, &fx), SLOT_OK);
     CHECK(fx & SLOT_FX_FORGET_ENTRY);
     uint64_t fresh;
@@ -204,10 +204,10 @@ static void test_a_reader_keeps_its_version_across_a_rewrite(void)
     memos_slot_attach_reader(t, fresh, r.version, 0, now, &fx);
     CHECK(fx & SLOT_FX_DIRECT_IO);
     p = plan(t, fresh, C, 1, 1, 1);
-    CHECK_EQ(p.action, OPEN_WRITE);
+    CHECK_EQ(p.action, SLOT_OPEN_WRITE);
     memos_slot_attach_writer(t, fresh, C, C, 1, now, &fx);
     write_n(t, fresh, 0, 5);
-    CHECK_EQ(close_writer(t, fresh, C, C), PUBLISH_DO);
+    CHECK_EQ(close_writer(t, fresh, C, C), SLOT_PUBLISH_DO);
     memos_slot_info in;
     memos_slot_stat(t, ino, B, now, &in);
     CHECK_EQ(in.state, SLOT_SUPERSEDED);
@@ -228,20 +228,20 @@ static void test_two_o_trunc_writers_each_make_a_whole_version(void)
     memos_slot_attach_writer(t, ino, B, B, 1, now, &fx);
     write_n(t, ino, 0, 30);
     memos_open_plan p = plan(t, ino, C, 1, 1, 0);
-    CHECK_EQ(p.action, OPEN_SEND_BACK);
+    CHECK_EQ(p.action, SLOT_OPEN_SEND_BACK);
     memos_slot_send_back(t, p.target, C, 1, now, &fx);
     uint64_t fresh;
     CHECK_EQ(memos_slot_lookup(t, NAME_K, C, &fresh), SLOT_OK);
     p = plan(t, fresh, C, 1, 1, 1);
-    CHECK_EQ(p.action, OPEN_WRITE);
+    CHECK_EQ(p.action, SLOT_OPEN_WRITE);
     memos_slot_attach_writer(t, fresh, C, C, 1, now, &fx);
     write_n(t, fresh, 0, 40);
     CHECK_EQ(stat_name(t, NAME_K, C), 40);
     memos_slot_info in;
     memos_slot_stat(t, ino, B, now, &in);       /* fstat of B's descriptor */
     CHECK_EQ(in.size, 30);
-    CHECK_EQ(close_writer(t, fresh, C, C), PUBLISH_DO);
-    CHECK_EQ(close_writer(t, ino, B, B), PUBLISH_DO);   /* the last publish wins */
+    CHECK_EQ(close_writer(t, fresh, C, C), SLOT_PUBLISH_DO);
+    CHECK_EQ(close_writer(t, ino, B, B), SLOT_PUBLISH_DO);   /* the last publish wins */
     CHECK_EQ(stat_name(t, NAME_K, A), 30);
     checked(t);
     memos_slot_table_free(t);
@@ -260,9 +260,9 @@ static void test_a_retried_writer_beside_writers_gets_a_private_draft(void)
     memos_slot_lookups(t, other, 1);                    /* the retried writer's lookup */
     memos_slot_rename(t, NAME_TMP, NAME_K, &fx);        /* B's slot back over it */
     memos_open_plan p = plan(t, other, C, 1, 1, 1);
-    CHECK_EQ(p.action, OPEN_WRITE);                     /* as if its open came first */
+    CHECK_EQ(p.action, SLOT_OPEN_WRITE);                     /* as if its open came first */
     p = plan(t, ino, C, 1, 1, 1);
-    CHECK_EQ(p.action, OPEN_PRIVATE);
+    CHECK_EQ(p.action, SLOT_OPEN_PRIVATE);
     CHECK_EQ(memos_slot_private(t, ino, C, C, now, &priv, &fx), SLOT_OK);
     CHECK(fx & SLOT_FX_DIRECT_IO);
     write_n(t, priv, 0, 77);
@@ -270,9 +270,9 @@ static void test_a_retried_writer_beside_writers_gets_a_private_draft(void)
     memos_slot_stat(t, ino, C, now, &in);               /* its fstat reaches ino */
     CHECK_EQ(in.size, 77);
     checked(t);
-    CHECK_EQ(close_writer(t, priv, C, C), PUBLISH_DO);
+    CHECK_EQ(close_writer(t, priv, C, C), SLOT_PUBLISH_DO);
     CHECK_EQ(stat_name(t, NAME_K, A), 77);
-    CHECK_EQ(close_writer(t, ino, B, B), PUBLISH_DO);
+    CHECK_EQ(close_writer(t, ino, B, B), SLOT_PUBLISH_DO);
     CHECK_EQ(stat_name(t, NAME_K, A), 0);
     memos_slot_lookups(t, other, -1);
     checked(t);
@@ -288,7 +288,7 @@ static void test_an_open_of_the_replaced_inode_is_served_the_name_now(void)
     memos_slot_lookups(t, old, 1);              /* the reader's lookup, before the rename */
     CHECK_EQ(memos_slot_rename(t, NAME_TMP, NAME_K, &fx), SLOT_OK);
     memos_open_plan p = plan(t, old, B, 0, 0, 0);
-    CHECK_EQ(p.action, OPEN_READ);
+    CHECK_EQ(p.action, SLOT_OPEN_READ);
     CHECK_EQ(p.target, tmp);
     CHECK_EQ(p.version, version_of(t, NAME_K));
     CHECK(p.fx & SLOT_FX_DIRECT_IO);
@@ -296,10 +296,10 @@ static void test_an_open_of_the_replaced_inode_is_served_the_name_now(void)
     uint64_t newer = save(t, NAME_TMP, A, 5);
     memos_slot_rename(t, NAME_TMP, NAME_K, &fx);
     p = plan(t, old, B, 0, 0, 0);
-    CHECK_EQ(p.action, OPEN_READ);
+    CHECK_EQ(p.action, SLOT_OPEN_READ);
     CHECK_EQ(p.target, newer);
     memos_slot_unlink(t, NAME_K, &fx);
-    CHECK_EQ(plan(t, old, B, 0, 0, 0).action, OPEN_ENOENT);
+    CHECK_EQ(plan(t, old, B, 0, 0, 0).action, SLOT_OPEN_ENOENT);
     memos_slot_lookups(t, old, -1);
     checked(t);
     CHECK_EQ(memos_slot_count(t), 0);
@@ -317,7 +317,7 @@ static void test_a_writer_sent_back_from_a_replaced_inode_never_brings_it_back(v
     uint64_t renamed = save(t, NAME_TMP, A, 600);
     memos_slot_rename(t, NAME_TMP, NAME_K, &fx);
     p = plan(t, old, C, 1, 1, 0);
-    CHECK_EQ(p.action, OPEN_SEND_BACK);
+    CHECK_EQ(p.action, SLOT_OPEN_SEND_BACK);
     CHECK_EQ(p.target, renamed);
     memos_slot_send_back(t, p.target, C, 1, now, &fx);
     uint64_t ino;
@@ -325,7 +325,7 @@ static void test_a_writer_sent_back_from_a_replaced_inode_never_brings_it_back(v
     CHECK_EQ(ino, renamed);                     /* no reader there: no supersede */
     CHECK_EQ(stat_name(t, NAME_K, B), 600);
     p = plan(t, ino, C, 1, 1, 1);
-    CHECK_EQ(p.action, OPEN_WRITE);
+    CHECK_EQ(p.action, SLOT_OPEN_WRITE);
     memos_slot_attach_writer(t, ino, C, C, 1, now, &fx);
     write_n(t, ino, 0, 7);
     close_writer(t, ino, C, C);
@@ -345,7 +345,7 @@ static void test_a_writer_of_an_unlinked_name_publishes_nothing(void)
     write_n(t, ino, 10, 10);
     memos_slot_unlink(t, NAME_K, &fx);
     CHECK(fx & SLOT_FX_REMOVE_KEY);
-    CHECK_EQ(memos_slot_publish_plan(t, ino, A, A, &target), PUBLISH_NOTHING);
+    CHECK_EQ(memos_slot_publish_plan(t, ino, A, A, &target), SLOT_PUBLISH_NOTHING);
     memos_slot_info in;
     memos_slot_stat(t, ino, A, now, &in);
     CHECK_EQ(in.size, 20);                      /* fstat: its draft all the same */
@@ -365,7 +365,7 @@ static void test_a_publish_that_raced_an_eviction_puts_the_name_back(void)
     write_n(t, ino, 0, 3);
     memos_slot_drop(t, NAME_K, &fx);
     CHECK_EQ(stat_name(t, NAME_K, B), -1);
-    CHECK_EQ(close_writer(t, ino, A, A), PUBLISH_DO);
+    CHECK_EQ(close_writer(t, ino, A, A), SLOT_PUBLISH_DO);
     CHECK_EQ(stat_name(t, NAME_K, B), 3);
     checked(t);
     memos_slot_table_free(t);
@@ -433,16 +433,16 @@ static void test_a_push_in_progress_makes_a_writer_wait_then_look_again(void)
     unsigned fx;
     CHECK_EQ(memos_slot_push_claim(t, ino, version_of(t, NAME_K)), 0);
     memos_open_plan p = plan(t, ino, B, 1, 1, 0);
-    CHECK_EQ(p.action, OPEN_WAIT);
+    CHECK_EQ(p.action, SLOT_OPEN_WAIT);
     memos_open_req rq = { B, B, 1, 1, 0, 1 };
     now += SLOT_RETRY_NS;
     memos_slot_open_plan(t, ino, &rq, now, &p);
-    CHECK_EQ(p.action, OPEN_SEND_BACK);
+    CHECK_EQ(p.action, SLOT_OPEN_SEND_BACK);
     memos_slot_send_back(t, p.target, B, 1, now, &fx);
     uint64_t fresh;
     memos_slot_lookup(t, NAME_K, B, &fresh);
     CHECK(fresh != ino);
-    CHECK_EQ(plan(t, fresh, B, 1, 1, 1).action, OPEN_WRITE);
+    CHECK_EQ(plan(t, fresh, B, 1, 1, 1).action, SLOT_OPEN_WRITE);
     memos_slot_push_done(t, ino);
     checked(t);
     memos_slot_table_free(t);
@@ -480,21 +480,21 @@ static void busy_life(slot_table *t)
                 continue;
             memos_slot_write_plan(t, ino, 0, 1, &at, &fx);
             memos_slot_wrote(t, ino, at, name, now);
-            if (memos_slot_publish_plan(t, ino, w, w, &target) == PUBLISH_DO)
+            if (memos_slot_publish_plan(t, ino, w, w, &target) == SLOT_PUBLISH_DO)
                 memos_slot_published(t, ino, next_version++, name, name, now, &holder, &fx);
             memos_slot_lookups(t, ino, 1);
             memos_open_req rd = { 7, 7, 0, 0, 0, 0 };
-            if (memos_slot_open_plan(t, ino, &rd, now, &p) == SLOT_OK && p.action == OPEN_READ)
+            if (memos_slot_open_plan(t, ino, &rd, now, &p) == SLOT_OK && p.action == SLOT_OPEN_READ)
                 memos_slot_attach_reader(t, p.inode, p.version, 0, now, &fx);
             for (uint32_t other = 200; other < 206; other++) {
                 memos_open_req wr = { other, other, 1, 1, other & 1, 0 };
                 if (memos_slot_open_plan(t, ino, &wr, now, &p) != SLOT_OK)
                     break;
-                if (p.action == OPEN_SEND_BACK)
+                if (p.action == SLOT_OPEN_SEND_BACK)
                     memos_slot_send_back(t, p.target, other, 1, now, &fx);
-                else if (p.action == OPEN_WRITE)
+                else if (p.action == SLOT_OPEN_WRITE)
                     memos_slot_attach_writer(t, p.inode, other, other, 1, now, &fx);
-                else if (p.action == OPEN_PRIVATE)
+                else if (p.action == SLOT_OPEN_PRIVATE)
                     memos_slot_private(t, p.inode, other, other, now, &priv, &fx);
             }
             if (name % 3 == 0)
@@ -533,7 +533,8 @@ static void test_every_allocation_failure_leaves_a_consistent_table(void)
         checked(t);
         memos_slot_table_free(t);
         if (t_cur_failed) {
-            fprintf(stderr, "after an injected failure at allocation %llu\n", (unsigned long long)n);
+            fprintf(stderr, "after an injected failure at allocation %llu\n",
+                    (unsigned long long)n);
             return;
         }
         if (left)
