@@ -465,6 +465,113 @@ static void test_many_slots_come_and_go_without_leaks(void)
     memos_slot_table_free(t);
 }
 
+static void test_a_writer_of_an_unlinked_inode_writes_it_as_if_it_came_first(void)
+{
+    slot_table *t = memos_slot_table_new(10);
+    uint64_t ino = save(t, NAME_K, A, 10), target;
+    unsigned fx;
+    memos_slot_lookups(t, ino, 1);              /* its dentry, before the unlink */
+    memos_slot_unlink(t, NAME_K, &fx);
+    memos_open_plan p = plan(t, ino, B, 1, 0, 0);
+    CHECK_EQ(p.action, SLOT_OPEN_WRITE);
+    CHECK(p.fx & SLOT_FX_TRUNC_DRAFT);          /* O_TRUNC or not: a whole version */
+    memos_slot_attach_writer(t, ino, B, B, 1, now, &fx);
+    write_n(t, ino, 0, 5);
+    CHECK_EQ(memos_slot_publish_plan(t, ino, B, B, &target), SLOT_PUBLISH_NOTHING);
+    CHECK_EQ(stat_name(t, NAME_K, B), -1);      /* its bytes went with the name */
+    memos_slot_writer_gone(t, ino, B, now, &fx);
+    /* with a page-cache reader there: sent back, and the lookup finds no name */
+    memos_slot_lookups(t, ino, -1);
+    uint64_t again = save(t, NAME_K, A, 10);
+    memos_slot_lookups(t, again, 1);
+    p = plan(t, again, B, 0, 0, 0);
+    memos_slot_attach_reader(t, again, p.version, 0, now, &fx);
+    memos_slot_unlink(t, NAME_K, &fx);
+    p = plan(t, again, C, 1, 1, 0);
+    CHECK_EQ(p.action, SLOT_OPEN_SEND_BACK);
+    CHECK_EQ(p.target, again);
+    CHECK_EQ(memos_slot_send_back(t, p.target, C, 1, now, &fx), SLOT_OK);
+    CHECK_EQ(stat_name(t, NAME_K, C), -1);      /* O_CREAT would create it anew */
+    memos_slot_reader_gone(t, again, 0);
+    memos_slot_lookups(t, again, -1);
+    checked(t);
+    CHECK_EQ(memos_slot_count(t), 0);
+    memos_slot_table_free(t);
+}
+
+static void test_a_retry_that_finds_writers_on_a_stale_inode_waits_then_goes_private(void)
+{
+    slot_table *t = memos_slot_table_new(10);
+    uint64_t ino = save(t, NAME_K, A, 10), fresh, priv;
+    unsigned fx;
+    memos_slot_lookups(t, ino, 1);
+    memos_slot_attach_writer(t, ino, B, B, 0, now, &fx);    /* B rewrites in place */
+    memos_open_plan p = plan(t, ino, C, 1, 1, 0);           /* C replaces it whole */
+    CHECK_EQ(p.action, SLOT_OPEN_SEND_BACK);
+    memos_slot_send_back(t, p.target, C, 1, now, &fx);
+    CHECK_EQ(memos_slot_lookup(t, NAME_K, C, &fresh), SLOT_OK);
+    CHECK(fresh != ino);
+    memos_slot_attach_writer(t, fresh, C, C, 1, now, &fx);
+    /* D's O_TRUNC open through the old dentry, where B still writes: it
+     * waits for B (bounded), then looks again, or, as the kernel's retry,
+     * gets a draft of its own on the inode it holds */
+    CHECK_EQ(plan(t, ino, 400, 1, 1, 0).action, SLOT_OPEN_WAIT);
+    memos_open_req rq = { 400, 400, 1, 1, 0, 1 };
+    memos_slot_open_plan(t, ino, &rq, now, &p);
+    CHECK_EQ(p.action, SLOT_OPEN_SEND_BACK);
+    CHECK_EQ(p.target, fresh);
+    rq.retry = 1;
+    memos_slot_open_plan(t, ino, &rq, now, &p);
+    CHECK_EQ(p.action, SLOT_OPEN_PRIVATE);
+    CHECK_EQ(memos_slot_private(t, ino, 400, 400, now, &priv, &fx), SLOT_OK);
+    write_n(t, priv, 0, 8);
+    memos_slot_info in;
+    memos_slot_stat(t, ino, 400, now, &in);                 /* its fstat */
+    CHECK_EQ(in.size, 8);
+    memos_slot_stat(t, ino, B, now, &in);
+    CHECK_EQ(in.size, 10);                                  /* B's own draft */
+    checked(t);
+    CHECK_EQ(close_writer(t, priv, 400, 400), SLOT_PUBLISH_DO);
+    CHECK_EQ(stat_name(t, NAME_K, A), 8);
+    close_writer(t, fresh, C, C);
+    close_writer(t, ino, B, B);                             /* unchanged: nothing */
+    CHECK_EQ(stat_name(t, NAME_K, A), 0);                   /* C's empty version, last */
+    memos_slot_lookups(t, ino, -1);
+    checked(t);
+    CHECK_EQ(memos_slot_count(t), 1);
+    memos_slot_table_free(t);
+}
+
+static void test_an_o_trunc_writer_on_a_superseded_inode_publishes_under_the_name(void)
+{
+    slot_table *t = memos_slot_table_new(10);
+    uint64_t ino = save(t, NAME_K, A, 10), target, holder;
+    unsigned fx;
+    memos_slot_lookups(t, ino, 1);
+    memos_open_plan p = plan(t, ino, B, 0, 0, 0);
+    memos_slot_attach_reader(t, ino, p.version, 0, now, &fx);
+    save(t, NAME_K, A, 20);                    /* readers keep ino: a fresh inode */
+    memos_slot_reader_gone(t, ino, 0);
+    /* an O_TRUNC open through the old dentry, nobody on the old inode */
+    p = plan(t, ino, C, 1, 1, 0);
+    CHECK_EQ(p.action, SLOT_OPEN_WRITE);
+    CHECK_EQ(p.inode, ino);
+    memos_slot_attach_writer(t, ino, C, C, 1, now, &fx);
+    write_n(t, ino, 0, 3);
+    /* (its stat of the path shows the name's inode, where it is no writer) */
+    CHECK_EQ(stat_name(t, NAME_K, C), 20);
+    CHECK_EQ(memos_slot_publish_plan(t, ino, C, C, &target), SLOT_PUBLISH_DO);
+    CHECK(target != ino);
+    memos_slot_published(t, ino, next_version++, 3, 3, now, &holder, &fx);
+    CHECK_EQ(holder, target);
+    CHECK_EQ(stat_name(t, NAME_K, A), 3);
+    memos_slot_writer_gone(t, ino, C, now, &fx);
+    memos_slot_lookups(t, ino, -1);
+    checked(t);
+    CHECK_EQ(memos_slot_count(t), 1);
+    memos_slot_table_free(t);
+}
+
 /* A run of every kind of call, each allowed to fail (results ignored), over
  * names and processes that make the table grow, supersede, rename over,
  * send back, go private and forget. */
@@ -563,6 +670,9 @@ int main(void)
     RUN(test_pages_stay_the_version_its_writers_wrote);
     RUN(test_a_push_in_progress_makes_a_writer_wait_then_look_again);
     RUN(test_many_slots_come_and_go_without_leaks);
+    RUN(test_a_writer_of_an_unlinked_inode_writes_it_as_if_it_came_first);
+    RUN(test_a_retry_that_finds_writers_on_a_stale_inode_waits_then_goes_private);
+    RUN(test_an_o_trunc_writer_on_a_superseded_inode_publishes_under_the_name);
     RUN(test_every_allocation_failure_leaves_a_consistent_table);
     return DONE("test_slot");
 }
