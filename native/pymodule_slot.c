@@ -338,10 +338,11 @@ static PyObject *sm_stat(SlotMachineObject *self, PyObject *args)
         return NULL;
     RC(memos_slot_stat(self->t, ino, tgid, now, &in), "stat");
     return Py_BuildValue(
-        "{sssssKsKsKsKsLsOsOsIsIsOsOsLsK}",
+        "{sssssKsKsKsKsKsLsOsOsIsIsOsOsLsK}",
         "state", memos_slot_state_name(in.state), "gone", memos_slot_gone_name(in.gone),
         "version", (unsigned long long)in.version, "size", (unsigned long long)in.size,
-        "pub_size", (unsigned long long)in.pub_size, "stored", (unsigned long long)in.stored,
+        "pub_size", (unsigned long long)in.pub_size,
+        "draft_size", (unsigned long long)in.draft_size, "stored", (unsigned long long)in.stored,
         "mtime_ns", (long long)in.mtime_ns, "writer_view", in.writer_view ? Py_True : Py_False,
         "found", in.found ? Py_True : Py_False, "writers", in.writers, "readers", in.readers,
         "changed", in.changed ? Py_True : Py_False,

@@ -832,6 +832,7 @@ int memos_slot_stat(const slot_table *t, uint64_t ino, uint32_t tgid, int64_t no
     out->gone = s->gone;
     out->version = s->version;
     out->pub_size = s->pub_size;
+    out->draft_size = draft_size(s);
     out->size = s->pub_size;
     out->stored = s->stored;
     out->writers = s->d.writers;

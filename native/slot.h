@@ -109,6 +109,8 @@ typedef struct memos_slot_info {
     uint64_t version;       /* published version, 0 if never */
     uint64_t size;          /* bytes this caller sees (a writer: its draft's) */
     uint64_t pub_size;      /* bytes of the published version */
+    uint64_t draft_size;    /* bytes of this inode's own draft (or base; else pub_size),
+                               whoever asks: what its publish would make */
     uint64_t stored;        /* bytes of the published version's pages */
     int64_t  mtime_ns;      /* the draft's mtime for a writer that changed it; else 0 */
     int      writer_view;   /* 1: size is a draft's (attr_timeout 0 once published:

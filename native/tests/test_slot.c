@@ -67,13 +67,13 @@ static int close_writer(slot_table *t, uint64_t ino, uint32_t opener, uint32_t c
     int act = memos_slot_publish_plan(t, ino, opener, closer, &target);
     if (act == SLOT_PUBLISH_DO) {
         memos_slot_stat(t, ino, opener, now, &in);
-        CHECK_EQ(memos_slot_published(t, ino, next_version++, in.size, in.size, now,
+        CHECK_EQ(memos_slot_published(t, ino, next_version++, in.draft_size, in.draft_size, now,
                                       &holder, &fx), SLOT_OK);
     }
     memos_slot_stat(t, ino, opener, now, &in);
     if (in.writers == 1 && memos_slot_publish_plan(t, ino, opener, 0, &target) == SLOT_PUBLISH_DO) {
         memos_slot_stat(t, ino, opener, now, &in);
-        memos_slot_published(t, ino, next_version++, in.size, in.size, now, &holder, &fx);
+        memos_slot_published(t, ino, next_version++, in.draft_size, in.draft_size, now, &holder, &fx);
     }
     CHECK_EQ(memos_slot_writer_gone(t, ino, opener, now, &fx), SLOT_OK);
     return act;
