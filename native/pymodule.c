@@ -12,6 +12,7 @@
  *     Cache        pymodule_cache.c      Ref, _View  pymodule_ref.c
  *     Draft        pymodule_draft.c      Directory   pymodule_directory.c
  *     Prefetcher   pymodule_prefetch.c   Policy      pymodule_policy.c
+ *     SlotMachine  pymodule_slot.c       (its SLOT_* codes become exceptions there)
  *
  * Errors.  memos_error() maps:
  *     MEMOS_ENOMEM  → OSError(ENOSPC, "memory tier full: ...")
@@ -272,7 +273,7 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "KEY_MAX", MEMOS_KEY_MAX) < 0 ||
         pym_cache_register(m) < 0 || pym_ref_register(m) < 0 || pym_draft_register(m) < 0 ||
         pym_directory_register(m) < 0 || pym_prefetch_register(m) < 0 ||
-        pym_policy_register(m) < 0) {
+        pym_policy_register(m) < 0 || pym_slot_register(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

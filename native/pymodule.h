@@ -15,6 +15,7 @@
  *     pymodule_directory.c  Directory (directory.c)
  *     pymodule_prefetch.c   Prefetcher (prefetch.c)
  *     pymodule_policy.c     Policy (policy.c, standalone: the SSD tier's)
+ *     pymodule_slot.c       SlotMachine (slot.c, standalone: not on the request path yet)
  *
  *     Cache ◄──strong── Ref ──pin──► memos_entry
  *       ▲
@@ -111,5 +112,6 @@ int pym_draft_register(PyObject *m);
 int pym_directory_register(PyObject *m);
 int pym_prefetch_register(PyObject *m);
 int pym_policy_register(PyObject *m);      /* pymodule_policy.c */
+int pym_slot_register(PyObject *m);        /* pymodule_slot.c */
 
 #endif

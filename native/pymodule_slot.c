@@ -1,0 +1,467 @@
+/*
+ * pymodule_slot.c — memosfs._native.SlotMachine, the slot state machine
+ * (slot.c) for Python.  Inodes, names, processes and versions are ints;
+ * times are CLOCK_MONOTONIC nanoseconds; effects are SLOT_FX_* bitmasks.
+ *
+ * Owns.  The SlotMachine type: one slot_table per object, and the methods
+ * that map each memos_slot_* call and its results to Python values; the
+ * one place a SLOT_* code becomes an exception (slot_error): SLOT_ENOENT
+ * KeyError (an unknown inode or name), SLOT_EEXIST FileExistsError,
+ * SLOT_EINVAL ValueError (a call that does not fit the state),
+ * SLOT_ENOMEM MemoryError.
+ *
+ * The GIL and the lock.  Every method runs with the GIL held and is short;
+ * the table has no lock of its own: the GIL serializes the calls.
+ *
+ * May call.  The memos_slot_* API (slot.h) only.
+ */
+#include "pymodule.h"
+
+#include "slot.h"
+
+typedef struct {
+    PyObject_HEAD
+    slot_table *t;          /* NULL before init (GIL) */
+} SlotMachineObject;
+
+static PyObject *slot_error(int rc, const char *what)
+{
+    switch (rc) {
+    case SLOT_ENOENT: PyErr_SetString(PyExc_KeyError, what); break;
+    case SLOT_EEXIST: PyErr_SetString(PyExc_FileExistsError, what); break;
+    case SLOT_ENOMEM: PyErr_NoMemory(); break;
+    default:          PyErr_Format(PyExc_ValueError, "%s: not in this state", what); break;
+    }
+    return NULL;
+}
+
+#define RC(call, what) do { int _rc = (call); if (_rc < 0) return slot_error(_rc, what); } while (0)
+
+static int sm_init(SlotMachineObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"first_ino", NULL};
+    unsigned long long first = 2;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|K", kwlist, &first))
+        return -1;
+    if (!self->t)
+        self->t = memos_slot_table_new(first);
+    if (!self->t) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void sm_dealloc(SlotMachineObject *self)
+{
+    memos_slot_table_free(self->t);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *sm_create(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long name;
+    unsigned tgid, pid;
+    int trunc, excl;
+    long long now;
+    uint64_t ino;
+    unsigned fx;
+    if (!PyArg_ParseTuple(args, "KIIppL", &name, &tgid, &pid, &trunc, &excl, &now))
+        return NULL;
+    RC(memos_slot_create(self->t, name, tgid, pid, trunc, excl, now, &ino, &fx), "create");
+    return Py_BuildValue("KI", (unsigned long long)ino, fx);
+}
+
+static PyObject *sm_restore(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long name, version, size, stored;
+    long long now;
+    uint64_t ino;
+    if (!PyArg_ParseTuple(args, "KKKKL", &name, &version, &size, &stored, &now))
+        return NULL;
+    RC(memos_slot_restore(self->t, name, version, size, stored, now, &ino), "restore");
+    return PyLong_FromUnsignedLongLong(ino);
+}
+
+static PyObject *sm_lookups(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    long long n;
+    if (!PyArg_ParseTuple(args, "KL", &ino, &n))
+        return NULL;
+    RC(memos_slot_lookups(self->t, ino, n), "lookups");
+    Py_RETURN_NONE;
+}
+
+static PyObject *sm_lookup(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long name;
+    unsigned tgid;
+    uint64_t ino;
+    if (!PyArg_ParseTuple(args, "KI", &name, &tgid))
+        return NULL;
+    if (memos_slot_lookup(self->t, name, tgid, &ino) != SLOT_OK)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(ino);
+}
+
+static PyObject *sm_open_plan(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    memos_open_req rq;
+    long long now;
+    memos_open_plan p;
+    if (!PyArg_ParseTuple(args, "KIIppppL", &ino, &rq.tgid, &rq.pid, &rq.write, &rq.trunc,
+                          &rq.retry, &rq.waited, &now))
+        return NULL;
+    RC(memos_slot_open_plan(self->t, ino, &rq, now, &p), "open_plan");
+    return Py_BuildValue("iKKKI", (int)p.action, (unsigned long long)p.inode,
+                         (unsigned long long)p.target, (unsigned long long)p.version, p.fx);
+}
+
+static PyObject *sm_attach_reader(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino, version;
+    int around;
+    long long now;
+    unsigned fx;
+    if (!PyArg_ParseTuple(args, "KKpL", &ino, &version, &around, &now))
+        return NULL;
+    RC(memos_slot_attach_reader(self->t, ino, version, around, now, &fx), "attach_reader");
+    return PyLong_FromUnsignedLong(fx);
+}
+
+static PyObject *sm_attach_writer(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    unsigned tgid, pid, fx;
+    int trunc;
+    long long now;
+    if (!PyArg_ParseTuple(args, "KIIpL", &ino, &tgid, &pid, &trunc, &now))
+        return NULL;
+    RC(memos_slot_attach_writer(self->t, ino, tgid, pid, trunc, now, &fx), "attach_writer");
+    return PyLong_FromUnsignedLong(fx);
+}
+
+static PyObject *sm_private(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    unsigned tgid, pid, fx;
+    long long now;
+    uint64_t priv;
+    if (!PyArg_ParseTuple(args, "KIIL", &ino, &tgid, &pid, &now))
+        return NULL;
+    RC(memos_slot_private(self->t, ino, tgid, pid, now, &priv, &fx), "private");
+    return Py_BuildValue("KI", (unsigned long long)priv, fx);
+}
+
+static PyObject *sm_send_back(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    unsigned pid, fx;
+    int trunc;
+    long long now;
+    if (!PyArg_ParseTuple(args, "KIpL", &ino, &pid, &trunc, &now))
+        return NULL;
+    RC(memos_slot_send_back(self->t, ino, pid, trunc, now, &fx), "send_back");
+    return PyLong_FromUnsignedLong(fx);
+}
+
+static PyObject *sm_wait_mark(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    unsigned pid;
+    long long now;
+    if (!PyArg_ParseTuple(args, "KIL", &ino, &pid, &now))
+        return NULL;
+    RC(memos_slot_wait_mark(self->t, ino, pid, now), "wait_mark");
+    Py_RETURN_NONE;
+}
+
+static PyObject *sm_write_plan(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino, off;
+    int append;
+    uint64_t at;
+    unsigned fx;
+    if (!PyArg_ParseTuple(args, "KKp", &ino, &off, &append))
+        return NULL;
+    RC(memos_slot_write_plan(self->t, ino, off, append, &at, &fx), "write_plan");
+    return Py_BuildValue("KI", (unsigned long long)at, fx);
+}
+
+static PyObject *sm_wrote(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino, at, n;
+    long long now;
+    if (!PyArg_ParseTuple(args, "KKKL", &ino, &at, &n, &now))
+        return NULL;
+    RC(memos_slot_wrote(self->t, ino, at, n, now), "wrote");
+    Py_RETURN_NONE;
+}
+
+static PyObject *sm_truncated(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino, size;
+    long long now;
+    if (!PyArg_ParseTuple(args, "KKL", &ino, &size, &now))
+        return NULL;
+    RC(memos_slot_truncated(self->t, ino, size, now), "truncated");
+    Py_RETURN_NONE;
+}
+
+/* the methods that take one inode and return nothing */
+#define INO_METHOD(pyname, fn) \
+    static PyObject *pyname(SlotMachineObject *self, PyObject *arg) \
+    { \
+        unsigned long long ino = PyLong_AsUnsignedLongLong(arg); \
+        if (PyErr_Occurred()) \
+            return NULL; \
+        RC(fn(self->t, ino), #fn); \
+        Py_RETURN_NONE; \
+    }
+
+INO_METHOD(sm_refused, memos_slot_refused)
+INO_METHOD(sm_push_done, memos_slot_push_done)
+INO_METHOD(sm_pages_dropped, memos_slot_pages_dropped)
+
+static PyObject *sm_publish_plan(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    unsigned opener, closer;
+    uint64_t target;
+    if (!PyArg_ParseTuple(args, "KII", &ino, &opener, &closer))
+        return NULL;
+    int act = memos_slot_publish_plan(self->t, ino, opener, closer, &target);
+    RC(act, "publish_plan");
+    return Py_BuildValue("iK", act, (unsigned long long)target);
+}
+
+static PyObject *sm_published(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino, version, size, stored;
+    long long now;
+    uint64_t holder;
+    unsigned fx;
+    if (!PyArg_ParseTuple(args, "KKKKL", &ino, &version, &size, &stored, &now))
+        return NULL;
+    RC(memos_slot_published(self->t, ino, version, size, stored, now, &holder, &fx),
+       "published");
+    return Py_BuildValue("KI", (unsigned long long)holder, fx);
+}
+
+static PyObject *sm_set_version(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino, version, size, stored;
+    long long now;
+    uint64_t holder;
+    unsigned fx;
+    if (!PyArg_ParseTuple(args, "KKKKL", &ino, &version, &size, &stored, &now))
+        return NULL;
+    RC(memos_slot_set_version(self->t, ino, version, size, stored, now, &holder, &fx),
+       "set_version");
+    return Py_BuildValue("KI", (unsigned long long)holder, fx);
+}
+
+static PyObject *sm_reader_gone(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    int dio;
+    if (!PyArg_ParseTuple(args, "Kp", &ino, &dio))
+        return NULL;
+    RC(memos_slot_reader_gone(self->t, ino, dio), "reader_gone");
+    Py_RETURN_NONE;
+}
+
+static PyObject *sm_writer_gone(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    unsigned tgid, fx;
+    long long now;
+    if (!PyArg_ParseTuple(args, "KIL", &ino, &tgid, &now))
+        return NULL;
+    RC(memos_slot_writer_gone(self->t, ino, tgid, now, &fx), "writer_gone");
+    return PyLong_FromUnsignedLong(fx);
+}
+
+/* the methods that take one name and return the effects */
+#define NAME_METHOD(pyname, fn) \
+    static PyObject *pyname(SlotMachineObject *self, PyObject *arg) \
+    { \
+        unsigned long long name = PyLong_AsUnsignedLongLong(arg); \
+        unsigned fx; \
+        if (PyErr_Occurred()) \
+            return NULL; \
+        RC(fn(self->t, name, &fx), #fn); \
+        return PyLong_FromUnsignedLong(fx); \
+    }
+
+NAME_METHOD(sm_unlink, memos_slot_unlink)
+NAME_METHOD(sm_drop, memos_slot_drop)
+
+static PyObject *sm_rename(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long from, to;
+    unsigned fx;
+    if (!PyArg_ParseTuple(args, "KK", &from, &to))
+        return NULL;
+    RC(memos_slot_rename(self->t, from, to, &fx), "rename");
+    return PyLong_FromUnsignedLong(fx);
+}
+
+static PyObject *sm_push_claim(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino, version;
+    if (!PyArg_ParseTuple(args, "KK", &ino, &version))
+        return NULL;
+    int rc = memos_slot_push_claim(self->t, ino, version);
+    RC(rc, "push_claim");
+    return PyBool_FromLong(rc);
+}
+
+static PyObject *sm_own_cache(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino, version;
+    if (!PyArg_ParseTuple(args, "KK", &ino, &version))
+        return NULL;
+    RC(memos_slot_own_cache(self->t, ino, version), "own_cache");
+    Py_RETURN_NONE;
+}
+
+static PyObject *sm_stat(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    unsigned tgid;
+    long long now;
+    memos_slot_info in;
+    if (!PyArg_ParseTuple(args, "KIL", &ino, &tgid, &now))
+        return NULL;
+    RC(memos_slot_stat(self->t, ino, tgid, now, &in), "stat");
+    return Py_BuildValue(
+        "{sssssKsKsKsKsKsLsOsOsIsIsOsOsLsK}",
+        "state", memos_slot_state_name(in.state), "gone", memos_slot_gone_name(in.gone),
+        "version", (unsigned long long)in.version, "size", (unsigned long long)in.size,
+        "pub_size", (unsigned long long)in.pub_size,
+        "draft_size", (unsigned long long)in.draft_size, "stored", (unsigned long long)in.stored,
+        "mtime_ns", (long long)in.mtime_ns, "writer_view", in.writer_view ? Py_True : Py_False,
+        "found", in.found ? Py_True : Py_False, "writers", in.writers, "readers", in.readers,
+        "changed", in.changed ? Py_True : Py_False,
+        "write_failed", in.write_failed ? Py_True : Py_False,
+        "cache_version", (long long)in.cache_version,
+        "successor", (unsigned long long)in.successor);
+}
+
+static PyObject *sm_check(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino = 0;
+    char why[512];
+    if (!PyArg_ParseTuple(args, "|K", &ino))
+        return NULL;
+    if (memos_slot_check(self->t, ino, why, sizeof why) != SLOT_OK) {
+        PyErr_SetString(PyExc_AssertionError, why);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t sm_len(SlotMachineObject *self)
+{
+    return (Py_ssize_t)memos_slot_count(self->t);
+}
+
+static PyMethodDef sm_methods[] = {
+    {"create", (PyCFunction)sm_create, METH_VARARGS,
+     "create(name, tgid, pid, trunc, excl, now) -> (ino, fx): create(2) of a name"},
+    {"restore", (PyCFunction)sm_restore, METH_VARARGS,
+     "restore(name, version, size, stored, now) -> ino: a published slot"},
+    {"lookups", (PyCFunction)sm_lookups, METH_VARARGS,
+     "lookups(ino, n): the kernel learned (n > 0) or forgot (n < 0) the inode"},
+    {"lookup", (PyCFunction)sm_lookup, METH_VARARGS,
+     "lookup(name, tgid) -> ino or None: the name's inode as tgid finds it"},
+    {"open_plan", (PyCFunction)sm_open_plan, METH_VARARGS,
+     "open_plan(ino, tgid, pid, write, trunc, retry, waited, now) -> "
+     "(action, inode, target, version, fx): what an open should do (pure)"},
+    {"attach_reader", (PyCFunction)sm_attach_reader, METH_VARARGS,
+     "attach_reader(ino, version, around, now) -> fx"},
+    {"attach_writer", (PyCFunction)sm_attach_writer, METH_VARARGS,
+     "attach_writer(ino, tgid, pid, trunc, now) -> fx"},
+    {"private", (PyCFunction)sm_private, METH_VARARGS,
+     "private(ino, tgid, pid, now) -> (private_ino, fx): a retried writer's own draft"},
+    {"send_back", (PyCFunction)sm_send_back, METH_VARARGS,
+     "send_back(ino, pid, trunc, now) -> fx: before an ESTALE to a writer"},
+    {"wait_mark", (PyCFunction)sm_wait_mark, METH_VARARGS,
+     "wait_mark(ino, pid, now): a writer waits on the inode"},
+    {"write_plan", (PyCFunction)sm_write_plan, METH_VARARGS,
+     "write_plan(ino, off, append) -> (at, fx): where a write lands (pure)"},
+    {"wrote", (PyCFunction)sm_wrote, METH_VARARGS, "wrote(ino, at, n, now)"},
+    {"truncated", (PyCFunction)sm_truncated, METH_VARARGS, "truncated(ino, size, now)"},
+    {"refused", (PyCFunction)sm_refused, METH_O, "refused(ino): a change was refused"},
+    {"publish_plan", (PyCFunction)sm_publish_plan, METH_VARARGS,
+     "publish_plan(ino, opener, closer) -> (action, target); closer 0: fsync or last release"},
+    {"published", (PyCFunction)sm_published, METH_VARARGS,
+     "published(ino, version, size, stored, now) -> (holder, fx)"},
+    {"set_version", (PyCFunction)sm_set_version, METH_VARARGS,
+     "set_version(ino, version, size, stored, now) -> (holder, fx): truncate(2) by a "
+     "non-writer"},
+    {"reader_gone", (PyCFunction)sm_reader_gone, METH_VARARGS, "reader_gone(ino, dio)"},
+    {"writer_gone", (PyCFunction)sm_writer_gone, METH_VARARGS,
+     "writer_gone(ino, tgid, now) -> fx"},
+    {"unlink", (PyCFunction)sm_unlink, METH_O, "unlink(name) -> fx"},
+    {"rename", (PyCFunction)sm_rename, METH_VARARGS, "rename(from, to) -> fx"},
+    {"drop", (PyCFunction)sm_drop, METH_O, "drop(name) -> fx: no tier holds it now"},
+    {"push_claim", (PyCFunction)sm_push_claim, METH_VARARGS,
+     "push_claim(ino, version) -> bool: whether the pages must be dropped first"},
+    {"own_cache", (PyCFunction)sm_own_cache, METH_VARARGS, "own_cache(ino, version)"},
+    {"push_done", (PyCFunction)sm_push_done, METH_O, "push_done(ino)"},
+    {"pages_dropped", (PyCFunction)sm_pages_dropped, METH_O, "pages_dropped(ino)"},
+    {"stat", (PyCFunction)sm_stat, METH_VARARGS,
+     "stat(ino, tgid, now) -> dict: what tgid sees of the inode"},
+    {"check", (PyCFunction)sm_check, METH_VARARGS,
+     "check(ino=0): raise AssertionError naming the first broken invariant"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods sm_as_sequence = {
+    .sq_length = (lenfunc)sm_len,
+};
+
+static PyTypeObject SlotMachineType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "memosfs._native.SlotMachine",
+    .tp_basicsize = sizeof(SlotMachineObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The slot state machine (native/slot.h): inodes, names, versions, drafts, "
+              "handles and the page-cache sub-state; decisions return SLOT_FX_* effects.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)sm_init,
+    .tp_dealloc = (destructor)sm_dealloc,
+    .tp_methods = sm_methods,
+    .tp_as_sequence = &sm_as_sequence,
+};
+
+int pym_slot_register(PyObject *m)
+{
+    static const struct { const char *name; long v; } consts[] = {
+        {"SLOT_FX_FORGET_ATTRS", SLOT_FX_FORGET_ATTRS},
+        {"SLOT_FX_FORGET_ENTRY", SLOT_FX_FORGET_ENTRY},
+        {"SLOT_FX_DROP_PAGES", SLOT_FX_DROP_PAGES}, {"SLOT_FX_KEEP_CACHE", SLOT_FX_KEEP_CACHE},
+        {"SLOT_FX_DIRECT_IO", SLOT_FX_DIRECT_IO}, {"SLOT_FX_PUSH", SLOT_FX_PUSH},
+        {"SLOT_FX_FREE_DRAFT", SLOT_FX_FREE_DRAFT}, {"SLOT_FX_MAKE_DRAFT", SLOT_FX_MAKE_DRAFT},
+        {"SLOT_FX_TRUNC_DRAFT", SLOT_FX_TRUNC_DRAFT}, {"SLOT_FX_NEED_BASE", SLOT_FX_NEED_BASE},
+        {"SLOT_FX_REMOVE_KEY", SLOT_FX_REMOVE_KEY},
+        {"SLOT_OPEN_ENOENT", SLOT_OPEN_ENOENT}, {"SLOT_OPEN_READ", SLOT_OPEN_READ},
+        {"SLOT_OPEN_WRITE", SLOT_OPEN_WRITE}, {"SLOT_OPEN_PRIVATE", SLOT_OPEN_PRIVATE},
+        {"SLOT_OPEN_SEND_BACK", SLOT_OPEN_SEND_BACK}, {"SLOT_OPEN_WAIT", SLOT_OPEN_WAIT},
+        {"SLOT_PUBLISH_NOTHING", SLOT_PUBLISH_NOTHING},
+        {"SLOT_PUBLISH_REFUSED", SLOT_PUBLISH_REFUSED}, {"SLOT_PUBLISH_DO", SLOT_PUBLISH_DO},
+        {"SLOT_RETRY_NS", (long)SLOT_RETRY_NS},
+    };
+    if (PyType_Ready(&SlotMachineType) < 0)
+        return -1;
+    if (PyModule_AddObjectRef(m, "SlotMachine", (PyObject *)&SlotMachineType) < 0)
+        return -1;
+    for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
+        if (PyModule_AddIntConstant(m, consts[i].name, consts[i].v) < 0)
+            return -1;
+    return 0;
+}

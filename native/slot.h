@@ -1,0 +1,311 @@
+/*
+ * slot.h — the life of a slot: one state machine per inode (slot.c).
+ *
+ * A table of slots, each an inode with an explicit state (CREATED,
+ * PUBLISHED, WRITING, SUPERSEDED, PRIVATE, GONE), its published version's
+ * numbers, its writers' draft (as sizes and flags: the bytes stay in the
+ * cache's drafts, memos.h) and the page-cache sub-state the kernel's caching
+ * per inode needs.  Every function decides; none performs: what the caller
+ * must do to the kernel or the cache comes back as an effects bitmask
+ * (SLOT_FX_*).  Time is an argument (now_ns, CLOCK_MONOTONIC nanoseconds).
+ *
+ * Names are opaque uint64 ids chosen by the caller (the tree of directories
+ * and strings stays with the caller); the table knows which inode holds
+ * each name.  Process ids: `tgid` is a process (thread group), `pid` the
+ * thread that sent a request (the kernel retries an ESTALE open from it).
+ *
+ * Not thread-safe: the caller serializes every call on one table (one
+ * lock, the cache's, once the shim calls in).
+ */
+#ifndef MEMOS_SLOT_H
+#define MEMOS_SLOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- return codes ---- */
+
+#define SLOT_OK        0
+#define SLOT_ENOENT  (-1)   /* no such inode or name (or not found by this caller) */
+#define SLOT_EEXIST  (-2)   /* O_EXCL create of a name that exists */
+#define SLOT_EINVAL  (-3)   /* a call that does not fit the slot's state */
+#define SLOT_ENOMEM  (-4)   /* no memory for the table */
+
+/* ---- effects: what the caller carries out (a bitmask) ---- */
+
+#define SLOT_FX_FORGET_ATTRS   0x001u  /* notify the kernel: this inode's attributes changed */
+#define SLOT_FX_FORGET_ENTRY   0x002u  /* notify the kernel: the name's dentry changed */
+#define SLOT_FX_DROP_PAGES     0x004u  /* invalidate the inode's cached pages */
+#define SLOT_FX_KEEP_CACHE     0x008u  /* open: keep the pages the kernel has */
+#define SLOT_FX_DIRECT_IO      0x010u  /* open: read or write around the page cache */
+#define SLOT_FX_PUSH           0x020u  /* a page-cache push of the version may start */
+#define SLOT_FX_FREE_DRAFT     0x040u  /* the writers' draft and base go */
+#define SLOT_FX_MAKE_DRAFT     0x080u  /* copy the base into a draft before this change */
+#define SLOT_FX_TRUNC_DRAFT    0x100u  /* empty the draft (or make an empty one) */
+#define SLOT_FX_NEED_BASE      0x200u  /* pin the published version as the writers' base */
+#define SLOT_FX_REMOVE_KEY     0x400u  /* drop the name's key from the store */
+
+/* ---- states ---- */
+
+enum memos_slot_state {
+    SLOT_CREATED = 0,   /* holds its name, never published, writers >= 1 */
+    SLOT_PUBLISHED,     /* holds its name, version >= 1, no writer */
+    SLOT_WRITING,       /* holds its name, version >= 1, writers >= 1 */
+    SLOT_SUPERSEDED,    /* a fresh inode took its name; serves its handles */
+    SLOT_PRIVATE,       /* a retried O_TRUNC writer's own draft, never named */
+    SLOT_GONE,          /* out of the tree (why: enum memos_slot_gone) */
+    SLOT_NSTATES
+};
+
+enum memos_slot_gone {
+    SLOT_GONE_NOT = 0,      /* (not gone) */
+    SLOT_GONE_UNPUBLISHED,  /* created, its last writer left, nothing published */
+    SLOT_GONE_UNLINK,       /* unlink(2) */
+    SLOT_GONE_REPLACED,     /* a rename put another slot on its name */
+    SLOT_GONE_EVICTED       /* no tier holds it (eviction, ring, reset, ...) */
+};
+
+/* ---- open: a pure plan ---- */
+
+enum memos_open_action {
+    SLOT_OPEN_ENOENT = 0,    /* refuse: ENOENT */
+    SLOT_OPEN_READ,          /* a reader of `version` on `inode` (fx: KEEP_CACHE | DIRECT_IO) */
+    SLOT_OPEN_WRITE,         /* a writer on `inode` (fx: NEED_BASE | TRUNC_DRAFT) */
+    SLOT_OPEN_PRIVATE,       /* a writer's draft of its own (memos_slot_private) */
+    SLOT_OPEN_SEND_BACK,     /* refuse: ESTALE, after memos_slot_send_back(target) */
+    SLOT_OPEN_WAIT           /* wait (bounded, PUSH_WAIT) and plan again with waited = 1 */
+};
+
+typedef struct memos_open_req {
+    uint32_t tgid;      /* the process that opens */
+    uint32_t pid;       /* the thread that sent the request */
+    int      write;     /* 1: O_WRONLY or O_RDWR */
+    int      trunc;     /* 1: O_TRUNC */
+    int      retry;     /* 1: the kernel's retry of an open answered ESTALE */
+    int      waited;    /* 1: this open waited already (plan again after SLOT_OPEN_WAIT) */
+} memos_open_req;
+
+typedef struct memos_open_plan {
+    enum memos_open_action action;
+    uint64_t inode;     /* the inode the handle goes on (the kernel's) */
+    uint64_t target;    /* SEND_BACK: the inode to make ready; READ: the version's holder */
+    uint64_t version;   /* READ: the version the reader reads (0: none yet) */
+    unsigned fx;        /* SLOT_FX_* for the open */
+} memos_open_plan;
+
+/* ---- publish: a pure plan ---- */
+
+enum memos_publish_action {
+    SLOT_PUBLISH_NOTHING = 0,  /* nothing changed, or not the opener, or the name is gone */
+    SLOT_PUBLISH_REFUSED,      /* a write was refused since the last publish: EIO */
+    SLOT_PUBLISH_DO            /* publish the draft under the name (memos_slot_published) */
+};
+
+/* ---- what a caller sees of a slot ---- */
+
+typedef struct memos_slot_info {
+    enum memos_slot_state state;
+    enum memos_slot_gone  gone;
+    uint64_t version;       /* published version, 0 if never */
+    uint64_t size;          /* bytes this caller sees (a writer: its draft's) */
+    uint64_t pub_size;      /* bytes of the published version */
+    uint64_t draft_size;    /* bytes of this inode's own draft (or base; else pub_size),
+                               whoever asks: what its publish would make */
+    uint64_t stored;        /* bytes of the published version's pages */
+    int64_t  mtime_ns;      /* the draft's mtime for a writer that changed it; else 0 */
+    int      writer_view;   /* 1: size is a draft's (attr_timeout 0 once published:
+                               others see another size; a never-published slot
+                               reaches only its writers) */
+    int      found;         /* 1: a lookup by this caller finds it (and its readdir
+                               lists it: the same rule) */
+    uint32_t writers;       /* write handles */
+    uint32_t readers;       /* page-cache read handles */
+    int      changed;       /* the draft holds unpublished changes */
+    int      write_failed;  /* a write was refused since the last publish */
+    int64_t  cache_version; /* -1 none known, -2 stale, else the pages' version */
+    uint64_t successor;     /* SUPERSEDED, PRIVATE: the inode that holds the name */
+} memos_slot_info;
+
+typedef struct slot_table slot_table;
+
+/* ---- the table ---- */
+
+slot_table *memos_slot_table_new(uint64_t first_ino);   /* NULL: no memory */
+void memos_slot_table_free(slot_table *t);
+size_t memos_slot_count(const slot_table *t);           /* inodes held */
+
+/* Testing: the n-th allocation from now fails (once; 0 disarms).  Returns
+ * the countdown left of the previous setting (0: it fired, or none). */
+uint64_t memos_slot_fail_after(slot_table *t, uint64_t n);
+
+/* ---- lifecycle ---- */
+
+/* create(2) of `name` by tgid/pid (trunc: O_TRUNC; excl: O_EXCL).  A new
+ * name: a CREATED inode with this writer.  An existing one: EEXIST with
+ * excl; else an open for writing (a join keeps the content, O_TRUNC makes a
+ * whole new version, on a fresh inode if readers or other writers keep the
+ * old).  *ino: the inode opened.  SLOT_OK, SLOT_EEXIST, SLOT_EINVAL (the
+ * holder is not a slot state that can be opened), SLOT_ENOMEM. */
+int memos_slot_create(slot_table *t, uint64_t name, uint32_t tgid, uint32_t pid,
+                      int trunc, int excl, int64_t now_ns, uint64_t *ino, unsigned *fx);
+
+/* A published slot under `name` (restore at mount, a remote name, creat(2)
+ * for reading once the caller published an empty version).  SLOT_OK,
+ * SLOT_EEXIST (the name is held), SLOT_ENOMEM. */
+int memos_slot_restore(slot_table *t, uint64_t name, uint64_t version, uint64_t size,
+                       uint64_t stored, int64_t now_ns, uint64_t *ino);
+
+/* The kernel learned (n > 0) or forgot (n < 0) the inode n times; an inode
+ * that left the tree goes once no lookup and no handle keep it.  SLOT_OK,
+ * SLOT_ENOENT. */
+int memos_slot_lookups(slot_table *t, uint64_t ino, int64_t n);
+
+/* ---- finding ---- */
+
+/* The inode that holds `name` for tgid: SLOT_ENOENT when none, or when it
+ * was created and never published and tgid is not one of its writers. */
+int memos_slot_lookup(const slot_table *t, uint64_t name, uint32_t tgid, uint64_t *ino);
+
+/* ---- opening ---- */
+
+/* What an open of `inode` should do (pure).  SLOT_OK, SLOT_ENOENT (no such
+ * inode). */
+int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_req *rq,
+                         int64_t now_ns, memos_open_plan *out);
+
+/* A reader handle on `inode` reading `version` (around: it reads around the
+ * page cache; so does every reader while writers are open or on their way).
+ * *fx: KEEP_CACHE or DIRECT_IO.  SLOT_OK, SLOT_ENOENT. */
+int memos_slot_attach_reader(slot_table *t, uint64_t inode, uint64_t version, int around,
+                             int64_t now_ns, unsigned *fx);
+
+/* A writer handle on `inode` for tgid/pid.  trunc: the draft starts empty;
+ * else from the published version (*fx NEED_BASE when none is held yet).
+ * SLOT_OK, SLOT_ENOENT, SLOT_ENOMEM. */
+int memos_slot_attach_writer(slot_table *t, uint64_t inode, uint32_t tgid, uint32_t pid,
+                             int trunc, int64_t now_ns, unsigned *fx);
+
+/* A draft of its own for a retried O_TRUNC writer of `inode`: a PRIVATE
+ * inode, never named, whose publishes follow `inode`'s name.  *priv: its
+ * inode (the handle goes there; fstat of `inode` by tgid answers its size).
+ * *fx: DIRECT_IO.  SLOT_OK, SLOT_ENOENT, SLOT_ENOMEM. */
+int memos_slot_private(slot_table *t, uint64_t inode, uint32_t tgid, uint32_t pid,
+                       int64_t now_ns, uint64_t *priv, unsigned *fx);
+
+/* Before an ESTALE to a writer sent to `inode`: make what the kernel's
+ * retry will find free of page-cache readers (a fresh inode for the name
+ * when they, or writers a trunc writer must not share, keep it) and mark
+ * the writer pending there until now_ns + SLOT_RETRY_NS.  SLOT_OK,
+ * SLOT_ENOENT, SLOT_ENOMEM. */
+int memos_slot_send_back(slot_table *t, uint64_t inode, uint32_t pid, int trunc,
+                         int64_t now_ns, unsigned *fx);
+
+/* A writer waiting on `inode` (SLOT_OPEN_WAIT) is pending there meanwhile. */
+int memos_slot_wait_mark(slot_table *t, uint64_t inode, uint32_t pid, int64_t now_ns);
+
+/* ---- writing (the bytes go to the caller's draft) ---- */
+
+/* Where a write of a write handle on `ino` lands: off, or the draft's end
+ * for O_APPEND (*fx DROP_PAGES when the kernel had placed it elsewhere),
+ * and MAKE_DRAFT when the base must be copied into a draft first.  Pure. */
+int memos_slot_write_plan(const slot_table *t, uint64_t ino, uint64_t off, int append,
+                          uint64_t *at, unsigned *fx);
+
+/* The caller wrote n bytes at `at` into the draft: its size grows to cover
+ * them.  SLOT_OK, SLOT_ENOENT, SLOT_EINVAL (no writer). */
+int memos_slot_wrote(slot_table *t, uint64_t ino, uint64_t at, uint64_t n, int64_t now_ns);
+
+/* The caller truncated the draft to size (ftruncate, fallocate mode 0 with
+ * size the new end; truncate to 0 forgets a refused write).  SLOT_OK,
+ * SLOT_ENOENT, SLOT_EINVAL (no writer). */
+int memos_slot_truncated(slot_table *t, uint64_t ino, uint64_t size, int64_t now_ns);
+
+/* A write, truncate or fallocate of the draft was refused (EFBIG, ENOSPC,
+ * EDQUOT): the draft is as it was, and it is never published now until the
+ * writers truncate it to nothing.  SLOT_OK, SLOT_ENOENT. */
+int memos_slot_refused(slot_table *t, uint64_t ino);
+
+/* ---- publishing ---- */
+
+/* close(2) (flush) by closer_tgid of a write handle on `ino` opened by
+ * opener_tgid, fsync (closer_tgid 0: anyone), or the release of the last
+ * writer (closer_tgid 0).  *target: the inode the version goes to.  Pure.
+ * Returns a memos_publish_action, or SLOT_ENOENT. */
+int memos_slot_publish_plan(const slot_table *t, uint64_t ino, uint32_t opener_tgid,
+                            uint32_t closer_tgid, uint64_t *target);
+
+/* The caller published the draft of the writers of `ino` as `version`
+ * (size logical bytes, stored bytes of pages).  The name points at it: in
+ * place, or on a fresh inode when page-cache readers or a push keep the
+ * holder (*holder: the inode that holds the name now).  A publish that
+ * raced an eviction of the name puts it back.  SLOT_OK, SLOT_ENOENT,
+ * SLOT_EINVAL (no publish is due), SLOT_ENOMEM. */
+int memos_slot_published(slot_table *t, uint64_t ino, uint64_t version, uint64_t size,
+                         uint64_t stored, int64_t now_ns, uint64_t *holder, unsigned *fx);
+
+/* truncate(2) by a process that does not write the slot: the caller made
+ * `version` of `size` from the published one; the name points at it as
+ * memos_slot_published does.  SLOT_OK, SLOT_ENOENT, SLOT_ENOMEM. */
+int memos_slot_set_version(slot_table *t, uint64_t ino, uint64_t version, uint64_t size,
+                           uint64_t stored, int64_t now_ns, uint64_t *holder, unsigned *fx);
+
+/* ---- closing ---- */
+
+/* A reader handle on `ino` is released (dio: it read around the cache). */
+int memos_slot_reader_gone(slot_table *t, uint64_t ino, int dio);
+
+/* A write handle on `ino` opened by tgid is released (after the publish
+ * that memos_slot_publish_plan with closer 0 asked for, if any).  The last
+ * writer: the draft goes (FREE_DRAFT), the pages stay the version's when
+ * its writers wrote it through them, a never-published create loses its
+ * name (FORGET_ENTRY), and a push may follow (PUSH).  SLOT_OK, SLOT_ENOENT,
+ * SLOT_EINVAL (no such writer). */
+int memos_slot_writer_gone(slot_table *t, uint64_t ino, uint32_t tgid, int64_t now_ns,
+                           unsigned *fx);
+
+/* ---- the namespace ---- */
+
+/* unlink(2) of `name`: its holder goes (SLOT_GONE_UNLINK).  *fx:
+ * REMOVE_KEY.  SLOT_OK, SLOT_ENOENT. */
+int memos_slot_unlink(slot_table *t, uint64_t name, unsigned *fx);
+
+/* rename(2) of `from` over `to` (if held): the target goes (REPLACED; an
+ * open of it is served the renamed slot when that was published), the
+ * renamed slot takes `to`.  SLOT_OK, SLOT_ENOENT. */
+int memos_slot_rename(slot_table *t, uint64_t from, uint64_t to, unsigned *fx);
+
+/* No tier holds `name`'s slot now (eviction with no SSD, ring, reset,
+ * corruption, the remote tier): the name goes.  SLOT_OK, SLOT_ENOENT. */
+int memos_slot_drop(slot_table *t, uint64_t name, unsigned *fx);
+
+/* ---- the page-cache pusher ---- */
+
+/* A push of `version` into `ino` starts: 1 when the kernel may hold another
+ * version's pages (drop them first, then memos_slot_own_cache), 0 when
+ * not, SLOT_ENOENT. */
+int memos_slot_push_claim(slot_table *t, uint64_t ino, uint64_t version);
+int memos_slot_own_cache(slot_table *t, uint64_t ino, uint64_t version);
+int memos_slot_push_done(slot_table *t, uint64_t ino);
+
+/* The kernel's pages of `ino` were invalidated (a coherence invalidation):
+ * the writers' pages are not the draft's any more. */
+int memos_slot_pages_dropped(slot_table *t, uint64_t ino);
+
+/* ---- reading it ---- */
+
+/* What tgid sees of inode `ino` (fstat; stat of a name: its holder).
+ * SLOT_OK, SLOT_ENOENT. */
+int memos_slot_stat(const slot_table *t, uint64_t ino, uint32_t tgid, int64_t now_ns,
+                    memos_slot_info *out);
+
+/* The invariants of one inode (ino) or of the whole table (ino 0): SLOT_OK,
+ * or SLOT_EINVAL with the first broken one in why. */
+int memos_slot_check(const slot_table *t, uint64_t ino, char *why, size_t whylen);
+
+/* How long an ESTALE'd writer is waited for, and a busy writer waits. */
+#define SLOT_RETRY_NS  (5000000000LL)
+
+const char *memos_slot_state_name(enum memos_slot_state st);
+const char *memos_slot_gone_name(enum memos_slot_gone g);
+
+#endif /* MEMOS_SLOT_H */
