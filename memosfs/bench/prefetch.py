@@ -10,8 +10,9 @@ read of a slot that does not exist is followed by its write, as a client
 that recomputes a missing KV block does):
 
 - mooncake: the Mooncake conversation trace (--trace FILE; by default
-  ../shared/traces/mooncake_conversation_trace.jsonl beside the checkout,
-  when it is there: without a trace this workload is skipped, and said so,
+  memosfs/bench/data/mooncake_conversation_trace.jsonl, shipped in the
+  repository (its source in the README beside it); without a trace this
+  workload is skipped, and said so,
   unless it was asked for by name).  Each request reads its prefix blocks in order; block `h`
   is slot `mooncake/c<first block after the root>/block-<h>` (a session is
   the subtree of one first block; block ids grow along a chain, so the
@@ -64,7 +65,7 @@ from memosfs.testing.prefetch_sim import (WORKLOADS, Request, load_workload, sim
                                           unique_slots)
 
 # beside the checkout (a clone with nothing beside it runs the synthetic workloads)
-DEFAULT_TRACE = str(Path(__file__).resolve().parents[3] / "shared" / "traces" /
+DEFAULT_TRACE = str(Path(__file__).resolve().parent / "data" /
                     "mooncake_conversation_trace.jsonl")
 
 
