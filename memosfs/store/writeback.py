@@ -10,10 +10,11 @@ SSD errors repeat for every slot: _log_io_error logs them at ERROR once
 every WRITEBACK_RETRY_S, the rest at DEBUG.
 
 Owns (as WriteBackMixin, one of Store's bases): _on_evict, _write_back,
-_make_ssd_room, persist, flush, demote, keys_lru_first, the background
-writer's loop (started by Store.start_background) and their helpers.  Uses
+_make_ssd_room, _save_meta_pending, persist, flush, demote, keys_lru_first,
+the background writer's loop (started by Store.start_background) and their
+helpers.  Uses
 the state Store.__init__ creates (cache, ssd, remote, lock, _recency,
-_dirty_since, _renamed_unsaved, _c, trace, prefetch, meta_of,
+_dirty_since, _meta_pending, _renamed_unsaved, _c, trace, prefetch, meta_of,
 writeback_delay_ms, _stop, _wake, _last_error_log).  Calls, through self,
 remote_wait (remoteglue.py), save_metadata and _dropped (namespace.py);
 imports memosfs.store.ssd and common.  Lock order: ssd.write_lock (inside
@@ -91,6 +92,8 @@ class WriteBackMixin:
         made by evicting SSD versions (least recent first; with
         room_from_older, only versions less recent than this one)."""
         key = ref.key
+        with self.lock:
+            seq = self._meta_pending.get(key)   # the metadata change meta includes
         meta = self.meta_of(key)
         try:
             entry = self.ssd.put(ref, meta, durable)
@@ -100,10 +103,13 @@ class WriteBackMixin:
         with self.lock:
             stored = self.ssd.get(key)
             if ref.live and ref.key == key and stored is not None \
-                    and stored.version == ref.version:
+                    and stored.version == ref.version \
+                    and self._meta_pending.get(key) == seq:
+                # (a chown after meta was read keeps it dirty: written again)
                 ref.dirty = False
                 self._dirty_since.pop(key, None)
                 self._renamed_unsaved.discard(key)
+                self._meta_pending.pop(key, None)
         if entry is None:
             return                              # a newer version, a rename or a removal won
         self._c["writebacks"] += 1
@@ -147,6 +153,38 @@ class WriteBackMixin:
                     self.trace.emit("SSD_EVICT", key=_k(entry.key), bytes=entry.size)
                     self._dropped(entry.key, "ssd-evicted")
 
+    def _save_meta_pending(self, only: Optional[bytes] = None) -> None:
+        """Metadata changed while memory did not hold the slot (mark_dirty):
+        rewrite it beside the SSD tier's version (SSDTier.rewrite_meta).  A
+        slot memory holds dirty is left to its write-back, which carries the
+        metadata.  only: that key alone (the fsync of a slot).  OSError: the
+        first failure, after trying the others (they stay pending)."""
+        with self.lock:
+            pending = dict(self._meta_pending)
+        if only is not None:
+            pending = {only: pending[only]} if only in pending else {}
+        failed: Optional[OSError] = None
+        for key, seq in pending.items():
+            ref = self.cache.peek(key)
+            if ref is not None:
+                try:
+                    if ref.dirty:
+                        continue
+                finally:
+                    ref.release()
+            try:
+                self.ssd.rewrite_meta(key, self.meta_of(key))
+            except OSError as e:
+                self._log_io_error("the new owner, mode or attributes of %s could not be "
+                                   "saved to the SSD tier (kept pending): %s", _k(key), e)
+                failed = failed or e
+                continue
+            with self.lock:
+                if self._meta_pending.get(key) == seq:
+                    del self._meta_pending[key]
+        if failed is not None:
+            raise failed
+
     def _log_io_error(self, fmt: str, *args: object) -> None:
         """SSD trouble (a full disk) repeats for every slot: log it at ERROR
         once every WRITEBACK_RETRY_S, the rest at DEBUG."""
@@ -168,6 +206,7 @@ class WriteBackMixin:
             return
         ref = self.cache.peek(key)
         if ref is None:
+            self._save_meta_pending(only=key)       # a chown since it left memory
             self.ssd.sync_key(key)                  # only on the SSD: its file and rename
             return
         try:
@@ -203,10 +242,17 @@ class WriteBackMixin:
                     failed = failed or e
                 finally:
                     ref.release()
+            try:
+                self._save_meta_pending()
+            except OSError as e:
+                failed = failed or e
             self.ssd.sync()
             self.save_metadata(durable=True)
-            # what failed, and what lost its fresh SSD copy to make room
-            unsaved = [k for k, v in tried.items() if self._dirty_version(k) == v]
+            # what failed, and what lost its fresh SSD copy to make room (a
+            # version on the SSD tier kept dirty by a chown during its
+            # write-back is saved: its metadata goes with the next one)
+            unsaved = [k for k, v in tried.items() if self._dirty_version(k) == v
+                       and getattr(self.ssd.get(k), "version", None) != v]
             if unsaved or failed is not None:
                 raise UnsavedSlots(unsaved, failed)
         swept = self.cache.sweep()              # then reclaim memory
@@ -290,6 +336,8 @@ class WriteBackMixin:
                 return
             try:
                 self._write_back_due(time.monotonic() - delay)
+                if self._meta_pending:
+                    self._save_meta_pending()
                 self._clean_ahead()
                 now = time.monotonic()
                 if now - last_meta < META_SAVE_GAP_S:
