@@ -223,6 +223,8 @@ KNOB_APPLY: dict[str, Callable[["ControlTree", Any], Any]] = {
     "coherence_batch_ms": _read_at_use,         # each batch (coherence.py)
     "agent_identity": _read_at_use,             # each open (coherence.py)
     "ring_slots": _apply_ring_slots,
+    "umask": _read_at_use,                      # each mkdir and create (namespace.py,
+                                                # opening.py)
     "pin_max_per_uid": _read_at_use,            # each pin (tenants.py)
     "hold_max_per_uid": _read_at_use,           # each open and write (tenants.py)
     "prefetch_mode": _apply_prefetch_mode,

@@ -213,7 +213,7 @@ class NamespaceOps(OpsCore):
             raise refuse(errno.ENAMETOOLONG, "mkdir %s: no slot would fit below it "
                          "(paths below the mount are at most %d bytes)", n, _native.KEY_MAX)
         gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
-        d = Dir(self._new_ino(), n, parent, stat.S_IMODE(mode), ctx.uid, gid, level)
+        d = Dir(self._new_ino(), n, parent, self._new_mode(mode), ctx.uid, gid, level)
         if parent.mode & stat.S_ISGID:
             d.mode |= stat.S_ISGID
         parent.children[n] = d
