@@ -296,6 +296,7 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
             warmup_loaded_bytes=c["warmup_loaded_bytes"],
             warmup_total_bytes=self._warm_total, warmup_done=self._warm_done,
             ring_recycles=c["ring_recycles"], resets=c["resets"], flushes=c["flushes"],
+            moved_out=c["moved_out"],
             ring_slots=self.ring_slots, direct_reads=c["direct_reads"],
             **self.quant.statistics())
 

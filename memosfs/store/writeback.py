@@ -5,15 +5,16 @@ A dirty version reaches the SSD (1) through the C core's eviction callback
 thread (_writer_loop), `writeback_delay_ms` after it was published,
 (3) on persist (fsync of a slot) and flush, and (4) at close (store.py).
 A tier over ssd_capacity makes room by evicting versions in its policy's
-order (_make_ssd_room; memosfs/store/ssdpolicy.py).  demote moves a version out of memory for the quotas.
+order (_make_ssd_room; memosfs/store/ssdpolicy.py).  move_out takes a
+version out of memory, keeping it on the SSD tier: for the quotas (demote)
+and for the operator's `evict` and `drop` commands.
 SSD errors repeat for every slot: _log_io_error logs them at ERROR once
 every WRITEBACK_RETRY_S, the rest at DEBUG.
 
 Owns (as WriteBackMixin, one of Store's bases): _on_evict, _write_back,
-_make_ssd_room, _save_meta_pending, persist, flush, demote, keys_lru_first,
-the background writer's loop (started by Store.start_background) and their
-helpers.  Uses
-the state Store.__init__ creates (cache, ssd, remote, lock, _recency,
+_make_ssd_room, _save_meta_pending, persist, flush, demote, move_out,
+keys_lru_first, the background writer's loop (started by
+Store.start_background) and their helpers.  Uses the state Store.__init__ creates (cache, ssd, remote, lock, _recency,
 _dirty_since, _meta_pending, _renamed_unsaved, _c, trace, prefetch, meta_of,
 writeback_delay_ms, _stop, _wake, _last_error_log).  Calls, through self,
 remote_wait (remoteglue.py), save_metadata and _dropped (namespace.py);
@@ -266,39 +267,52 @@ class WriteBackMixin:
         tier (written back first if dirty): an agent over its quota makes
         room this way.  False, and nothing changes, when it cannot: no SSD
         tier, not in memory, pinned, or its write-back failed."""
-        if self.ssd is None:
+        try:
+            return self.move_out(key, cause="quota") == "moved"
+        except OSError as e:
+            self._log_io_error("quota: %s stays in memory: write-back failed: %s",
+                               _k(key), e)
             return False
+
+    def move_out(self, key: bytes, write_back: bool = True, cause: str = "operator") -> str:
+        """Take key's current version out of memory, keeping it on the SSD
+        tier; nothing is ever deleted.  write_back: a dirty version is written
+        back first (the `evict` command, the quotas); without it (`drop`) only
+        a version the SSD tier already holds goes.  Returns "moved", or why
+        nothing changed: "out" (memory does not hold it), "no-ssd" (no tier
+        to keep it), "pinned", "dirty" (not written back yet, write_back
+        False), "changed" (replaced, written or pinned meanwhile).  OSError:
+        its write-back failed (it stays in memory, dirty)."""
         ref = self.cache.peek(key)
         if ref is None:
-            return False
+            return "out"
         try:
+            if self.ssd is None:
+                return "no-ssd"
             if ref.sticky:
-                return False
+                return "pinned"
             if ref.dirty:
-                try:
-                    self._write_back(ref, durable=False)
-                except OSError as e:
-                    self._log_io_error("quota: %s stays in memory: write-back failed: %s",
-                                       _k(key), e)
-                    return False
+                if not write_back:
+                    return "dirty"
+                self._write_back(ref, durable=False)
             with self.lock:                     # publish and rename take it too
                 cur = self.cache.peek(key)
                 if cur is None:
-                    return False
+                    return "out"
                 try:
                     same = cur.version == ref.version and not cur.dirty and not cur.sticky
                 finally:
                     cur.release()
                 entry = self.ssd.get(key)
                 if not same or entry is None or entry.version != ref.version:
-                    return False
+                    return "changed"
                 self.cache.remove(key)
-            self._c["demotions"] += 1
+            self._c["demotions" if cause == "quota" else "moved_out"] += 1
             self.trace.emit("EVICT", key=_k(key), bytes=ref.size, version=ref.version,
-                            to="ssd", cause="quota")
+                            to="ssd", cause=cause)
             if self.prefetch is not None:
                 self.prefetch.on_evict(key)
-            return True
+            return "moved"
         finally:
             ref.release()
 
