@@ -21,6 +21,7 @@ from conftest import CTX, MiB, Handlers
 from memosfs.fuse.operations import MemosOperations
 from memosfs.store.ssd import SSDTier
 from memosfs.store.store import Store
+from memosfs.testing import faults
 
 
 def _chown(fs: Handlers, path: str, uid: int, gid: int) -> None:
@@ -144,4 +145,34 @@ def test_chown_of_an_evicted_slot_survives_a_remount(make_mount):
     st = os.stat(m2.path / "a" / "s" / "cold")
     assert (st.st_uid, st.st_gid, st.st_mode & 0o7777, st.st_size) == \
         (4242, 4343, 0o640, 5 * MiB)
+    assert (m2.path / "a" / "s" / "cold").read_bytes() == b"c" * (5 * MiB)
+
+
+def test_fsync_after_a_chown_makes_the_owner_durable(make_mount):
+    """The owner of a slot memory does not hold, then of one it holds, is
+    durable once the slot is fsync'd: it comes back after kill -9."""
+    m = make_mount(capacity="8M", writeback_delay_ms=3_600_000)
+    ssd = str(m.ssd)
+    sess = m.path / "a" / "s"
+    sess.mkdir(parents=True)
+    (sess / "cold").write_bytes(b"c" * (5 * MiB))
+    with open(m.path / ".memos" / "cache" / "flush", "w") as f:
+        f.write("1")
+    (sess / "hot").write_bytes(b"h" * (5 * MiB))
+    os.setxattr(sess / "hot", "user.memos.pin", b"1")
+    (sess / "warm").write_bytes(b"w" * 1000)
+    assert os.getxattr(sess / "cold", "user.memos.tier") == b"ssd"
+    assert os.getxattr(sess / "warm", "user.memos.tier") == b"mem"
+    for name, uid in (("cold", 4242), ("warm", 4343)):
+        os.chown(sess / name, uid, uid + 1)
+        fd = os.open(sess / name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    faults.kill9(m)                               # (True: it had to abort the connection)
+    m2 = make_mount(capacity="8M", ssd=ssd)
+    for name, uid in (("cold", 4242), ("warm", 4343)):
+        st = os.stat(m2.path / "a" / "s" / name)
+        assert (st.st_uid, st.st_gid) == (uid, uid + 1), name
     assert (m2.path / "a" / "s" / "cold").read_bytes() == b"c" * (5 * MiB)

@@ -173,8 +173,10 @@ class WriteBackMixin:
                         continue
                 finally:
                     ref.release()
+            meta = self.meta_of(key)
             try:
-                self.ssd.rewrite_meta(key, self.meta_of(key))
+                if meta:                        # ({}: the name is gone meanwhile)
+                    self.ssd.rewrite_meta(key, meta)
             except OSError as e:
                 self._log_io_error("the new owner, mode or attributes of %s could not be "
                                    "saved to the SSD tier (kept pending): %s", _k(key), e)
