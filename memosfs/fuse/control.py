@@ -50,7 +50,8 @@ exits naming the option; at run time the write is EINVAL (files.py
 Owns: `ControlTree`, built like the federated tree (`FedTree`, fedtree.py):
 its nodes live in the filesystem's inode table under fixed inode numbers
 (2 up to FIRST_DYNAMIC_INO), added through `ops.add_fixed`; the knob
-writes; the flush, reset_context, revoke and trace writers; the list of
+writes; the flush, reset_context, revoke and trace writers; the evict and
+drop files (their commands are steer.py's `Steering`); the list of
 statistics records every stats file prints (`statistics()`, STATS_RECORDS)
 and the filesystem's own record, FilesystemStats.
 
