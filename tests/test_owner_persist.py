@@ -176,3 +176,36 @@ def test_fsync_after_a_chown_makes_the_owner_durable(make_mount):
         st = os.stat(m2.path / "a" / "s" / name)
         assert (st.st_uid, st.st_gid) == (uid, uid + 1), name
     assert (m2.path / "a" / "s" / "cold").read_bytes() == b"c" * (5 * MiB)
+
+
+def test_chown_of_an_inode_that_gave_its_name_away_reaches_the_slot(tmp_path):
+    """A writer's O_TRUNC open while page-cache readers hold the slot gives
+    the name a fresh inode (ESTALE: the kernel looks the name up again); a
+    chown that reached the old inode meanwhile (fsstress's lchown racing its
+    own writers) changes the slot: what stat shows and what a remount
+    brings back."""
+    import errno as errno_
+    ssd = tmp_path / "ssd"
+    fs = Handlers(ssd=ssd)
+    fs.mkdirs("a/s")
+    fs.write("a/s/x", b"v1")
+    old_ino = fs.lookup("a/s/x")
+    reader = fs.open_read("a/s/x")
+    assert fs.err("open", old_ino, os.O_WRONLY | os.O_TRUNC, CTX) == errno_.ESTALE
+    assert fs.lookup("a/s/x") != old_ino              # the name has a new inode
+    attr = pyfuse3.EntryAttributes()
+    attr.st_uid, attr.st_gid, attr.st_mode = 6161, 6262, 0o640
+    fields = type("Fields", (), {f: False for f in (
+        "update_atime", "update_mtime", "update_size")})()
+    fields.update_uid = fields.update_gid = fields.update_mode = True
+    fs.call("setattr", old_ino, attr, fields, None, CTX)
+    st = fs.call("getattr", fs.lookup("a/s/x"), CTX)
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (6161, 6262, 0o640)
+    fs.call("release", reader.fh)
+    fs.close()
+    store, ops = _reopen(ssd)
+    try:
+        x = ops.slot_at("a/s/x")
+        assert (x.uid, x.gid, x.mode & 0o7777) == (6161, 6262, 0o640)
+    finally:
+        store.close()
