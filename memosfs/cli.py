@@ -11,6 +11,12 @@
     memosfs top    MOUNTPOINT [--interval S] [--once]
                                                a live view: hit ratio, tiers, evictions,
                                                write-back, coherence, usage per agent
+    memosfs ls     [-l] [--json] [PATH...]     the slots below PATH: tier (mem, ssd,
+                                               remote), size, stored bytes, age, hits,
+                                               dirty, pinned (memosfs/cachectl.py)
+    memosfs evict  PATH...                     slots leave memory for the SSD tier
+    memosfs drop   PATH...                     slots the SSD tier holds leave memory
+    memosfs pin    PATH... / unpin PATH...     keep slots in memory, or not
     memosfs calc-size --tokens N --layers L (--hidden H | --kv-heads K --head-dim D)
                       [--dtype fp16] [--redundancy 2]
     memosfs knobs [--markdown]                 the knob table
@@ -910,6 +916,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from memosfs import top
     top.add_parser(sub)
+    from memosfs import cachectl
+    cachectl.add_parsers(sub)
 
     c = sub.add_parser("calc-size", help="bytes of a KV cache")
     c.add_argument("--tokens", type=int, required=True)
@@ -931,8 +939,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SUBCOMMANDS = {"mount", "umount", "stat", "df", "why", "top", "calc-size", "bench", "knobs", "-h",
-               "--help", "-V", "--version"}
+SUBCOMMANDS = {"mount", "umount", "stat", "df", "why", "top", "calc-size", "bench", "knobs", "ls",
+               "evict", "drop", "pin", "unpin", "-h", "--help", "-V", "--version"}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -24,6 +24,8 @@ newlines are ignored, and then the whole text must be
   512,000,000; the result must be a whole number of bytes;
 * a ratio knob: `[0-9]+` or `[0-9]+.[0-9]+` (so no `-0`, `nan`, `inf`, `1e-1`);
 * a choice knob: one of its names exactly;
+* a mode mask (umask): one to four octal digits `[0-7]`, as umask(1) takes
+  them (`077`, `0022`);
 
 and within the knob's bounds in `KNOBS` (see `Knob.range_text`).  At most 64
 bytes are read.  The mount options (`-o capacity=4G,...`) go through the same
@@ -52,6 +54,7 @@ _BLANK = " \t\r\n"
 _INT_RE = re.compile(r"[0-9]+", re.ASCII)
 _SIZE_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?(?:([kKmMgGtT])([iI]?)([bB]?)|[bB])?", re.ASCII)
 _RATIO_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?", re.ASCII)
+_OCTAL_RE = re.compile(r"[0-7]{1,4}", re.ASCII)
 _SIZE_POWER = {"k": 1, "m": 2, "g": 3, "t": 4}
 
 
@@ -107,6 +110,8 @@ def _fmt_bound(kind: str, v: Any) -> str:
                              ("K", 1 << 10)):
             if v and v % mult == 0:
                 return f"{v // mult}{suffix}"
+    if kind == "mask":
+        return f"{v:04o}"
     if isinstance(v, float) and v.is_integer():
         return str(int(v))
     return str(v)
@@ -122,7 +127,8 @@ class Knob:
     Kinds and their values: int (an int in [lo, hi]), size (an int of
     bytes), ratio (a float in [lo, hi]), flag (a bool, written 0 or 1),
     choice (one of the names in bounds, a str), error_max (a float, or the
-    str `auto`), share (an int of bytes, or a str `N%` of capacity)."""
+    str `auto`), share (an int of bytes, or a str `N%` of capacity), mask
+    (an int of permission bits, written in octal)."""
     name: str
     kind: str
     bounds: tuple
@@ -151,8 +157,13 @@ class Knob:
             if not _INT_RE.fullmatch(t[:-1]) or not 1 <= int(t[:-1]) <= 100:
                 raise KnobError(f"{t!r} is not a share of capacity in [1%, 100%]")
             return f"{int(t[:-1])}%"
-        if self.kind == "int":
-            v: Any = _parse_int(text)
+        if self.kind == "mask":
+            t = _clean(text)
+            if not _OCTAL_RE.fullmatch(t):
+                raise KnobError(f"not a mode mask: {t!r} (octal digits, as umask takes them)")
+            v: Any = int(t, 8)
+        elif self.kind == "int":
+            v = _parse_int(text)
         elif self.kind in ("size", "share"):
             v = parse_size(text)
             if v == 0 and self.zero:
@@ -197,6 +208,8 @@ class Knob:
         """The text of a value, as the knob's file shows it."""
         if self.kind == "flag":
             return "1\n" if value else "0\n"
+        if self.kind == "mask":
+            return f"{value:04o}\n"
         return f"{value}\n"
 
 
@@ -290,6 +303,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("ring_slots", "int", (0, 1 << 30), 0,
          "slots a session keeps before its oldest is recycled (0 = no limit)",
          "on the next publish in a session"),
+    Knob("umask", "mask", (0, 0o777), 0o077,
+         "permission bits taken away from every new agent, session, directory and slot, "
+         "on top of the creator's umask (as vfat's umask=): 077 keeps each agent private "
+         "to its uid, 022 lets every uid read; chmod shares one on purpose",
+         "on the next mkdir or create"),
     Knob("pin_max_per_uid", "share", (1 << 20, 1 << 50), "25%",
          "bytes one uid may pin with user.memos.pin (a size, or a share of capacity: 25%); "
          "a pin beyond it is EDQUOT; root is not bounded"),

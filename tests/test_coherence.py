@@ -479,7 +479,9 @@ def test_isolation_between_uids(make_mount, agents):
 
 
 def test_sharing_through_a_group(make_mount, agents):
-    m = make_mount(world=True)
+    # the mount shares with groups (umask=027); its private default (077)
+    # would take the group bits away: tests/test_umask.py
+    m = make_mount(world=True, umask="027")
     team = m.p("team")
     r = run_as(20001, ["sh", "-c", f"umask 027 && mkdir -p {team}/s && chgrp -R 30000 {team}"
                                    f" && echo shared > {team}/s/kv && chgrp 30000 {team}/s/kv"],

@@ -101,7 +101,7 @@ def test_a_directory_that_cannot_be_made_is_named(tmp_path):
 @pytest.mark.parametrize("mask, want_file, want_dir", [(0o022, 0o644, 0o755),
                                                         (0o077, 0o600, 0o700)])
 def test_slot_modes_on_a_mount(make_mount, mask, want_file, want_dir):
-    m = make_mount(capacity="64M")
+    m = make_mount(capacity="64M", umask="000")     # the writer's umask alone decides
     slot = m.path / "planner" / "chat-42" / "turn0"
     with umask(mask):
         kv.save_kv(slot, pairs(), model_id="m", tokens=8)
@@ -116,7 +116,9 @@ def test_slot_modes_on_a_mount(make_mount, mask, want_file, want_dir):
 
 @needs_root_setpriv
 def test_another_uid_reads_a_slot_saved_under_umask_022(make_mount):
-    m = make_mount(world=True, capacity="64M")
+    # a mount that shares (umask=022; its default, 077, keeps slots private:
+    # tests/test_umask.py)
+    m = make_mount(world=True, capacity="64M", umask="022")
     slot = m.path / "planner" / "chat-42" / "turn0"
     with umask(0o022):
         kv.save_kv(slot, pairs(), model_id="m")

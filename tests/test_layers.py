@@ -2,7 +2,8 @@
 
     cli → fuse → store → _native
     fuse may use federated (the .federated tree); federated and store use leaves;
-    knobs, trace, stats, abi, private, top are leaves (nothing of the package);
+    knobs, trace, stats, abi, private, top, cachectl are leaves (nothing of the
+    package);
     client imports nothing of the daemon (only abi);
     only the CLI, tests and bench import testing/ and bench/;
     nothing below fuse imports pyfuse3 or trio.
@@ -20,7 +21,7 @@ import pytest
 PKG = Path(__file__).resolve().parent.parent / "memosfs"
 
 LEAVES = {"memosfs.knobs", "memosfs.trace", "memosfs.stats", "memosfs.abi",
-          "memosfs.private", "memosfs.top"}
+          "memosfs.private", "memosfs.top", "memosfs.cachectl"}
 NATIVE = {"memosfs._native", "memosfs._fuseshim"}
 
 # layer -> the layers it may import (besides itself)

@@ -23,6 +23,10 @@ cache/flush            0600  root writes 1: persist every dirty slot, then recla
 cache/revoke           0600  root writes `agent/session/slot`: revoke every reader of it
                              (coherence protocol 2; their reads fail with ESTALE)
 cache/reset_context    0600  root writes `agent/session`: drop that session's slots
+cache/evict            0622  root or the owner writes `agent[/session[/.../slot]]`:
+                             those slots leave memory for the SSD tier (written back
+                             first if dirty), never deleted (steer.py)
+cache/drop             0622  the same, for slots the SSD tier already holds (clean)
 debug/trace            0600  root only.  write 1 (on, clears the buffer) or 0 (off);
                              read: one event a line, `<ns> <EVENT> field=value ...`
 debug/requests         0444  `kind count` lines: every request the kernel sent since
@@ -46,7 +50,8 @@ exits naming the option; at run time the write is EINVAL (files.py
 Owns: `ControlTree`, built like the federated tree (`FedTree`, fedtree.py):
 its nodes live in the filesystem's inode table under fixed inode numbers
 (2 up to FIRST_DYNAMIC_INO), added through `ops.add_fixed`; the knob
-writes; the flush, reset_context, revoke and trace writers; the list of
+writes; the flush, reset_context, revoke and trace writers; the evict and
+drop files (their commands are steer.py's `Steering`); the list of
 statistics records every stats file prints (`statistics()`, STATS_RECORDS)
 and the filesystem's own record, FilesystemStats.
 
@@ -62,7 +67,7 @@ import errno
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
 from memosfs.knobs import KNOB_BY_NAME, KNOBS, KnobError
 from memosfs.stats import (Record, as_dict, counter, format_metrics, format_stats, gauge,
@@ -74,6 +79,7 @@ from memosfs.store.statistics import CacheStats, StoreStats
 from memosfs.fuse.core import FIRST_DYNAMIC_INO, physical_memory
 from memosfs.fuse.coherence import CoherenceStats
 from memosfs.fuse.nodes import CONTROL_DIR, CTL, Dir, Pseudo
+from memosfs.fuse.steer import Steering
 from memosfs.fuse.tenants import TenantStats
 from memosfs.fuse.why import CALLER
 
@@ -239,6 +245,8 @@ KNOB_APPLY: dict[str, Callable[["ControlTree", Any], Any]] = {
     "coherence_batch_ms": _read_at_use,         # each batch (coherence.py)
     "agent_identity": _read_at_use,             # each open (coherence.py)
     "ring_slots": _apply_ring_slots,
+    "umask": _read_at_use,                      # each mkdir and create (namespace.py,
+                                                # opening.py)
     "pin_max_per_uid": _read_at_use,            # each pin (tenants.py)
     "hold_max_per_uid": _read_at_use,           # each open and write (tenants.py)
     "prefetch_mode": _apply_prefetch_mode,
@@ -311,6 +319,11 @@ class ControlTree:
         self._file(next(ino), "flush", cache, 0o600, None, self.write_flush)
         self._file(next(ino), "reset_context", cache, 0o600, None, self.write_reset)
         self._file(next(ino), "revoke", cache, 0o600, None, self.write_revoke)
+        # steering: root, or the owner of what a line names, moves slots out
+        # of memory (never deleting them: steer.py)
+        self.steering = Steering(ops)
+        self._file(next(ino), "evict", cache, 0o622, None, None, self.steering.evict)
+        self._file(next(ino), "drop", cache, 0o622, None, None, self.steering.drop)
         # the trace names every tenant's agents, sessions, slots and uids
         self._file(next(ino), "trace", debug, 0o600, self.trace.text, self.write_trace)
         self._file(next(ino), "metrics", ctl, 0o444,
@@ -325,8 +338,9 @@ class ControlTree:
 
     def _file(self, ino: int, name: str, parent: Dir, mode: int,
               read: Optional[Callable[[], str]],
-              write: Optional[Callable[[str], None]]) -> None:
-        self.ops.add_fixed(Pseudo(ino, name, parent, mode, read, write))
+              write: Optional[Callable[[str], None]],
+              command: Optional[Callable[[str, int], Awaitable[None]]] = None) -> None:
+        self.ops.add_fixed(Pseudo(ino, name, parent, mode, read, write, command))
 
     def _requests_text(self) -> str:
         counts = self.ops.op_counts()

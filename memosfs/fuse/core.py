@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import time
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Iterator, Optional
@@ -320,6 +321,12 @@ class OpsCore:
                 yield child
             elif isinstance(child, Dir):
                 yield from self._walk_slots(child)
+
+    def _new_mode(self, mode: int) -> int:
+        """The permission bits of a new agent, session, directory or slot:
+        what the creator asked for (the kernel took its umask away already)
+        less the mount's `umask` knob (077 by default: private to its uid)."""
+        return stat.S_IMODE(mode) & ~int(self.knobs["umask"])
 
     # ---- attributes ----
 

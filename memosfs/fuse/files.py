@@ -91,7 +91,7 @@ class FileOps(OpsCore):
         closes or fsyncs.  A refused write changes nothing."""
         h = self.handles[fh]
         if h.kind == "pseudo":
-            n = self._write_pseudo(h, off, buf)
+            n = await self._write_pseudo(h, off, buf)
             drops, self.control.drops_due = self.control.drops_due, []
             if drops and self.is_mounted():
                 with trio.move_on_after(1.0):   # (bounded: the kernel answers fast)
@@ -243,18 +243,21 @@ class FileOps(OpsCore):
             from memosfs import _fuseshim
             _fuseshim.fallocate_reply(token, err)
 
-    def _write_pseudo(self, h: Handle, off: int, buf: bytes) -> int:
+    async def _write_pseudo(self, h: Handle, off: int, buf: bytes) -> int:
         node = h.node
-        assert isinstance(node, Pseudo) and node.write is not None
+        assert isinstance(node, Pseudo) and (node.write or node.command) is not None
         text = (h.data[:off] + buf) if off else buf
         try:
-            node.write(text.decode("utf-8", "surrogateescape"))
+            if node.command is not None:
+                await node.command(text.decode("utf-8", "surrogateescape"), h.uid)
+            else:
+                node.write(text.decode("utf-8", "surrogateescape"))
         except KnobError as e:
             self._refused += 1
             raise refuse(errno.EINVAL, "%s: %s", node.name, e, level=logging.WARNING)
         except OSError as e:
             self._refused += 1
-            raise refuse(e.errno or errno.EIO, "%s: %s", node.name, e,
+            raise refuse(e.errno or errno.EIO, "%s: %s", node.name, e.strerror or e,
                          level=logging.WARNING)
         h.data = text
         return len(buf)

@@ -168,12 +168,19 @@ class NamespaceOps(OpsCore):
                 raise refuse(errno.EISDIR, "truncate of directory %s", node.name)
             if isinstance(node, Slot):
                 await self._truncate(node, attr.st_size, fh, ctx)
-        if fields.update_mode:
-            node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(attr.st_mode)
-        if fields.update_uid:
-            node.uid = attr.st_uid
-        if fields.update_gid:
-            node.gid = attr.st_gid
+        # (an inode that gave its name to a fresh one, for the kernel's retry
+        # of a writer's open, is the same slot: its owner and mode go to the
+        # inode that holds the name too, which is the one the tiers save)
+        same = [node]
+        while isinstance(same[-1], Slot) and same[-1].successor is not None:
+            same.append(same[-1].successor)
+        for n in same:
+            if fields.update_mode:
+                n.mode = stat.S_IFMT(n.mode) | stat.S_IMODE(attr.st_mode)
+            if fields.update_uid:
+                n.uid = attr.st_uid
+            if fields.update_gid:
+                n.gid = attr.st_gid
         if fields.update_atime:
             node.atime_ns = attr.st_atime_ns
         if fields.update_mtime:
@@ -185,8 +192,11 @@ class NamespaceOps(OpsCore):
         # open descriptor go with the version its publish makes: the
         # published one is not written back again for them)
         by_writer = fh is not None and isinstance(node, Slot) and node.writers > 0
-        self._metadata_changed(node, fields.update_mode or fields.update_uid
-                               or fields.update_gid or (fields.update_mtime and not by_writer))
+        owner = fields.update_mode or fields.update_uid or fields.update_gid
+        self._metadata_changed(node, owner or (fields.update_mtime and not by_writer))
+        if owner and len(same) > 1:
+            same[-1].ctime_ns = now
+            self._metadata_changed(same[-1])
         return self._attr(node, ctx)
 
     def _metadata_changed(self, node: Node, persisted: bool = True) -> None:
@@ -219,7 +229,7 @@ class NamespaceOps(OpsCore):
             raise refuse(errno.ENAMETOOLONG, "mkdir %s: no slot would fit below it "
                          "(paths below the mount are at most %d bytes)", n, _native.KEY_MAX)
         gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
-        d = Dir(self._new_ino(), n, parent, stat.S_IMODE(mode), ctx.uid, gid, level)
+        d = Dir(self._new_ino(), n, parent, self._new_mode(mode), ctx.uid, gid, level)
         if parent.mode & stat.S_ISGID:
             d.mode |= stat.S_ISGID
         parent.children[n] = d

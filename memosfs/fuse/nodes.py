@@ -30,7 +30,7 @@ import os
 import stat
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
 from memosfs import _native
 
@@ -521,14 +521,18 @@ def entry_from_record(ino: int, name: str, parent: Dir, rec: dict) -> Entry:
 
 
 class Pseudo(Node):
-    """A control-plane file: content made by `read`, writes applied by `write`."""
+    """A control-plane file: content made by `read`, writes applied by `write`
+    -- or, for a command that waits (for the disk) and acts as its writer,
+    awaited as `command(text, uid of the writer)`."""
 
     def __init__(self, ino: int, name: str, parent: Dir, mode: int,
                  read: Optional[Callable[[], str]],
-                 write: Optional[Callable[[str], None]]) -> None:
+                 write: Optional[Callable[[str], None]],
+                 command: Optional[Callable[[str, int], Awaitable[None]]] = None) -> None:
         super().__init__(ino, name, parent, stat.S_IFREG | mode, 0, 0)
         self.read = read
         self.write = write
+        self.command = command
 
 
 class Handle:

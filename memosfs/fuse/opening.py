@@ -130,7 +130,7 @@ class OpenOps(OpsCore):
         node = parent.children.get(n)
         if node is None:
             gid = parent.gid if parent.mode & stat.S_ISGID else ctx.gid
-            node = Slot(self._new_ino(), n, parent, stat.S_IMODE(mode), ctx.uid, gid)
+            node = Slot(self._new_ino(), n, parent, self._new_mode(mode), ctx.uid, gid)
             parent.children[n] = node
             parent.mtime_ns = parent.ctime_ns = now_ns()
             self.inodes[node.ino] = node

@@ -77,7 +77,9 @@ class NamespacePersistence(OpsCore):
                 log.error("SSD tier: slot key %r has no place in the tree; skipped", e.key)
                 continue
             m = e.meta
-            sess = self._ensure_dirs(parts[:-1], m.get("uid", 0), m.get("gid", 0), 0o755)
+            # (a folder namespace.json does not know: as a new one would be made)
+            sess = self._ensure_dirs(parts[:-1], m.get("uid", 0), m.get("gid", 0),
+                                     self._new_mode(0o755))
             name = parts[-1]
             if isinstance(sess.children.get(name), Entry):
                 log.error("SSD tier: %r is a %s and a slot; the slot is kept", e.key,

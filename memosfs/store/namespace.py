@@ -11,7 +11,7 @@ itself is forgotten here and told to the drop listeners (_dropped).
 Owns (as NamespaceMixin, one of Store's bases): _touch, _forget, _dropped,
 sync_namespace, save_metadata, namespace_changed, restore.  Uses the state
 Store.__init__ creates (cache, ssd, lock, _meta_lock, _order, _recency,
-_dirty_since, _renamed_unsaved, _recency_dirty, _namespace_dirty,
+_dirty_since, _meta_pending, _renamed_unsaved, _recency_dirty, _namespace_dirty,
 _drop_listeners, namespace_of).  Calls, through self, _write_back
 (writeback.py); imports common.  Lock order: _meta_lock, then self.lock.
 """
@@ -62,6 +62,7 @@ class NamespaceMixin:
             self._recency.pop(key, None)
             self.quant.forget(key)
             self._dirty_since.pop(key, None)
+            self._meta_pending.pop(key, None)
             self._recency_dirty = True
 
     def _dropped(self, key: bytes, reason: str) -> None:

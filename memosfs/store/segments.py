@@ -393,6 +393,44 @@ class SegmentStore:
         self._changed = True
         return entry
 
+    def rewrite_meta(self, entry: PackedEntry, meta: dict[str, Any]) -> PackedEntry:
+        """entry's version with new metadata (owner, mode, times or xattrs
+        changed while memory did not hold the slot: SSDTier.rewrite_meta,
+        writer lock held): its payload appended again beside the new
+        metadata, a newer record of the key than the one it replaces, so a
+        crash leaves the old metadata or the new.  OSError: nothing changed."""
+        tier = self.tier
+        key = entry.key
+        payload = entry.seg.pread(entry.size, entry.data_off) if entry.size else b""
+        if len(payload) != entry.size:
+            raise OSError(errno.EIO, f"{entry.where}: short read")
+        m = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
+        seq = self.seq
+        head = encode(KIND_SLOT, key, m, seq, entry.version, entry.size, entry.crc)
+        tier._check_room(key, len(head) + entry.size)
+        sync_now = entry.synced is not False
+        try:
+            seg, off = self._append(head + payload, sync=sync_now)
+        except OSError:
+            with tier.lock:
+                tier.write_errors += 1
+            raise
+        self.seq += 1
+        self.recs[key] = self.recs.get(key, 0) + 1
+        new = PackedEntry(key, entry.version, entry.size, entry.crc, seg.path,
+                          len(head) + entry.size, dict(meta), synced=sync_now, seg=seg,
+                          off=off, data_off=off + len(head), seq=seq)
+        with tier.lock:
+            if tier.index.get(key) is entry:
+                tier.index[key] = new
+                tier.used_bytes += new.file_bytes - entry.file_bytes
+                if sync_now:
+                    tier._unsynced.pop(key, None)
+                else:
+                    tier._unsynced[key] = new
+        self._changed = True
+        return new
+
     def tombstone(self, key: bytes, sync: bool = False) -> None:
         """Record that key has no version (a removal, a rename away, a
         record set aside), so that no older record of it comes back."""

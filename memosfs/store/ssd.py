@@ -688,6 +688,67 @@ class SSDTier:
             self.segs.forgotten(old)
             return moved
 
+    def rewrite_meta(self, key: bytes, meta: dict[str, Any]) -> Optional[SSDEntry]:
+        """Give key's stored version new metadata (owner, mode, times, xattrs
+        changed while memory did not hold the slot): its payload is copied,
+        holes kept, beside the new trailer into a temporary file renamed over
+        the old one, as a write is, so a crash leaves the old metadata or the
+        new.  Returns the new entry (the same entry when its metadata is
+        already `meta`), None when the tier holds no version of key.
+        OSError: nothing changed."""
+        with self.write_lock:
+            entry = self.get(key)
+            if entry is None:
+                return None
+            if entry.meta == meta:
+                return entry
+            if isinstance(entry, _segments.PackedEntry):
+                return self.segs.rewrite_meta(entry, meta)     # a packed slot: a new record
+            # (a seq newer than any packed record of the key: segments.py)
+            trailer = encode_trailer(key, entry.version, entry.size, entry.crc,
+                                     self.segs.stamp(meta))
+            total = entry.size + len(trailer)
+            if total > entry.file_bytes:
+                self._check_room(key, total)
+            sdir, final = self._path_of(key)
+            tmp = self._tmp_path(sdir, key)
+            sync_now = entry.synced is not False    # (as _write_locked decides)
+            try:
+                try:
+                    src = open_entry(entry)
+                except StaleEntry:
+                    return None                 # set aside meanwhile
+                try:
+                    dst = open_private(tmp, os.O_WRONLY | os.O_EXCL)
+                    try:
+                        _copy_sparse(src, dst, entry.size)
+                        _pwrite_all(dst, trailer, entry.size)
+                        if sync_now:
+                            os.fsync(dst)
+                        ino = os.fstat(dst).st_ino
+                    finally:
+                        os.close(dst)
+                finally:
+                    os.close(src)
+                new = SSDEntry(key, entry.version, entry.size, entry.crc, final, total,
+                               dict(meta), synced=sync_now, ino=ino)
+                with self.lock:
+                    os.rename(tmp, final)
+                    self._hook("renamed")
+                    self.index[key] = new
+                    self.used_bytes += total - entry.file_bytes
+                    self._dirty_dirs.add(sdir)
+                    if sync_now:
+                        self._unsynced.pop(key, None)
+                    else:
+                        self._unsynced[key] = new
+            except OSError:
+                with self.lock:
+                    self.write_errors += 1
+                _discard(tmp)
+                raise
+            return new
+
     # ---- consistency (tests; memosfs at unmount with MEMOSFS_CHECK_AT_UNMOUNT=1) ----
 
     def check(self) -> None:
@@ -985,7 +1046,12 @@ def _pwrite_all(fd: int, data: bytes, off: int) -> None:
 
 
 def _copy_range(src: int, dst: int, n: int) -> None:
-    off = 0
+    _copy_range_at(src, dst, 0, n)
+
+
+def _copy_range_at(src: int, dst: int, start: int, n: int) -> None:
+    """Bytes [start, start+n) of src to the same offsets of dst."""
+    off, n = start, start + n
     while off < n:
         try:
             done = os.copy_file_range(src, dst, n - off, off, off)
@@ -1000,6 +1066,28 @@ def _copy_range(src: int, dst: int, n: int) -> None:
             _pwrite_all(dst, chunk, off)
             done = len(chunk)
         off += done
+
+
+def _copy_sparse(src: int, dst: int, n: int) -> None:
+    """The first n bytes of src into dst, holes left holes (a slot written
+    back with its holes keeps them when its metadata is rewritten)."""
+    off = 0
+    while off < n:
+        try:
+            start = os.lseek(src, off, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:          # only a hole is left
+                break
+            if e.errno != errno.EINVAL:
+                raise
+            _copy_range_at(src, dst, off, n - off)      # no SEEK_DATA here
+            break
+        if start >= n:
+            break
+        end = min(os.lseek(src, start, os.SEEK_HOLE), n)
+        _copy_range_at(src, dst, start, end - start)
+        off = end
+    os.ftruncate(dst, n)
 
 
 def _discard(path: str) -> None:

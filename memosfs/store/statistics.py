@@ -54,6 +54,8 @@ class StoreStats(Record):
     ring_recycles: int = counter("oldest slots removed by a session's ring (ring_slots)")
     resets: int = counter("session resets")
     flushes: int = counter("flush commands")
+    moved_out: int = counter("slots the evict and drop commands moved out of memory (kept on "
+                             "the SSD tier)")
     ring_slots: int = gauge("setting: slots a session keeps before it recycles (0: no ring)")
     direct_reads: int = counter("reads served straight from an SSD file")
     quant_tensors: int = counter("tensors stored quantized")

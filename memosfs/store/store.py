@@ -96,6 +96,7 @@ inside ssd.write_lock (rename, write-back) and inside _meta_lock
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -158,6 +159,11 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
         # keys renamed into while their version had no SSD copy: the next
         # sync_namespace writes them, so that the new name is durable
         self._renamed_unsaved: set[bytes] = set()
+        # keys whose metadata changed since the SSD tier last saved it -> the
+        # change's sequence number (mark_dirty; a write-back that read the
+        # metadata before a later change leaves the key pending)
+        self._meta_pending: dict[bytes, int] = {}
+        self._meta_seq = itertools.count(1)
         self._c = collections.Counter()
         self._warm_total = 0
         self._warm_done = 0
@@ -294,6 +300,7 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
             warmup_loaded_bytes=c["warmup_loaded_bytes"],
             warmup_total_bytes=self._warm_total, warmup_done=self._warm_done,
             ring_recycles=c["ring_recycles"], resets=c["resets"], flushes=c["flushes"],
+            moved_out=c["moved_out"],
             ring_slots=self.ring_slots, direct_reads=c["direct_reads"],
             **self.quant.statistics())
 

@@ -5,15 +5,17 @@ A dirty version reaches the SSD (1) through the C core's eviction callback
 thread (_writer_loop), `writeback_delay_ms` after it was published,
 (3) on persist (fsync of a slot) and flush, and (4) at close (store.py).
 A tier over ssd_capacity makes room by evicting versions in its policy's
-order (_make_ssd_room; memosfs/store/ssdpolicy.py).  demote moves a version out of memory for the quotas.
+order (_make_ssd_room; memosfs/store/ssdpolicy.py).  move_out takes a
+version out of memory, keeping it on the SSD tier: for the quotas (demote)
+and for the operator's `evict` and `drop` commands.
 SSD errors repeat for every slot: _log_io_error logs them at ERROR once
 every WRITEBACK_RETRY_S, the rest at DEBUG.
 
 Owns (as WriteBackMixin, one of Store's bases): _on_evict, _write_back,
-_make_ssd_room, persist, flush, demote, keys_lru_first, the background
-writer's loop (started by Store.start_background) and their helpers.  Uses
-the state Store.__init__ creates (cache, ssd, remote, lock, _recency,
-_dirty_since, _renamed_unsaved, _c, trace, prefetch, meta_of,
+_make_ssd_room, _save_meta_pending, persist, flush, demote, move_out,
+keys_lru_first, the background writer's loop (started by
+Store.start_background) and their helpers.  Uses the state Store.__init__ creates (cache, ssd, remote, lock, _recency,
+_dirty_since, _meta_pending, _renamed_unsaved, _c, trace, prefetch, meta_of,
 writeback_delay_ms, _stop, _wake, _last_error_log).  Calls, through self,
 remote_wait (remoteglue.py), save_metadata and _dropped (namespace.py);
 imports memosfs.store.ssd and common.  Lock order: ssd.write_lock (inside
@@ -93,6 +95,8 @@ class WriteBackMixin:
         made by evicting SSD versions (least recent first; with
         room_from_older, only versions less recent than this one)."""
         key = ref.key
+        with self.lock:
+            seq = self._meta_pending.get(key)   # the metadata change meta includes
         meta = self.meta_of(key)
         try:
             entry = self.ssd.put(ref, meta, durable)
@@ -110,10 +114,13 @@ class WriteBackMixin:
         with self.lock:
             stored = self.ssd.get(key)
             if ref.live and ref.key == key and stored is not None \
-                    and stored.version == ref.version:
+                    and stored.version == ref.version \
+                    and self._meta_pending.get(key) == seq:
+                # (a chown after meta was read keeps it dirty: written again)
                 ref.dirty = False
                 self._dirty_since.pop(key, None)
                 self._renamed_unsaved.discard(key)
+                self._meta_pending.pop(key, None)
         if entry is None:
             return                              # a newer version, a rename or a removal won
         self._c["writebacks"] += 1
@@ -194,6 +201,40 @@ class WriteBackMixin:
             self._ssd_evict_log = [0, [], time.monotonic()]
         self._log_ssd_evictions(count, names, "since the last such line")
 
+    def _save_meta_pending(self, only: Optional[bytes] = None) -> None:
+        """Metadata changed while memory did not hold the slot (mark_dirty):
+        rewrite it beside the SSD tier's version (SSDTier.rewrite_meta).  A
+        slot memory holds dirty is left to its write-back, which carries the
+        metadata.  only: that key alone (the fsync of a slot).  OSError: the
+        first failure, after trying the others (they stay pending)."""
+        with self.lock:
+            pending = dict(self._meta_pending)
+        if only is not None:
+            pending = {only: pending[only]} if only in pending else {}
+        failed: Optional[OSError] = None
+        for key, seq in pending.items():
+            ref = self.cache.peek(key)
+            if ref is not None:
+                try:
+                    if ref.dirty:
+                        continue
+                finally:
+                    ref.release()
+            meta = self.meta_of(key)
+            try:
+                if meta:                        # ({}: the name is gone meanwhile)
+                    self.ssd.rewrite_meta(key, meta)
+            except OSError as e:
+                self._log_io_error("the new owner, mode or attributes of %s could not be "
+                                   "saved to the SSD tier (kept pending): %s", _k(key), e)
+                failed = failed or e
+                continue
+            with self.lock:
+                if self._meta_pending.get(key) == seq:
+                    del self._meta_pending[key]
+        if failed is not None:
+            raise failed
+
     def _log_io_error(self, fmt: str, *args: object) -> None:
         """SSD trouble (a full disk) repeats for every slot: log it at ERROR
         once every WRITEBACK_RETRY_S, the rest at DEBUG."""
@@ -215,6 +256,7 @@ class WriteBackMixin:
             return
         ref = self.cache.peek(key)
         if ref is None:
+            self._save_meta_pending(only=key)       # a chown since it left memory
             self.ssd.sync_key(key)                  # only on the SSD: its file and rename
             return
         try:
@@ -250,10 +292,17 @@ class WriteBackMixin:
                     failed = failed or e
                 finally:
                     ref.release()
+            try:
+                self._save_meta_pending()
+            except OSError as e:
+                failed = failed or e
             self.ssd.sync()
             self.save_metadata(durable=True)
-            # what failed, and what lost its fresh SSD copy to make room
-            unsaved = [k for k, v in tried.items() if self._dirty_version(k) == v]
+            # what failed, and what lost its fresh SSD copy to make room (a
+            # version on the SSD tier kept dirty by a chown during its
+            # write-back is saved: its metadata goes with the next one)
+            unsaved = [k for k, v in tried.items() if self._dirty_version(k) == v
+                       and getattr(self.ssd.get(k), "version", None) != v]
             if unsaved or failed is not None:
                 raise UnsavedSlots(unsaved, failed)
         swept = self.cache.sweep()              # then reclaim memory
@@ -267,39 +316,52 @@ class WriteBackMixin:
         tier (written back first if dirty): an agent over its quota makes
         room this way.  False, and nothing changes, when it cannot: no SSD
         tier, not in memory, pinned, or its write-back failed."""
-        if self.ssd is None:
+        try:
+            return self.move_out(key, cause="quota") == "moved"
+        except OSError as e:
+            self._log_io_error("quota: %s stays in memory: write-back failed: %s",
+                               _k(key), said(e))
             return False
+
+    def move_out(self, key: bytes, write_back: bool = True, cause: str = "operator") -> str:
+        """Take key's current version out of memory, keeping it on the SSD
+        tier; nothing is ever deleted.  write_back: a dirty version is written
+        back first (the `evict` command, the quotas); without it (`drop`) only
+        a version the SSD tier already holds goes.  Returns "moved", or why
+        nothing changed: "out" (memory does not hold it), "no-ssd" (no tier
+        to keep it), "pinned", "dirty" (not written back yet, write_back
+        False), "changed" (replaced, written or pinned meanwhile).  OSError:
+        its write-back failed (it stays in memory, dirty)."""
         ref = self.cache.peek(key)
         if ref is None:
-            return False
+            return "out"
         try:
+            if self.ssd is None:
+                return "no-ssd"
             if ref.sticky:
-                return False
+                return "pinned"
             if ref.dirty:
-                try:
-                    self._write_back(ref, durable=False)
-                except OSError as e:
-                    self._log_io_error("quota: %s stays in memory: write-back failed: %s",
-                                       _k(key), said(e))
-                    return False
+                if not write_back:
+                    return "dirty"
+                self._write_back(ref, durable=False)
             with self.lock:                     # publish and rename take it too
                 cur = self.cache.peek(key)
                 if cur is None:
-                    return False
+                    return "out"
                 try:
                     same = cur.version == ref.version and not cur.dirty and not cur.sticky
                 finally:
                     cur.release()
                 entry = self.ssd.get(key)
                 if not same or entry is None or entry.version != ref.version:
-                    return False
+                    return "changed"
                 self.cache.remove(key)
-            self._c["demotions"] += 1
+            self._c["demotions" if cause == "quota" else "moved_out"] += 1
             self.trace.emit("EVICT", key=_k(key), bytes=ref.size, version=ref.version,
-                            to="ssd", cause="quota")
+                            to="ssd", cause=cause)
             if self.prefetch is not None:
                 self.prefetch.on_evict(key)
-            return True
+            return "moved"
         finally:
             ref.release()
 
@@ -338,6 +400,8 @@ class WriteBackMixin:
             try:
                 self._write_back_due(time.monotonic() - delay)
                 self.ssd.segs.maintain()            # compaction of packed slots
+                if self._meta_pending:
+                    self._save_meta_pending()
                 self._clean_ahead()
                 self.flush_eviction_log(due_only=True)
                 now = time.monotonic()

@@ -10,9 +10,9 @@ SSD writer lock, so that no write-back of the old key lands in between.
 Owns (as WriteMixin, one of Store's bases): draft, publish, mark_dirty,
 remove, rename, session_keys, reset_session and their helpers (_recycle,
 _remove_everywhere, _rename_tiers).  Uses the state Store.__init__ creates
-(cache, ssd, remote, lock, _order, _recency, _dirty_since,
-_renamed_unsaved, _c, trace, prefetch, ring_slots, meta_of).  Calls,
-through self, _promote (reads.py), _promote_remote and _remote_source
+(cache, ssd, remote, lock, _order, _recency, _dirty_since, _meta_pending,
+_meta_seq, _renamed_unsaved, _c, trace, prefetch, ring_slots, meta_of,
+_wake).  Calls, through self, _promote_remote and _remote_source
 (remoteglue.py), _touch, _forget and _dropped (namespace.py); imports
 common.  Lock order: ssd.write_lock, then self.lock.
 """
@@ -69,15 +69,26 @@ class WriteMixin:
         return ref
 
     def mark_dirty(self, key: bytes) -> None:
-        """The slot's metadata changed: write it back again."""
+        """The slot's metadata (owner, mode, times, xattrs) changed: the SSD
+        tier must keep the new one.  The change is pending (_meta_pending)
+        until a write-back that read the metadata after it has landed: a
+        version in memory is marked dirty, and its write-back carries the
+        metadata; one memory does not hold gets its metadata rewritten on
+        the SSD tier (_save_meta_pending, by the background writer, flush
+        and fsync) -- never promoted for it: memory may be unable to take it
+        (then a reader is served from the file), and the change was lost."""
+        if self.ssd is None:
+            return                              # memory only: the namespace has it
+        with self.lock:
+            self._meta_pending[key] = next(self._meta_seq)
         ref = self.cache.peek(key)
         if ref is None:
-            ref = self._promote(key)
-        if ref is not None:
-            ref.dirty = True
-            ref.release()
-            with self.lock:
-                self._dirty_since[key] = time.monotonic()
+            self._wake.set()
+            return
+        ref.dirty = True
+        ref.release()
+        with self.lock:
+            self._dirty_since[key] = time.monotonic()
 
     # ---- the ring and removals ----
 
