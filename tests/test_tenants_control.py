@@ -302,6 +302,7 @@ GOOD = {
     "writeback_delay_ms": [("0", "0\n"), ("3600000", "3600000\n")],
     "ssd_capacity": [("0", "0\n"), ("1M", f"{MiB}\n"), ("1.5G", f"{3 << 29}\n")],
     "ssd_full": [("refuse\n", "refuse\n"), ("evict", "evict\n")],
+    "ssd_pack_below": [("0", "0\n"), ("4K", "4096\n"), ("65536\n", "65536\n")],
     "warmup_ratio": [("0.75", "0.75\n")],
     "quantize": [("int8", "int8\n"), ("off", "off\n")],
     "quant_error_max": [("0.05", "0.05\n"), ("1", "1.0\n"), ("auto", "auto\n")],
@@ -333,8 +334,9 @@ def _out_of_range(k) -> list[str]:
     if k.kind in ("int", "size", "share"):
         lo, hi = k.bounds
         out = [str(hi + 1)]
-        if lo > 0:
-            out.append(str(lo - 1) if not (k.zero and lo - 1 == 0) else str(lo // 2))
+        below = lo - 1 if not (k.zero and lo - 1 == 0) else lo // 2
+        if lo > 0 and not (k.zero and below == 0):     # (0 is a good value there)
+            out.append(str(below))
         return out
     return []
 
