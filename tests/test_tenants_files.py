@@ -90,13 +90,17 @@ def write_private_slots(m) -> None:
 
 
 @needs_root_setpriv
-def test_ssd_dir_is_private_while_mounted_and_after(make_mount):
+@pytest.mark.parametrize("pack", ["0", "64K"])
+def test_ssd_dir_is_private_while_mounted_and_after(make_mount, pack):
+    """Slot files (ssd_pack_below=0) and the segments small slots are packed
+    in (the default) alike."""
+    kind = ".slot" if pack == "0" else ".seg"
     with umask(0):                              # the modes must not come from the umask
-        m = make_mount(world=True, capacity="64M")
+        m = make_mount(world=True, capacity="64M", ssd_pack_below=pack)
     write_private_slots(m)
     m.ctl("flush").write_text("1\n")            # persists every slot, order and namespace
     modes = assert_private(m.ssd)
-    assert any(p.endswith(".slot") for p in modes)
+    assert any(p.endswith(kind) for p in modes)
     assert "order.json" in modes and "namespace.json" in modes
     assert_other_locked_out(m.ssd, modes)
 
@@ -104,7 +108,10 @@ def test_ssd_dir_is_private_while_mounted_and_after(make_mount):
     (m.p("alice", "s1", "slot2")).write_bytes(b"late " * 1000)
     m.stop()
     modes = assert_private(m.ssd)
-    assert sum(p.endswith(".slot") for p in modes) == 3
+    if pack == "0":
+        assert sum(p.endswith(".slot") for p in modes) == 3
+    else:
+        assert any(p.endswith(".seg") for p in modes)
     # the file that must not leak does name the private agent
     assert "alice" in (m.ssd / "namespace.json").read_text()
     assert_other_locked_out(m.ssd, modes)
