@@ -8,6 +8,7 @@ handlers (tests/test_slot_machine.py, docs/design.md), each on a real mount.
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -55,3 +56,52 @@ def test_ftruncate_of_a_private_draft_truncates_that_draft(mnt):
     finally:
         os.close(fd)
     assert not path.exists()
+
+
+def test_a_retry_through_create_leaves_no_retry_mark(make_handlers):
+    """A writer sent back (ESTALE) whose kernel retry goes through create
+    (the name was gone by then) leaves no mark behind: its next O_TRUNC open
+    of another slot, where another writer writes, is a first try like any
+    other (sent back to a fresh inode), not taken for the kernel's retry
+    (which gave it a draft of its own on the other writer's inode, or after
+    the bounded wait an inode that page-cache readers hold).
+
+    The handlers without a mount: the kernel's retry goes through create
+    only when the name leaves between the ESTALE and the retry, a race that
+    a mount cannot stage on demand."""
+    import pyfuse3
+    from conftest import Ctx
+    h = make_handlers()
+    sess = h.mkdirs("a/s")
+    h.write("a/s/x", b"x" * 10)
+    h.write("a/s/y", b"y" * 10)
+    ops = h.ops
+    reader, writer, other = Ctx(), Ctx(), Ctx()
+    reader.pid, writer.pid, other.pid = 1 << 22, (1 << 22) + 1, (1 << 22) + 2  # no such pids
+    x = h.lookup("a/s/x")
+    fi_r = h.call("open", x, os.O_RDONLY, reader)          # a page-cache reader of x
+    h.call("unlink", sess, b"x", reader)
+    # the writer's dentry still names x's inode: sent back (its readers keep it)
+    wflags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    assert h.err("open", x, wflags, writer) == errno.ESTALE
+    # the kernel's retry finds no name: create
+    fi_w, _ = h.call("create", sess, b"x", 0o644, wflags, writer)
+    h.call("write", fi_w.fh, 0, b"new")
+    h.call("flush", fi_w.fh)
+    h.call("release", fi_w.fh)
+    # another writer writes y; the first writer opens y for a whole new version
+    y = h.lookup("a/s/y")
+    fi_o = h.call("open", y, os.O_WRONLY | os.O_TRUNC, other)
+    h.call("write", fi_o.fh, 0, b"o" * 5)
+    assert h.err("open", y, os.O_WRONLY | os.O_TRUNC, writer) == errno.ESTALE
+    y2 = h.call("lookup", sess, b"y", writer).st_ino        # the kernel's retry
+    assert y2 != y
+    fi_y = h.call("open", y2, os.O_WRONLY | os.O_TRUNC, writer)
+    assert ops.handles[fi_y.fh].node.private_of is None and not fi_y.direct_io
+    assert ops.handles[fi_y.fh].node is ops.inodes[y2]
+    h.call("write", fi_y.fh, 0, b"w" * 3)
+    for fi in (fi_y, fi_o):
+        h.call("flush", fi.fh)
+        h.call("release", fi.fh)
+    h.call("release", fi_r.fh)
+    assert h.read("a/s/x") == b"new" and h.read("a/s/y") == b"o" * 5

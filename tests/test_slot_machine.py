@@ -105,12 +105,14 @@ class Kernel:
                     return "ESTALE"
                 sent, waited, retry = True, False, trunc
                 if self.sent_back is not None:
-                    self.sent_back[pid] = self.now  # (a create does not take it)
+                    self.sent_back[pid] = self.now  # (a create takes it too)
                 found = m.lookup(name, tgid)        # the kernel looks the name up again
                 if found is None and write:
                     # (a slot created and not yet published by this process,
                     # whose draft a fresh inode now replaces: the kernel's
                     # lookup is ENOENT, and O_CREAT makes it send a create)
+                    if self.sent_back is not None:
+                        self.sent_back.pop(pid, None)   # (the retry is spent)
                     ino, fx = m.create(name, tgid, pid, trunc, False, self.now)
                     self.pages.pop(ino, None)       # (no keep_cache)
                     return "write", ino, ino, False, 0
@@ -740,6 +742,7 @@ class SlotMachineVsHandlers(RuleBasedStateMachine):
             return
         flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if trunc else 0)
         fi, entry = self.call("create", self.sess, b"k%d" % name, 0o644, flags, self.ctx(p))
+        self.k.sent_back.pop(p, None)   # (the handlers' create clears its mark)
         ino, fx = self.k.m.create(name, p, p, trunc, False, self.k.now)
         self.pair(entry.st_ino, ino)
         self.handles.append(dict(fh=fi.fh, ino=ino, kino=ino, opener=p, copies={p},
