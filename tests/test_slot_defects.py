@@ -1,9 +1,13 @@
 """Defects a model-based test of the slot state machine found in the
-handlers (tests/test_slot_machine.py, docs/design.md), each on a real mount.
+handlers (tests/test_slot_machine.py, docs/design.md), on a real mount where
+the race can be staged on demand, else on the handlers without a mount.
 
 - A private draft's ftruncate: a whole-slot writer that cannot share the
   inode's draft gets one of its own (`_open_private`); its ftruncate
-  truncates that draft, not the shared one on the kernel's inode.
+  truncates that draft, not the shared one on the kernel's inode (mount).
+- A leftover retry mark: a writer sent back (ESTALE) whose retry went
+  through create leaves no mark that a later open of its own would be taken
+  for the kernel's retry by (handlers).
 """
 
 from __future__ import annotations
@@ -105,3 +109,4 @@ def test_a_retry_through_create_leaves_no_retry_mark(make_handlers):
         h.call("release", fi.fh)
     h.call("release", fi_r.fh)
     assert h.read("a/s/x") == b"new" and h.read("a/s/y") == b"o" * 5
+
