@@ -323,10 +323,16 @@ class FileOps(OpsCore):
 
     async def _truncate(self, node: Slot, size: int, fh: Optional[int], ctx) -> None:
         """ftruncate, or truncate(2) by a process writing the slot: the shared
-        draft.  truncate(2) by anybody else: a new version at once."""
+        draft.  truncate(2) by anybody else: a new version at once.  An
+        ftruncate on a handle with a draft of its own (`_open_private`: node
+        is the kernel's inode, the handle's node a private one) cuts that
+        draft, never the inode's shared one."""
         h = self.handles.get(fh) if fh is not None else None
         if h is not None and h.kind == "pseudo":
             return
+        if h is not None and h.kind == "write" and isinstance(h.node, Slot) \
+                and h.node.private_of is not None:
+            node = h.node
         if (h is not None and h.kind == "write") or node.writers:
             if h is not None and h.hold is not None:
                 await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))

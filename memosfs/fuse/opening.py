@@ -104,6 +104,10 @@ class OpenOps(OpsCore):
         writing; it is published (as an empty or written version) by the
         opener's close or fsync.  Until then only the writing process finds
         it.  +1 lookup."""
+        # A writer sent back (ESTALE) whose name was gone by the kernel's
+        # retry comes back here, not to open: its retry is spent, and a later
+        # open of its own is a first try (`_is_retry`)
+        self._sent_back.pop(ctx.pid, None)
         parent = self._dir(parent_inode)
         n = self._name(name)
         if parent.level not in SLOT_DIRS:
