@@ -196,3 +196,19 @@ def test_the_shells_truncating_redirect_of_nothing_still_publishes(make_mount):
     r = _sh(f"printf new > {d}/k && cat {d}/k")
     assert r.stdout == "new"
     assert (d / "e").stat().st_size == 0
+
+
+def test_an_opener_with_two_opens_publishes_at_the_first_close(make_mount):
+    """The wait for the shell's dup'd descriptor applies to a copy of the
+    same open only: a process that opened a new name twice (nothing written)
+    publishes the empty slot when it closes one of them, as the opener's
+    close always does (found by tests/test_model_mount.py's writer model)."""
+    m, d = _tier(make_mount, 0)
+    a = os.open(d / "y", os.O_WRONLY | os.O_CREAT, 0o644)
+    b = os.open(d / "y", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.close(a)
+        r = _sh(f"stat -c %s {d}/y")
+        assert r.returncode == 0 and r.stdout.strip() == "0", r
+    finally:
+        os.close(b)

@@ -410,6 +410,7 @@ class FileOps(OpsCore):
                       h.node.name, note[1], h.opener)
             return None
         if h.node.trunc_only and note is not None and note[0] == fh \
+                and not self._other_writer_handle(h) \
                 and self._holds_another(note[1], h.node):
             # The shell's `>`: it opens with O_TRUNC, dup2()s the descriptor
             # onto stdout and closes the one it opened, before its command
@@ -422,6 +423,14 @@ class FileOps(OpsCore):
                       note[1])
             return None
         return self._publish(h)
+
+    def _other_writer_handle(self, h: Handle) -> bool:
+        """Whether h's opener has another write handle (another open of its
+        own) on h's slot: a descriptor it still holds may then be that open's,
+        which the rule "the opener's close publishes" leaves alone; only a
+        descriptor that can be a copy of h itself (the shell's dup2) waits."""
+        return any(o is not h and o.kind == "write" and o.node is h.node
+                   and o.opener == h.opener for o in self.handles.values())
 
     def _holds_another(self, pid: int, node: Slot) -> bool:
         """Whether process pid still has a descriptor open on node's inode
