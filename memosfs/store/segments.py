@@ -78,7 +78,8 @@ from typing import Any, Iterator, Optional
 
 from memosfs import _native
 from memosfs.private import open_private, private_dir
-from memosfs.store.ssd import CorruptSlot, SSDEntry, StaleEntry
+from memosfs.store.ssd import CorruptSlot, SSDEntry, StaleEntry, _fsync_dir
+from memosfs.store.ssd import _discard as _unlink
 
 log = logging.getLogger("memosfs.store.ssd")
 
@@ -892,18 +893,3 @@ def _int(v: Any) -> int:
         return int(v)
     except (TypeError, ValueError):
         return 0
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
