@@ -36,6 +36,20 @@
  * If pyfuse3 was loaded before this library, nothing is intercepted:
  * `active()` says so, fallocate stays EOPNOTSUPP and flush publishes as
  * before (the log says why).
+ *
+ * Passthrough (kernel 6.9+; libfuse 3.14 has no API for it): the session's
+ * own read and writev (see "the connection's own I/O" below) also carry the
+ * kernel's FUSE passthrough.  set_passthrough(True) before the mount adds
+ * FUSE_PASSTHROUGH to the INIT reply when the kernel offers it and libfuse
+ * does not ask for the writeback cache (passthrough_granted() says whether
+ * it did); backing_open(fd) -> id and backing_close(id) are the /dev/fuse
+ * ioctls that register a backing file; attach(fh, id) marks the OPEN or
+ * CREATE reply that will carry fh: the shim sets FOPEN_PASSTHROUGH and the
+ * backing id in it (and clears the open flags the kernel refuses beside it,
+ * direct_io and keep_cache included), and the kernel then reads, writes and
+ * maps the backing file itself: no READ or WRITE reaches the daemon for
+ * that open file.  The caller closes its backing ids; an open file keeps its
+ * own reference.  Details at "passthrough" below.
  */
 #define FUSE_USE_VERSION 34
 #define PY_SSIZE_T_CLEAN
@@ -44,6 +58,9 @@
 #include <poll.h>
 #include <time.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <sys/ioctl.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -837,6 +854,198 @@ typedef int (*session_mount_fn)(struct fuse_session *, const char *);
 #define OP_SLOTS 64
 static uint64_t op_count[OP_SLOTS];            /* [0]: opcodes >= OP_SLOTS */
 
+/* ---- passthrough: the kernel reads and writes a backing file itself ----
+ *
+ * Kernel 6.9+ (CONFIG_FUSE_PASSTHROUGH) lets a server answer OPEN or CREATE
+ * with FOPEN_PASSTHROUGH and a backing id: the kernel then sends no READ or
+ * WRITE for that open file and does the I/O (mmap included) on the backing
+ * file.  libfuse 3.14 knows none of it, and Debian's <linux/fuse.h> (7.38)
+ * lacks the fields, so they are spelled out here from the kernel's
+ * include/uapi/linux/fuse.h:
+ *
+ *   INIT: FUSE_PASSTHROUGH is bit 37 of the 64 flags, i.e. bit 5 of flags2
+ *     (fuse_init_in: flags2 at offset 16, present when flags has
+ *     FUSE_INIT_EXT); the reply carries it in flags2 (fuse_init_out offset
+ *     32) with FUSE_INIT_EXT in flags and max_stack_depth (offset 36) = 1:
+ *     backing files may not themselves be on a stacked filesystem (ELOOP).
+ *     The kernel ignores the flag when the reply also has
+ *     FUSE_WRITEBACK_CACHE, so then it is not added.
+ *   OPEN/CREATE reply: fuse_open_out {fh u64, open_flags u32, backing_id
+ *     i32}; CREATE's is the last 16 bytes after fuse_entry_out (libfuse
+ *     3.14 sends both in one iovec).
+ *   /dev/fuse ioctls: FUSE_DEV_IOC_BACKING_OPEN(struct fuse_backing_map)
+ *     -> id (CAP_SYS_ADMIN), FUSE_DEV_IOC_BACKING_CLOSE(u32 id).
+ */
+#define PT_INIT_EXT          (1u << 30)        /* FUSE_INIT_EXT */
+#define PT_FLAGS2_BIT        (1u << 5)         /* FUSE_PASSTHROUGH (1ULL << 37) >> 32 */
+#define PT_FOPEN_PASSTHROUGH (1u << 7)         /* FOPEN_PASSTHROUGH */
+#define PT_INIT_IN_FLAGS2    16                /* offsetof(fuse_init_in, flags2) */
+#define PT_INIT_OUT_FLAGS2   32                /* offsetof(fuse_init_out, flags2) */
+#define PT_INIT_OUT_STACK    36                /* offsetof(fuse_init_out, max_stack_depth) */
+#define PT_OPEN_OUT_SIZE     16                /* sizeof(struct fuse_open_out) */
+
+struct pt_backing_map {                        /* struct fuse_backing_map */
+    int32_t fd;
+    uint32_t flags;
+    uint64_t padding;
+};
+#define PT_DEV_IOC_BACKING_OPEN  _IOW(229, 1, struct pt_backing_map)
+#define PT_DEV_IOC_BACKING_CLOSE _IOW(229, 2, uint32_t)
+
+_Static_assert(sizeof(struct fuse_init_in) == 64 &&
+               offsetof(struct fuse_init_in, flags2) == PT_INIT_IN_FLAGS2,
+               "fuse_init_in layout");
+_Static_assert(sizeof(struct fuse_init_out) == 64 &&
+               offsetof(struct fuse_init_out, flags2) == PT_INIT_OUT_FLAGS2,
+               "fuse_init_out layout");
+_Static_assert(sizeof(struct fuse_open_out) == PT_OPEN_OUT_SIZE &&
+               offsetof(struct fuse_open_out, open_flags) == 8,
+               "fuse_open_out layout");
+_Static_assert(sizeof(struct pt_backing_map) == 16, "fuse_backing_map layout");
+
+/* The open flags the kernel accepts beside FOPEN_PASSTHROUGH
+ * (FOPEN_PASSTHROUGH_MASK in fs/fuse/iomode.c less FOPEN_DIRECT_IO, which
+ * would send reads and writes to the server again, and
+ * FOPEN_PARALLEL_DIRECT_WRITES, which needs it); any other (keep_cache,
+ * nonseekable, ...) makes the open fail with EIO. */
+#define PT_KEEP_FLAGS FOPEN_NOFLUSH
+
+static int pt_wanted;                          /* set_passthrough(True) (GIL) */
+static int pt_granted;                         /* the INIT reply carried it */
+static uint32_t kernel_init_flags2;            /* what the kernel offered, flags2 */
+static pthread_mutex_t pt_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* OPEN and CREATE requests not answered yet (only while granted): unique
+ * 0 is a free slot (the kernel never uses it for a request). */
+#define PT_REQS 256
+static struct { uint64_t unique; uint64_t seq; uint32_t opcode; } pt_req[PT_REQS];
+static int pt_req_count;                       /* held; changed under pt_lock */
+
+/* attach(fh, id): the next OPEN/CREATE reply with that fh passes through. */
+#define PT_NOTES 256
+static struct { uint64_t fh; uint64_t seq; int32_t id; int used; } pt_note[PT_NOTES];
+static int pt_note_count;
+static uint64_t pt_seq;                        /* the age of notes of both tables */
+
+static uint64_t n_pt_opens;                    /* replies turned into passthrough opens */
+static uint64_t n_pt_notes_dropped;            /* attach notes pushed out unused */
+static uint64_t n_pt_reqs_dropped;             /* requests pushed out unanswered */
+
+/* io_read: an OPEN or CREATE request to watch for. */
+static void pt_note_request(uint64_t unique, uint32_t opcode)
+{
+    pthread_mutex_lock(&pt_lock);
+    int slot = -1, oldest = 0;
+    for (int i = 0; i < PT_REQS && slot < 0; i++) {
+        if (!pt_req[i].unique)
+            slot = i;
+        else if (pt_req[i].seq < pt_req[oldest].seq)
+            oldest = i;
+    }
+    if (slot < 0) {                            /* full: the oldest note goes */
+        slot = oldest;
+        n_pt_reqs_dropped++;
+    } else {
+        __atomic_fetch_add(&pt_req_count, 1, __ATOMIC_RELAXED);
+    }
+    pt_req[slot].unique = unique;
+    pt_req[slot].opcode = opcode;
+    pt_req[slot].seq = ++pt_seq;
+    pthread_mutex_unlock(&pt_lock);
+}
+
+/* The opcode of a watched request `unique`, forgetting it; 0 if not watched.
+ * pt_lock held. */
+static uint32_t pt_take_request(uint64_t unique)
+{
+    for (int i = 0; i < PT_REQS; i++)
+        if (pt_req[i].unique == unique) {
+            pt_req[i].unique = 0;
+            __atomic_fetch_sub(&pt_req_count, 1, __ATOMIC_RELAXED);
+            return pt_req[i].opcode;
+        }
+    return 0;
+}
+
+/* The attach note of fh, forgetting it: its backing id, or 0.  pt_lock held. */
+static int32_t pt_take_note(uint64_t fh)
+{
+    for (int i = 0; i < PT_NOTES; i++)
+        if (pt_note[i].used && pt_note[i].fh == fh) {
+            pt_note[i].used = 0;
+            pt_note_count--;
+            return pt_note[i].id;
+        }
+    return 0;
+}
+
+/* A pointer to bytes [off, off + n) of a reply's payload (iov[1..]) when
+ * they lie in one iovec, else NULL. */
+static void *pt_payload_at(struct iovec *iov, int count, size_t off, size_t n)
+{
+    for (int i = 1; i < count; i++) {
+        if (off < iov[i].iov_len)
+            return off + n <= iov[i].iov_len ? (char *)iov[i].iov_base + off : NULL;
+        off -= iov[i].iov_len;
+    }
+    return NULL;
+}
+
+/* io_writev: a reply to a watched OPEN or CREATE.  Success and an attached
+ * fh: the reply becomes a passthrough open (returns 1). */
+static int pt_reply(struct iovec *iov, int count)
+{
+    struct fuse_out_header *oh = iov[0].iov_base;
+    int done = 0;
+    if (oh->unique == 0 || !__atomic_load_n(&pt_req_count, __ATOMIC_RELAXED))
+        return 0;                              /* (0: a notification) */
+    size_t plen = 0;
+    for (int i = 1; i < count; i++)
+        plen += iov[i].iov_len;
+    /* only an error, an open_out, or an entry_out (120 or 128) + open_out */
+    if (oh->error == 0 && plen != PT_OPEN_OUT_SIZE &&
+        plen != sizeof(struct fuse_entry_out) + PT_OPEN_OUT_SIZE &&
+        plen != FUSE_COMPAT_ENTRY_OUT_SIZE + PT_OPEN_OUT_SIZE)
+        return 0;
+    pthread_mutex_lock(&pt_lock);
+    uint32_t op = pt_take_request(oh->unique);
+    if (op && oh->error == 0 &&
+        ((op == FUSE_OPEN && plen == PT_OPEN_OUT_SIZE) ||
+         (op == FUSE_CREATE && plen > PT_OPEN_OUT_SIZE))) {
+        struct fuse_open_out *o = pt_payload_at(iov, count, plen - PT_OPEN_OUT_SIZE,
+                                                PT_OPEN_OUT_SIZE);
+        int32_t id = o ? pt_take_note(o->fh) : 0;
+        if (id > 0) {
+            o->open_flags = (o->open_flags & PT_KEEP_FLAGS) | PT_FOPEN_PASSTHROUGH;
+            memcpy(&o->padding, &id, sizeof id);    /* backing_id */
+            done = 1;
+        }
+    }
+    pthread_mutex_unlock(&pt_lock);
+    return done;
+}
+
+/* The INIT reply o (len bytes): add passthrough when wanted, offered and
+ * compatible with what libfuse asks for.  Returns whether it was added. */
+static int pt_init_reply(unsigned char *o, size_t len)
+{
+    uint32_t flags, flags2;
+    if (!pt_wanted || !(kernel_init_flags & PT_INIT_EXT) ||
+        !(kernel_init_flags2 & PT_FLAGS2_BIT) || len < PT_INIT_OUT_STACK + 4)
+        return 0;
+    memcpy(&flags, o + offsetof(struct fuse_init_out, flags), 4);
+    if (flags & FUSE_WRITEBACK_CACHE)
+        return 0;                              /* the kernel would ignore it */
+    memcpy(&flags2, o + PT_INIT_OUT_FLAGS2, 4);
+    flags |= PT_INIT_EXT;
+    flags2 |= PT_FLAGS2_BIT;
+    uint32_t depth = 1;
+    memcpy(o + offsetof(struct fuse_init_out, flags), &flags, 4);
+    memcpy(o + PT_INIT_OUT_FLAGS2, &flags2, 4);
+    memcpy(o + PT_INIT_OUT_STACK, &depth, 4);
+    return 1;
+}
+
 static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
 {
     ssize_t n = read(fd, buf, len);
@@ -851,6 +1060,10 @@ static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
         if (alen >= 4 * sizeof(uint32_t)) {
             init_unique = h->unique;
             kernel_init_flags = ((const struct fuse_init_in *)arg)->flags;
+            /* flags2 follows flags when the kernel says FUSE_INIT_EXT */
+            kernel_init_flags2 = 0;
+            if ((kernel_init_flags & PT_INIT_EXT) && alen >= PT_INIT_IN_FLAGS2 + 4)
+                memcpy(&kernel_init_flags2, arg + PT_INIT_IN_FLAGS2, 4);
         }
         break;
     case FUSE_WRITE:
@@ -867,6 +1080,12 @@ static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
         if (alen >= sizeof(struct fuse_open_in) &&
             (((const struct fuse_open_in *)arg)->open_flags & FUSE_OPEN_KILL_SUIDGID))
             kill_suidgid_unique = h->unique;
+        if (__atomic_load_n(&pt_granted, __ATOMIC_RELAXED))
+            pt_note_request(h->unique, FUSE_OPEN);
+        break;
+    case FUSE_CREATE:
+        if (__atomic_load_n(&pt_granted, __ATOMIC_RELAXED))
+            pt_note_request(h->unique, FUSE_CREATE);
         break;
     default:
         break;
@@ -883,11 +1102,20 @@ static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
                 struct fuse_init_out *o = iov[1].iov_base;
                 granted_init_flags = extra_init_flags & kernel_init_flags;
                 o->flags |= granted_init_flags;
+                if (pt_init_reply(iov[1].iov_base, iov[1].iov_len))
+                    __atomic_store_n(&pt_granted, 1, __ATOMIC_RELAXED);
             }
             init_unique = 0;
         }
     }
-    return writev(fd, iov, count);
+    int pt = 0;
+    if (count >= 1 && iov[0].iov_len >= sizeof(struct fuse_out_header) &&
+        __atomic_load_n(&pt_granted, __ATOMIC_RELAXED))
+        pt = pt_reply(iov, count);
+    ssize_t n = writev(fd, iov, count);
+    if (pt && n >= 0)
+        __atomic_fetch_add(&n_pt_opens, 1, __ATOMIC_RELAXED);
+    return n;
 }
 
 static const struct fuse_custom_io shim_io = { io_writev, io_read, NULL, NULL };
@@ -1159,6 +1387,149 @@ static PyObject *py_set_kill_suidgid(PyObject *self, PyObject *cb)
     Py_RETURN_NONE;
 }
 
+/* ---- passthrough, the Python side (see "passthrough" above) ---- */
+
+static PyObject *py_set_passthrough(PyObject *self, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    pt_wanted = on;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_passthrough_granted(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(__atomic_load_n(&pt_granted, __ATOMIC_RELAXED));
+}
+
+/* The mounted session's /dev/fuse descriptor, or -1 with ENODEV set. */
+static int pt_session_fd(void)
+{
+    int fd = shim_se && counting ? fuse_session_fd(shim_se) : -1;
+    if (fd < 0) {
+        errno = ENODEV;
+        PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return fd;
+}
+
+static PyObject *py_backing_open(PyObject *self, PyObject *arg)
+{
+    int bfd = PyObject_AsFileDescriptor(arg);
+    if (bfd < 0)
+        return NULL;
+    int sfd = pt_session_fd();
+    if (sfd < 0)
+        return NULL;
+    struct pt_backing_map map = { .fd = bfd, .flags = 0, .padding = 0 };
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ioctl(sfd, PT_DEV_IOC_BACKING_OPEN, &map);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *py_backing_close(PyObject *self, PyObject *arg)
+{
+    long id = PyLong_AsLong(arg);
+    if (id == -1 && PyErr_Occurred())
+        return NULL;
+    if (id <= 0 || id > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "backing_close: a backing id is 1 or more");
+        return NULL;
+    }
+    int sfd = pt_session_fd();
+    if (sfd < 0)
+        return NULL;
+    uint32_t v = (uint32_t)id;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ioctl(sfd, PT_DEV_IOC_BACKING_CLOSE, &v);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_attach(PyObject *self, PyObject *args)
+{
+    unsigned long long fh;
+    long id;
+    if (!PyArg_ParseTuple(args, "Kl:attach", &fh, &id))
+        return NULL;
+    if (id <= 0 || id > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "attach: a backing id is 1 or more");
+        return NULL;
+    }
+    if (!__atomic_load_n(&pt_granted, __ATOMIC_RELAXED)) {
+        errno = EOPNOTSUPP;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    pthread_mutex_lock(&pt_lock);
+    int slot = -1, oldest = 0;
+    for (int i = 0; i < PT_NOTES; i++) {
+        if (pt_note[i].used && pt_note[i].fh == fh) {
+            slot = i;                          /* a new note for the same fh */
+            pt_note_count--;
+            break;
+        }
+        if (!pt_note[i].used && slot < 0)
+            slot = i;
+        if (pt_note[i].used && pt_note[i].seq < pt_note[oldest].seq)
+            oldest = i;
+    }
+    if (slot < 0) {                            /* full: the oldest note goes */
+        slot = oldest;
+        pt_note_count--;
+        n_pt_notes_dropped++;
+    }
+    pt_note[slot].fh = fh;
+    pt_note[slot].id = (int32_t)id;
+    pt_note[slot].seq = ++pt_seq;
+    pt_note[slot].used = 1;
+    pt_note_count++;
+    pthread_mutex_unlock(&pt_lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_detach(PyObject *self, PyObject *arg)
+{
+    unsigned long long fh = PyLong_AsUnsignedLongLong(arg);
+    if (fh == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    pthread_mutex_lock(&pt_lock);
+    int32_t id = pt_take_note(fh);
+    pthread_mutex_unlock(&pt_lock);
+    return PyBool_FromLong(id > 0);
+}
+
+static PyObject *py_passthrough_opens(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&n_pt_opens, __ATOMIC_RELAXED));
+}
+
+static PyObject *py_passthrough_stats(PyObject *self, PyObject *unused)
+{
+    pthread_mutex_lock(&pt_lock);
+    unsigned long long notes = (unsigned long long)pt_note_count,
+                       pending = (unsigned long long)pt_req_count,
+                       nd = n_pt_notes_dropped, rd = n_pt_reqs_dropped;
+    pthread_mutex_unlock(&pt_lock);
+    int offered = (kernel_init_flags & PT_INIT_EXT) && (kernel_init_flags2 & PT_FLAGS2_BIT);
+    return Py_BuildValue("{s:O,s:O,s:O,s:K,s:K,s:K,s:K,s:K}",
+                         "wanted", pt_wanted ? Py_True : Py_False,
+                         "offered", offered ? Py_True : Py_False,
+                         "granted", __atomic_load_n(&pt_granted, __ATOMIC_RELAXED) ?
+                             Py_True : Py_False,
+                         "opens", (unsigned long long)__atomic_load_n(&n_pt_opens,
+                                                                      __ATOMIC_RELAXED),
+                         "notes", notes, "requests", pending,
+                         "notes_dropped", nd, "requests_dropped", rd);
+}
+
 static PyMethodDef methods[] = {
     {"install", py_install, METH_VARARGS,
      "install(fallocate, flush_note[, interrupted[, write_note[, ioctl]]]): the callables the "
@@ -1187,6 +1558,31 @@ static PyMethodDef methods[] = {
      "set_kill_suidgid(fn): fn(ino) is called (before the handler) for a WRITE, SETATTR "
      "or OPEN that asks the server to clear the inode's suid/sgid bits "
      "(FUSE_HANDLE_KILLPRIV_V2); None: off."},
+    {"set_passthrough", py_set_passthrough, METH_O,
+     "set_passthrough(on): before the mount, ask the kernel for FUSE passthrough in the "
+     "INIT reply (only if it offers it and libfuse does not ask for the writeback cache)."},
+    {"passthrough_granted", py_passthrough_granted, METH_NOARGS,
+     "Whether the INIT reply carried FUSE_PASSTHROUGH (the kernel offered it)."},
+    {"backing_open", py_backing_open, METH_O,
+     "backing_open(fd) -> backing id: register an open file (an int or an object with "
+     "fileno()) with the kernel (FUSE_DEV_IOC_BACKING_OPEN; OSError with the errno: "
+     "EPERM without CAP_SYS_ADMIN or passthrough, ELOOP for a stacked filesystem)."},
+    {"backing_close", py_backing_close, METH_O,
+     "backing_close(id): drop the registration (FUSE_DEV_IOC_BACKING_CLOSE); open files "
+     "that pass through to it keep their own reference."},
+    {"attach", py_attach, METH_VARARGS,
+     "attach(fh, id): the next OPEN or CREATE reply that carries fh becomes a passthrough "
+     "open on backing id (open flags: FOPEN_PASSTHROUGH, noflush kept, the rest "
+     "cleared); OSError(EOPNOTSUPP) unless passthrough_granted()."},
+    {"detach", py_detach, METH_O,
+     "detach(fh) -> bool: forget an attach note whose reply will not come (an open "
+     "answered with an error after attach)."},
+    {"passthrough_opens", py_passthrough_opens, METH_NOARGS,
+     "How many OPEN/CREATE replies were sent as passthrough opens."},
+    {"passthrough_stats", py_passthrough_stats, METH_NOARGS,
+     "{wanted, offered, granted, opens, notes, requests, notes_dropped, requests_dropped}: "
+     "offered: the kernel's INIT offered it; notes "
+     "and requests held now, and those pushed out of their bounded tables."},
     {NULL, NULL, 0, NULL},
 };
 
