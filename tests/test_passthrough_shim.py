@@ -36,7 +36,7 @@ CONTENT = b"".join(b"backing line %04d\n" % i for i in range(300))
 # --------------------------------------------------------------- the daemon
 
 
-def serve(mnt: str, folder: str, passthrough: bool) -> None:
+def serve(mnt: str, folder: str, passthrough: bool, writeback: bool = False) -> None:
     import pyfuse3
     import trio
     from memosfs import _fuseshim
@@ -45,7 +45,7 @@ def serve(mnt: str, folder: str, passthrough: bool) -> None:
         """Files backed by files in `folder`: `f` (DIR/backing-f) and those
         created through the mount (DIR/backing-NAME)."""
 
-        enable_writeback_cache = False      # the kernel refuses passthrough with it
+        enable_writeback_cache = writeback  # the kernel refuses passthrough with it
 
         def __init__(self) -> None:
             super().__init__()
@@ -248,7 +248,7 @@ if __name__ != "__main__":
     pytestmark = pytest.mark.mount
 
     class PassMount:
-        def __init__(self, tmp: Path, passthrough: bool = True) -> None:
+        def __init__(self, tmp: Path, mode: str = "on") -> None:
             self.dir = tmp / "back"
             self.dir.mkdir()
             self.mnt = tmp / "mnt"
@@ -259,8 +259,7 @@ if __name__ != "__main__":
             root = str(Path(__file__).resolve().parents[1])
             env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
             self.proc = subprocess.Popen(
-                [sys.executable, __file__, str(self.mnt), str(self.dir),
-                 "on" if passthrough else "off"],
+                [sys.executable, __file__, str(self.mnt), str(self.dir), mode],
                 stdout=self.log, stderr=subprocess.STDOUT, env=env)
             deadline = time.monotonic() + 20
             while not os.path.ismount(self.mnt):
@@ -311,10 +310,10 @@ if __name__ != "__main__":
                     self.proc.wait()
             self.log.close()
 
-    def _start(tmp_path: Path, passthrough: bool) -> "PassMount":
+    def _start(tmp_path: Path, mode: str) -> "PassMount":
         if FUSE_REASON:
             pytest.skip(FUSE_REASON)
-        return PassMount(tmp_path, passthrough)
+        return PassMount(tmp_path, mode)
 
     @pytest.fixture
     def ptfs(tmp_path):
@@ -322,7 +321,7 @@ if __name__ != "__main__":
         if os.geteuid() != 0:
             pytest.skip("passthrough needs root: FUSE_DEV_IOC_BACKING_OPEN asks for "
                         "CAP_SYS_ADMIN")
-        m = _start(tmp_path, True)
+        m = _start(tmp_path, "on")
         try:
             s = m.stats()
             if not s["granted"]:
@@ -379,10 +378,13 @@ if __name__ != "__main__":
             os.ftruncate(fd, 1000)
             assert os.fstat(fd).st_size == 1000
             assert os.pread(fd, 2000, 0) == CONTENT[:1000]
+            os.fsync(fd)
         finally:
             os.close(fd)
         s1 = ptfs.stats()
+        # truncate and fsync are the daemon's to apply to the backing file
         assert ptfs.count(s1, "setattr") == ptfs.count(s0, "setattr") + 1
+        assert ptfs.count(s1, "fsync") == ptfs.count(s0, "fsync") + 1
         assert ptfs.count(s1, "read") == ptfs.count(s0, "read")
         assert (ptfs.dir / "backing-f").stat().st_size == 1000
         assert os.stat(f).st_size == 1000
@@ -423,6 +425,7 @@ if __name__ != "__main__":
 
     def test_second_open_needs_the_same_backing_file(ptfs):
         f = ptfs.mnt / "f"
+        s0 = ptfs.stats()
         first = os.open(f, os.O_RDONLY)
         try:
             # another backing file for an inode open in passthrough: EIO
@@ -446,6 +449,10 @@ if __name__ != "__main__":
                 os.close(second)
         finally:
             os.close(first)
+        # the daemon answered 4 opens: each gets its RELEASE, the refused too
+        s1 = ptfs.wait_count("release", ptfs.count(s0, "release") + 4)
+        assert ptfs.count(s1, "open") == ptfs.count(s0, "open") + 4
+        assert ptfs.count(s1, "release") == ptfs.count(s0, "release") + 4
         # once no passthrough open is left, a cached open works again
         ptfs.cmd("mode-none")
         s0 = ptfs.stats()
@@ -484,7 +491,7 @@ if __name__ != "__main__":
             assert r.read() == CONTENT
 
     def test_without_set_passthrough_nothing_changes(tmp_path):
-        m = _start(tmp_path, False)
+        m = _start(tmp_path, "off")
         try:
             s0 = m.stats()
             assert not s0["granted"] and not s0["pt"]["wanted"]
@@ -493,6 +500,19 @@ if __name__ != "__main__":
             s1 = m.stats()
             assert m.count(s1, "read") > m.count(s0, "read")
             assert s1["opens"] == 0 and s1["pt"]["requests"] == 0
+            assert "Traceback" not in m.log_text(), m.log_text()
+        finally:
+            m.stop()
+
+    def test_not_with_the_writeback_cache(tmp_path):
+        """The kernel ignores FUSE_PASSTHROUGH beside FUSE_WRITEBACK_CACHE:
+        the shim does not add it, and says so."""
+        m = _start(tmp_path, "writeback")
+        try:
+            s = m.stats()
+            assert s["pt"]["wanted"] and not s["granted"]
+            with open(m.mnt / "f", "rb") as r:
+                assert r.read() == CONTENT
             assert "Traceback" not in m.log_text(), m.log_text()
         finally:
             m.stop()
@@ -509,4 +529,4 @@ if __name__ != "__main__":
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], sys.argv[2], sys.argv[3] == "on")
+    serve(sys.argv[1], sys.argv[2], sys.argv[3] != "off", sys.argv[3] == "writeback")
