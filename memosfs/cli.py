@@ -440,6 +440,7 @@ def _negotiate_kernel_flags(ops) -> None:
         return
     if hasattr(_fuseshim, "set_init_flags"):
         _fuseshim.set_init_flags(FUSE_HANDLE_KILLPRIV_V2)
+    ops.want_passthrough()
 
 
 # A mounted daemon leaves its pid in the run folder, and at exit how its

@@ -279,6 +279,19 @@ KNOBS: tuple[Knob, ...] = (
          "fsync, and two whole-slot writers of one inode share its draft "
          "(docs/semantics.md); 0: every write(2) is a request, refused at once",
          "at mount (give it with -o)"),
+    Knob("passthrough", "flag", (), True,
+         "1: the kernel reads and writes slots' bytes in files of the daemon's own "
+         "(FUSE passthrough, kernel 6.9 or later, a daemon run as root, not with "
+         "writeback_cache): a published version of passthrough_min bytes or more is read "
+         "from a copy in memory, a whole new version (O_TRUNC, a create) is written into "
+         "one and copied into the memory tier at the close; 0: every read and write is a "
+         "request to the daemon", "at mount (give it with -o)"),
+    Knob("passthrough_min", "size", (0, 1 << 50), 256 << 10,
+         "the smallest published version readers read by passthrough (smaller ones come "
+         "from the kernel page cache)", "on the next open"),
+    Knob("passthrough_room", "size", (1 << 20, 1 << 50), 0,
+         "bytes of memory for passthrough files (writers' files and the copies readers "
+         "read); 0 = the memory tier's capacity", "at mount (give it with -o)", zero=True),
     Knob("burst_poll_us", "int", (0, 1000), 30,
          "after answering a request on the fast path, how long the daemon waits for the "
          "client's next one to take it at once (a stream of small writes); 0: no waiting"),

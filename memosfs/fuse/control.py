@@ -215,6 +215,16 @@ def _apply_writeback_cache(ctl: "ControlTree", value: bool) -> bool:
     return value
 
 
+def _at_mount_only(name: str):
+    """A knob the mount is set up with (the kernel negotiates it at INIT):
+    settable before that only."""
+    def apply(ctl: "ControlTree", value: Any) -> Any:
+        if ctl.ops.is_mounted() and value != ctl.ops.knobs.get(name):
+            raise KnobError(f"{name} is set when the mount starts: give it with -o {name}=...")
+        return value
+    return apply
+
+
 def _read_at_use(ctl: "ControlTree", value: Any) -> Any:
     """Recorded in ops.knobs; its reader (named in KNOB_APPLY) looks it up
     each time it needs it, so the next use sees the new value."""
@@ -238,6 +248,9 @@ KNOB_APPLY: dict[str, Callable[["ControlTree", Any], Any]] = {
     "page_cache_push": _read_at_use,            # each publish and close (publish.py, files.py)
     "fast_path": _apply_fast_path,
     "writeback_cache": _apply_writeback_cache,  # the mount (cli.py _negotiate_kernel_flags)
+    "passthrough": _at_mount_only("passthrough"),      # the mount (passthrough.py)
+    "passthrough_min": _read_at_use,            # each open (passthrough.py)
+    "passthrough_room": _at_mount_only("passthrough_room"),   # the mount
     "burst_poll_us": _apply_burst_poll_us,
     "coherence_protocol": _apply_coherence_protocol,    # and each open (coherence.py)
     "coherence_timeout_ms": _read_at_use,       # each wait (coherence.py)
@@ -281,6 +294,13 @@ class FilesystemStats(Record):
                             "reads them; 0 without the shim)")
     write_requests: int = counter("of those, writes (one per request, however many pages)")
     cpu_ms: int = counter("the daemon's CPU time, user and system, every thread (ms)")
+    passthrough_opens: int = counter("opens whose reads and writes the kernel does itself, in a "
+                                     "file of the daemon's (passthrough)")
+    passthrough_mirrors: int = gauge("published versions kept as a file for passthrough readers")
+    passthrough_copied_bytes: int = counter("bytes copied from the memory tier into such files")
+    passthrough_room_used: int = gauge("bytes of memory passthrough files take now")
+    passthrough_refused_full: int = counter("writers' files not published because the "
+                                            "passthrough room filled while they were written")
     uptime_s: float = gauge("seconds since the mount", 0.0)
 
 
@@ -452,6 +472,17 @@ class ControlTree:
         """Every figure by name, in order (a view of `statistics()`)."""
         return as_dict(self.statistics())
 
+    def _pt_statistics(self) -> dict[str, int]:
+        pt = self.ops._pt_state
+        if pt is None:
+            return {}
+        s = pt.stats()
+        return {"passthrough_opens": s["passthrough_opens"],
+                "passthrough_mirrors": s["passthrough_mirrors"],
+                "passthrough_copied_bytes": s["passthrough_mirror_bytes_copied"],
+                "passthrough_room_used": s["passthrough_room_used"],
+                "passthrough_refused_full": s["passthrough_refused_full"]}
+
     def _fs_statistics(self, r: dict[str, int]) -> FilesystemStats:
         agents, sessions = self.ops.tree_counts()
         return FilesystemStats(
@@ -463,5 +494,5 @@ class ControlTree:
             fast_requests=r["fast_requests"],
             burst_requests=r["burst_requests"],
             requests=r["requests"], write_requests=r["write_requests"],
-            cpu_ms=r["cpu_ms"],
+            cpu_ms=r["cpu_ms"], **self._pt_statistics(),
             uptime_s=round(time.monotonic() - self._started, 3))

@@ -201,6 +201,14 @@ class FileOps(OpsCore):
             return errno.EOPNOTSUPP
         if offset < 0 or length <= 0:
             return errno.EINVAL
+        if h.node.pt_draft is not None:
+            # the writers' file (passthrough): allocated there, as on tmpfs
+            try:
+                os.posix_fallocate(h.node.pt_draft.fd, offset, length)
+            except OSError as e:
+                return e.errno or errno.EIO
+            self._pt_poll(h.node)
+            return 0
         self._room_ok = True
         try:
             self._extend(h, offset + length)
@@ -358,6 +366,9 @@ class FileOps(OpsCore):
             trio.lowlevel.spawn_system_task(self.pusher.run, job)
 
     def _truncate_draft(self, node: Slot, size: int) -> None:
+        if node.pt_draft is not None:
+            self._pt_truncate(node, size)
+            return
         d = self._draft_for(node, size, size + 1)
         self._draft_call(node, d.truncate, size, span=(size, size + 1))
         self._changed(node)
@@ -380,6 +391,8 @@ class FileOps(OpsCore):
         kernel page cache too."""
         h = self.handles[fh]
         note, self._flusher = self._flusher, None
+        if h.pt:
+            self._pt_poll(h.node)
         if not (note is not None and note[0] == fh and note[1] != h.opener
                 and tgid_of(note[1]) != h.opener):
             await self._may_publish(h)          # (the opener closes: it publishes)
@@ -485,6 +498,8 @@ class FileOps(OpsCore):
         h = self.handles.get(fh)
         if h is None or fh in self.fed.handles:
             return None
+        if h.pt:
+            self._pt_poll(h.node)
         if h.kind == "write" and h.node.changed and (
                 h.node.latest() is not h.node
                 or (h.hold is not None and not self.coherence.may_write(h.hold))):
@@ -516,6 +531,8 @@ class FileOps(OpsCore):
         if h.kind == "pseudo":
             return
         node = h.node
+        if h.pt:
+            self._pt_poll(node)
         if h.kind == "write" and (node.changed or node.refused):
             await self._may_publish(h)
             job = await self._with_room(self._publish, h)
@@ -546,6 +563,8 @@ class FileOps(OpsCore):
         h = self.handles.pop(fh)
         node = h.node
         try:
+            if h.kind == "write" and node.writers == 1 and node.pt_draft is not None:
+                self._pt_last_writer(node)
             if h.kind == "write" and node.writers == 1 and (node.changed or node.refused):
                 try:
                     job = self._publish(h)
@@ -559,6 +578,8 @@ class FileOps(OpsCore):
                     self.tenants.unhold(h.uid, node.ino, h.ref)
                 h.ref.release()
             self.coherence.release(h.hold)
+            if h.pt:
+                self._pt_detach(node)
             node.handles -= 1
             if isinstance(node, Slot):
                 if h.kind == "read" and not h.dio:
@@ -584,6 +605,8 @@ class FileOps(OpsCore):
         owner = node.private_of
         if owner is not None:           # a private draft's last writer: its view goes
             owner.privates = {t: sh for t, sh in owner.privates.items() if sh is not node}
+        if node.pt_draft is not None:
+            self._pt_writers_gone(node)
         if self.wb and node.refused and node.version \
                 and not node.detached and node.parent is not None \
                 and node.parent.children.get(node.name) is node:

@@ -304,6 +304,11 @@ class Slot(Node):
         self.privates: dict[int, "Slot"] = {}  # tgid -> the draft of its own a
                                         # retried writer of this inode got (_open_private)
         self.private_of: Optional[Slot] = None  # (such a draft's node) the inode it is for
+        self.pt_draft = None            # the writers' file (passthrough.py Draft)
+        self.pt_mirror = None           # a published version's file (passthrough.py Mirror)
+        self.pt_backing: Optional[tuple] = None  # (backing id, its file, passthrough
+                                        # handles open on this inode)
+        self.pt_gen = 0                 # publishes on this inode (a mirror's validity)
         self._key = b""                 # `key`, as of move generation _key_moves
         self._key_moves = -1
 
@@ -391,6 +396,8 @@ class Slot(Node):
 
     def draft_size(self) -> int:
         """The size the writers see: their draft's, or the base they will start from."""
+        if self.pt_draft is not None:
+            return self.pt_draft.size()
         if self.draft is not None:
             return self.draft.size
         if self.base_decoded is not None:
@@ -541,7 +548,7 @@ class Handle:
     descriptor of a file shares its pages on any filesystem."""
 
     __slots__ = ("fh", "node", "flags", "kind", "ref", "append", "data", "decoded",
-                 "dio", "hold", "opener", "uid")
+                 "dio", "hold", "opener", "uid", "pt")
 
     def __init__(self, fh: int, node: Node, flags: int, kind: str) -> None:
         self.fh = fh
@@ -556,3 +563,4 @@ class Handle:
         self.hold: Optional["Hold"] = None   # its place in the coherence directory
         self.opener = 0                 # tgid of the process that opened it
         self.uid = 0                    # uid of the opener (its share: tenants.py)
+        self.pt = False                 # the kernel reads and writes its backing file

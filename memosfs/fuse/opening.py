@@ -260,16 +260,17 @@ class OpenOps(OpsCore):
         the inode's pages for an O_TRUNC open (its size is the kernel's), so
         the writer shares the inode's draft and truncates it, as O_TRUNC does
         on any filesystem (the other writers' bytes so far go with it)."""
-        if self.wb:
+        if self.wb or inode_node.pt_draft is not None:
+            # (a writers' file the kernel writes: the only one this inode can have)
             return self._open_slot(inode_node, flags | os.O_TRUNC, None, ctx=ctx)
         shadow = Slot(self._new_ino(), inode_node.name, inode_node.parent,
                       stat.S_IMODE(inode_node.mode), inode_node.uid, inode_node.gid)
         shadow.version = inode_node.version or 1   # (never "unpublished": not in the tree)
         shadow.successor = inode_node              # publishes follow the name
+        # its fstat (SEEK_END, O_APPEND) reaches inode_node: answer with its draft
+        shadow.private_of = inode_node             # (and no passthrough: not its inode)
         fi = self._open_slot(shadow, flags | os.O_TRUNC, None, ctx=ctx)
         fi.direct_io = True
-        # its fstat (SEEK_END, O_APPEND) reaches inode_node: answer with its draft
-        shadow.private_of = inode_node
         inode_node.privates[tgid_of(ctx.pid)] = shadow
         inode_node.pages_trusted = False    # its bytes go around these pages
         self._private_writers += 1
@@ -386,7 +387,7 @@ class OpenOps(OpsCore):
             raise self._send_back(node, pid, flags, "readers or writers keep this inode")
         ref = None
         need_base = acc != os.O_RDONLY and not flags & os.O_TRUNC and node.draft is None \
-            and node.base is None
+            and node.base is None and node.pt_draft is None
         if node.version and (acc == os.O_RDONLY or need_base):
             # readers pin the current version (a lookup: hit or SSD hit); the
             # first writer that keeps the content starts from it
@@ -497,6 +498,10 @@ class OpenOps(OpsCore):
                 # around it.
                 fi.direct_io = True
                 h.dio = True
+                if self.pt is not None and node.pt_backing is not None:
+                    h.pt = self._pt_beside(node, fh, version)
+            elif self.pt is not None and h.decoded is None and self._pt_reader(node, fh, ref):
+                h.pt = True             # the kernel reads the version's mirror
             else:
                 with PUSH_LOCK:
                     fi.keep_cache = node.cache_version in (version, -1)
@@ -518,13 +523,28 @@ class OpenOps(OpsCore):
                 if ref is not None:
                     ref.release()
                 self._release_base(node)
-                if node.draft is None:
+                joined = node.pt_draft is not None
+                if self.pt is not None and self._pt_writer(node, fh, whole=True):
+                    h.pt = True         # the kernel writes the writers' file
+                    if joined:          # (O_TRUNC of the file its own process writes)
+                        self._pt_truncate(node, 0)
+                elif joined:
+                    raise refuse(errno.EBUSY, "open %s: its writers' file is taken",
+                                 node.name, level=logging.WARNING)
+                elif node.draft is None:
                     node.draft = self._native_call(self.store.draft)
                 else:
                     self._draft_call(node, node.draft.truncate, 0)
                 node.refused.clear()            # (a whole new version)
                 self._changed(node)
                 node.trunc_only = True          # (until a write: files.py `_flush_now`)
+            elif node.pt_draft is not None:
+                if ref is not None:
+                    ref.release()
+                if not self._pt_writer(node, fh, whole=False):
+                    raise refuse(errno.EBUSY, "open %s: its writers' file is taken",
+                                 node.name, level=logging.WARNING)
+                h.pt = True             # joins the writers' file
             elif ref is not None:
                 node.base = ref
                 node.base_decoded = self._logical(ref)

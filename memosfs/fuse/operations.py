@@ -52,6 +52,7 @@ from memosfs.fuse.notify import KernelNotify
 from memosfs.fuse.opening import OpenOps
 from memosfs.fuse.pagecache import PageCachePusher, Refresher
 from memosfs.fuse.persist import NamespacePersistence
+from memosfs.fuse.passthrough import PassthroughOps
 from memosfs.fuse.publish import PublishOps
 from memosfs.fuse.routing import guard_handlers, route_federated
 from memosfs.fuse.tenants import Tenants
@@ -73,6 +74,7 @@ __all__ = ["MemosOperations", "NAME_MAX", "CONTROL_DIR", "physical_memory", "tgi
 
 
 class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, PublishOps,
+                      PassthroughOps,
                       XattrOps, KernelNotify, pyfuse3.Operations):
     """The memosfs request handlers (see the module docstring)."""
 

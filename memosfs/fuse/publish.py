@@ -72,26 +72,38 @@ class PublishOps(OpsCore):
                          node.key.decode("utf-8", "replace"),
                          r.reason or errno.errorcode.get(r.code, "refused"), before,
                          level=logging.DEBUG if told else logging.WARNING)
-        d = self._ensure_draft(src)
+        pt = src.pt_draft is not None
+        if pt:
+            # the kernel wrote the writers' file: a snapshot of it is the draft
+            d = self._pt_snapshot(src, h)
+        else:
+            d = self._ensure_draft(src)
         # The writers go on from what is published now: their draft moves to
         # the store, they keep a (lazily copied) base.
         src.draft = None
         try:
             d, logical = self._maybe_quantize(d)
         except BaseException:
-            src.draft = d
+            if pt:
+                d.free()
+            else:
+                src.draft = d
             raise
         key = node.key
         try:
             ref = self._native_call(self.store.publish, d, key)
         except BaseException:
             # nothing changes: the writers keep their draft
-            if logical is None:
+            if pt:
+                d.free()
+            elif logical is None:
                 src.draft = d
             else:
                 d.free()
                 src.draft = self._draft_from(None, logical)
             raise
+        if pt and logical is None:      # (quantized: readers read other bytes)
+            self._pt_published(src, ref.version)
         self._settle_quota(key)
         self.tenants.pin_kept(key, ref)     # (a pin stays with the slot)
         self._release_base(src)
@@ -141,6 +153,7 @@ class PublishOps(OpsCore):
                 self.wb and not own and (node.lookups > 0 or node.handles > 0)):
             node = self._supersede(node)
         node.cache_version = -2 if node.writers else node.cache_version
+        node.pt_gen += 1                # (its mirror, if any, is an older version's)
         node.version = ref.version
         node.pub_size = len(logical) if logical is not None else ref.size
         node.stored = ref.stored
@@ -148,7 +161,7 @@ class PublishOps(OpsCore):
         node.ctime_ns = now_ns()
         self._forget_attrs(node)
         if self.pusher is not None and self.knobs["page_cache_push"] \
-                and node.pub_size >= PUSH_MIN_BYTES \
+                and node.pub_size >= PUSH_MIN_BYTES and not self._pt_reads(node, logical) \
                 and not node.writers and not node.writer_pending:
             # (with writers open, the page cache holds their draft: no push)
             pin = self.store.peek(node.key)
@@ -170,7 +183,7 @@ class PublishOps(OpsCore):
                 or self.pusher.outstanding >= 2 \
                 or node.detached or not node.version or node.writers \
                 or node.writer_pending or node.readers or node.pushing \
-                or node.pub_size < PUSH_AFTER_WRITERS_BYTES \
+                or node.pub_size < PUSH_AFTER_WRITERS_BYTES or self._pt_reads(node, None) \
                 or node.cache_version == node.version:
             return None
         pin = self.store.peek(node.key)

@@ -1,0 +1,600 @@
+"""Passthrough: the kernel reads and writes a slot's bytes in a backing file
+itself, without a request to the daemon (FUSE_PASSTHROUGH, kernel 6.9+;
+memosfs._fuseshim negotiates it and attaches a backing file to an open's
+reply).
+
+Where the files live (`Room`): a tmpfs of its own, `passthrough_room` bytes
+(default: the memory tier's capacity), mounted nowhere (fsopen/fsmount: no
+other process can reach it, and it goes with the daemon, however the daemon
+ends), each file an unnamed O_TMPFILE.  Without the new mount API: memfds.
+
+What they hold:
+
+* a **mirror** of a published version (`Mirror`, on the Slot): its bytes,
+  copied from the memory tier at the first passthrough open of a version
+  that has none, or the writers' file once they published it and left.  It
+  takes the place the kernel page cache holds for a cached-mode reader: the
+  C arena stays the version's authority (eviction, the SSD tier, quotas),
+  and a mirror can be dropped whenever no open file uses it (the room's
+  least recently used first, when the room is over half full).
+* a **writers' file** (`Draft`, on the Slot): a whole new version (an
+  O_TRUNC open or a create) is written by the kernel into a file of the
+  room; the opener's close (or fsync) copies it into a draft in the arena
+  and publishes that as before (quantize, quotas, room, coherence).
+
+The kernel's rules, kept here: an inode has at most one backing file while
+files are open on it in passthrough mode (`Slot.pt_backing`: the backing
+id, its file and the count of passthrough handles; a second backing file is
+EIO at open), and an inode is in passthrough or in cached mode, not both:
+the opening rules (opening.py) already keep page-cache readers and writers
+of one inode apart, and an inode whose open handles are cached keeps its
+new opens cached (and the other way round).
+
+A write the room refuses (ENOSPC: the room is full) never reaches the
+daemon.  The room fills only by writes and empties only by the daemon
+(dropping a mirror, a truncate, a published writers' file closed), so the
+daemon checks, before it frees anything and at each publish, whether the
+room is full: if it is, every writers' file open then is tainted (a write to
+it may have been refused) and is never published: the close reports ENOSPC
+and the version before stays.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import errno
+import logging
+import os
+from typing import Optional
+
+from memosfs import _native
+from memosfs.fuse.core import refuse
+
+log = logging.getLogger("memosfs")
+
+__all__ = ["Room", "Mirror", "Draft", "Passthrough"]
+
+_SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 430, 431, 432    # x86_64 and arm64 alike
+_FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 1, 6
+_FSOPEN_CLOEXEC = _FSMOUNT_CLOEXEC = 1
+
+
+class Room:
+    """Anonymous files for passthrough (see the module docstring)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.mnt: Optional[int] = None
+        try:
+            self.mnt = _private_tmpfs(size)
+        except OSError as e:
+            log.info("passthrough files are memfds (a private tmpfs could not be made: %s)",
+                     os.strerror(e.errno or errno.EIO))
+
+    def new_file(self) -> int:
+        """A new empty file, O_RDWR, unnamed."""
+        if self.mnt is not None:
+            return os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600,
+                           dir_fd=self.mnt)
+        return os.memfd_create("memosfs-slot", os.MFD_CLOEXEC)
+
+    def used(self) -> int:
+        if self.mnt is None:
+            return 0
+        st = os.fstatvfs(self.mnt)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def full(self) -> bool:
+        """Whether the room has no page left (a write may have been refused)."""
+        if self.mnt is None:
+            return False
+        return os.fstatvfs(self.mnt).f_bfree == 0
+
+    def close(self) -> None:
+        if self.mnt is not None:
+            os.close(self.mnt)
+            self.mnt = None
+
+
+def _private_tmpfs(size: int) -> int:
+    """A tmpfs of `size` bytes mounted nowhere: its root's descriptor."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    sys = libc.syscall
+    sys.restype = ctypes.c_long
+    fs = sys(_SYS_FSOPEN, b"tmpfs", _FSOPEN_CLOEXEC)
+    if fs < 0:
+        raise OSError(ctypes.get_errno(), "fsopen")
+    try:
+        for k, v in ((b"size", str(max(size, 1 << 20)).encode()), (b"mode", b"0700"),
+                     (b"huge", b"never")):
+            if sys(_SYS_FSCONFIG, fs, _FSCONFIG_SET_STRING, k, v, 0) < 0:
+                raise OSError(ctypes.get_errno(), "fsconfig")
+        if sys(_SYS_FSCONFIG, fs, _FSCONFIG_CMD_CREATE, None, None, 0) < 0:
+            raise OSError(ctypes.get_errno(), "fsconfig create")
+        mnt = sys(_SYS_FSMOUNT, fs, _FSMOUNT_CLOEXEC, 0)
+        if mnt < 0:
+            raise OSError(ctypes.get_errno(), "fsmount")
+        return int(mnt)
+    finally:
+        os.close(fs)
+
+
+def _file_crc(fd: int, size: int) -> int:
+    """CRC-32C of a file's first `size` bytes."""
+    import mmap
+    if size == 0:
+        return 0
+    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+        mv = memoryview(m)
+        try:
+            return _native.crc32c(mv)
+        finally:
+            mv.release()
+
+
+def _stamp(fd: int) -> tuple[int, int, int]:
+    st = os.fstat(fd)
+    return (st.st_ctime_ns, st.st_mtime_ns, st.st_size)
+
+
+class Mirror:
+    """A published version's bytes in a file of the room."""
+
+    __slots__ = ("fd", "version", "size", "gen")
+
+    def __init__(self, fd: int, version: int, size: int, gen: int) -> None:
+        self.fd, self.version, self.size, self.gen = fd, version, size, gen
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Draft:
+    """The writers' file of a whole new version."""
+
+    __slots__ = ("fd", "seen", "tainted", "published", "snap")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.seen = _stamp(fd)          # (ctime, mtime, size) when last looked at
+        self.tainted = False            # the room was full while it was open
+        self.published: Optional[tuple[int, tuple[int, int, int], int]] = None
+                                        # (version, stamp, crc32c) of its last publish
+        self.snap: Optional[tuple[tuple[int, int, int], int]] = None
+                                        # (stamp, crc32c) of the last snapshot taken
+
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def poll(self) -> bool:
+        """Whether it changed since the last look (a write, a truncate)."""
+        now = _stamp(self.fd)
+        changed, self.seen = now != self.seen, now
+        return changed
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Passthrough:
+    """The mount's passthrough state: the room, the shim, the mirrors kept."""
+
+    def __init__(self, shim, room: Room, min_bytes: int) -> None:
+        self.shim = shim
+        self.room = room
+        self.min_bytes = min_bytes
+        self.mirrors: "collections.OrderedDict[int, object]" = collections.OrderedDict()
+        self.drafts: "dict[int, object]" = {}       # id(node) -> node with a writers' file
+        self.opens = 0                  # passthrough opens answered
+        self.mirrors_made = 0
+        self.mirror_bytes_copied = 0
+        self.tainted = 0                # writers' files refused at publish (room full)
+
+    # -- the room's fill --------------------------------------------------
+
+    def before_free(self) -> None:
+        """Before the daemon frees room: a full room means a write to any
+        writers' file open now may have been refused."""
+        try:
+            full = self.room.full()
+        except OSError:
+            full = True
+        if full:
+            for node in self.drafts.values():
+                d = node.pt_draft
+                if d is not None and not d.tainted:
+                    d.tainted = True
+                    self.tainted += 1
+
+    # -- mirrors ----------------------------------------------------------
+
+    def keep_mirror(self, node) -> None:
+        self.mirrors[id(node)] = node
+        self.mirrors.move_to_end(id(node))
+        self.trim()
+
+    def drop_mirror(self, node) -> None:
+        m = node.pt_mirror
+        if m is None:
+            return
+        if node.pt_backing is not None and node.pt_backing[1] is m:
+            return                      # open files read it
+        self.before_free()
+        node.pt_mirror = None
+        self.mirrors.pop(id(node), None)
+        m.close()
+
+    def trim(self) -> None:
+        """Mirrors no open file reads go, least recently used first, while the
+        room is over half full (writers need the rest)."""
+        if self.room.mnt is None:
+            budget = self.room.size // 2
+            total = sum(n.pt_mirror.size for n in self.mirrors.values()
+                        if n.pt_mirror is not None)
+            over = total > budget
+        else:
+            over = self.room.used() > self.room.size // 2
+        if not over:
+            return
+        for key in list(self.mirrors):
+            node = self.mirrors[key]
+            busy = node.pt_backing is not None and node.pt_backing[1] is node.pt_mirror
+            if not busy:
+                self.drop_mirror(node)
+                if self.room.mnt is not None and self.room.used() <= self.room.size // 2:
+                    return
+
+    def stats(self) -> dict[str, int]:
+        try:
+            used = self.room.used()
+        except OSError:
+            used = 0
+        return {"passthrough_opens": self.opens, "passthrough_mirrors": len(self.mirrors),
+                "passthrough_mirrors_made": self.mirrors_made,
+                "passthrough_mirror_bytes_copied": self.mirror_bytes_copied,
+                "passthrough_room_used": used, "passthrough_refused_full": self.tainted}
+
+
+def _pwritev_all(fd: int, views: list, off: int) -> None:
+    while views:
+        w = os.pwritev(fd, views, off)
+        if w <= 0:
+            raise OSError(errno.ENOSPC, "short write")
+        off += w
+        while views and w >= len(views[0]):
+            w -= len(views[0])
+            views = views[1:]
+        if w:
+            views = [memoryview(views[0])[w:]] + views[1:]
+
+
+def _copy_ref(ref, fd: int) -> int:
+    """The bytes of a pinned version into fd (views of its pages: one copy)."""
+    off, size = 0, ref.size
+    while off < size:
+        views: list = []
+        n = 0
+        while off + n < size and len(views) < 64 and n < (8 << 20):
+            v = ref.view(off + n, min(size - off - n, (8 << 20) - n))
+            if not len(v):
+                break
+            views.append(v)
+            n += len(v)
+        if not views:
+            data = ref.read(off, min(size - off, 8 << 20))
+            if not data:
+                raise OSError(errno.EIO, "short read of a version")
+            views, n = [data], len(data)
+        _pwritev_all(fd, views, off)
+        off += n
+    return size
+
+
+def _copy_file(fd: int, draft, size: int) -> None:
+    """A writers' file's first `size` bytes into an arena draft: its data
+    extents (SEEK_DATA/SEEK_HOLE: holes stay holes), then its size."""
+    import mmap
+    if size == 0:
+        return
+    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+        mv = memoryview(m)
+        try:
+            pos = 0
+            step = 8 << 20
+            while pos < size:
+                try:
+                    start = os.lseek(fd, pos, os.SEEK_DATA)
+                except OSError as e:
+                    if e.errno == errno.ENXIO:
+                        break           # only a hole is left
+                    start = pos
+                if start >= size:
+                    break
+                try:
+                    end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+                except OSError:
+                    end = size
+                for off in range(start, end, step):
+                    draft.write(off, mv[off:min(off + step, end)])
+                pos = end
+        finally:
+            mv.release()
+    if draft.size < size:
+        draft.truncate(size)
+
+
+class PassthroughOps:
+    """The handlers' side of passthrough (a mixin of MemosOperations): which
+    open gets a backing file, the writers' files at publish, the release of
+    backing ids.  `self.pt` is None when the mount has no passthrough."""
+
+    _pt_state: Optional[Passthrough] = None
+    _pt_asked = False                   # the shim asks the kernel at INIT
+
+    def want_passthrough(self) -> None:
+        """Before the mount: ask the kernel for passthrough, if the knob says
+        so and it can be had (root: registering a backing file needs
+        CAP_SYS_ADMIN; not with the writeback cache, which the kernel does not
+        combine with it)."""
+        try:
+            from memosfs import _fuseshim as shim
+        except ImportError:
+            return
+        if not self.knobs.get("passthrough") or self.wb or os.geteuid() != 0 \
+                or not hasattr(shim, "set_passthrough"):
+            if hasattr(shim, "set_passthrough"):
+                shim.set_passthrough(0)
+            return
+        shim.set_passthrough(1)
+        self._pt_asked = True
+
+    @property
+    def pt(self) -> Optional[Passthrough]:
+        """The mount's passthrough, once the kernel granted it (known from the
+        first request on: INIT comes before any)."""
+        if self._pt_asked and self.mounted:
+            self._pt_asked = False
+            from memosfs import _fuseshim as shim
+            if shim.passthrough_granted():
+                size = self.knobs.get("passthrough_room") or self.store.cache.capacity
+                self._pt_state = Passthrough(shim, Room(size), 0)
+                log.info("passthrough: the kernel reads and writes slots' files itself "
+                         "(room %d bytes)", size)
+            else:
+                log.info("passthrough: the kernel did not grant it; every read and write "
+                         "goes through the daemon")
+        return self._pt_state
+
+    def _pt_attach(self, node, fh: int, file, kind: str) -> bool:
+        """Attach `file` (a Mirror or a Draft) to the open fh of node's inode:
+        the inode's backing file, registered once while passthrough files
+        are open on it.  False (the open stays on the daemon's path) when the
+        inode's open files use another backing file or the kernel refuses."""
+        pt = self.pt
+        cur = node.pt_backing
+        if cur is not None:
+            bid, held, count = cur
+            if held is not file:
+                return False
+            node.pt_backing = (bid, held, count + 1)
+        else:
+            try:
+                bid = pt.shim.backing_open(file.fd)
+            except OSError as e:
+                log.warning("passthrough for %s: the kernel refused its backing file (%s); "
+                            "served by the daemon", node.name,
+                            os.strerror(e.errno or errno.EIO))
+                return False
+            node.pt_backing = (bid, file, 1)
+        pt.shim.attach(fh, bid)
+        pt.opens += 1
+        return True
+
+    def _pt_beside(self, node, fh: int, version: int) -> bool:
+        """A reader that would read around node's page cache (writers are in,
+        or its dentry was stale) on an inode with a backing file: the kernel
+        allows it no other, so it reads that file (a writers' file that
+        published already: its bytes; a mirror of its version).  False: the
+        inode has no backing file.  ESTALE (the kernel looks the name up
+        again) when the mirror holds another version."""
+        cur = node.pt_backing
+        if cur is None:
+            return False
+        held = cur[1]
+        if isinstance(held, Mirror) and held.version != version:
+            raise refuse(errno.ESTALE, "open %s: its inode holds an older version's file",
+                         node.name, level=logging.DEBUG)
+        return self._pt_attach(node, fh, held, "read")
+
+    def _pt_reads(self, node, logical) -> bool:
+        """Whether readers of node's published version read it by passthrough
+        (a page-cache push would then be wasted)."""
+        return self.pt is not None and logical is None \
+            and node.pub_size >= self.knobs["passthrough_min"]
+
+    def _pt_detach(self, node) -> None:
+        """A passthrough handle on node's inode was released."""
+        cur = node.pt_backing
+        if cur is None:
+            return
+        bid, held, count = cur
+        if count > 1:
+            node.pt_backing = (bid, held, count - 1)
+            return
+        node.pt_backing = None
+        try:
+            self.pt.shim.backing_close(bid)
+        except OSError as e:
+            log.warning("passthrough for %s: closing backing id %d: %s", node.name, bid,
+                        os.strerror(e.errno or errno.EIO))
+        if node.pt_mirror is not None and (node.detached or node.successor is not None):
+            self.pt.drop_mirror(node)   # (nobody opens that inode's version again)
+
+    def _pt_reader(self, node, fh: int, ref) -> bool:
+        """A page-cache reader's open of node's version `ref`: read from the
+        version's mirror by the kernel (made now if need be).  False: the
+        daemon serves it (small, quantized, no room, or the inode's open
+        files are in cached mode)."""
+        pt = self.pt
+        if pt is None or ref is None or not isinstance(ref, _native.Ref):
+            return False
+        cur = node.pt_backing
+        if cur is None and (node.readers > 0 or ref.size < self.knobs["passthrough_min"]):
+            return False                # (its open readers are in cached mode)
+        m = node.pt_mirror
+        if m is None or m.version != ref.version or m.size != ref.size \
+                or m.gen != node.pt_gen:
+            if cur is not None:
+                return False            # (cannot happen: one version per inode's readers)
+            if m is not None:
+                pt.drop_mirror(node)
+            try:
+                fd = pt.room.new_file()
+            except OSError as e:
+                log.info("passthrough for %s: no file for its mirror (%s)", node.name,
+                         os.strerror(e.errno or errno.EIO))
+                return False
+            try:
+                _copy_ref(ref, fd)
+            except OSError as e:
+                os.close(fd)
+                pt.before_free()
+                log.info("passthrough for %s: no room for its mirror (%s); served by the "
+                         "daemon", node.name, os.strerror(e.errno or errno.EIO))
+                return False
+            m = node.pt_mirror = Mirror(fd, ref.version, ref.size, node.pt_gen)
+            pt.mirrors_made += 1
+            pt.mirror_bytes_copied += ref.size
+        pt.keep_mirror(node)
+        return self._pt_attach(node, fh, m, "read")
+
+    def _pt_writer(self, node, fh: int, whole: bool) -> bool:
+        """A writer's open of node: the writers' file when it has one (they
+        share it), a new one for a whole new version (`whole`: O_TRUNC or a
+        create) when no writer is in; False: the daemon's path (the draft
+        in the arena)."""
+        pt = self.pt
+        if pt is None:
+            return False
+        d = node.pt_draft
+        if d is None:
+            # only a name nobody else can open yet (created, never published):
+            # the kernel lets every open of an inode with a backing file use
+            # that file, so readers of a published version could not be kept
+            # off a rewrite's bytes
+            if not whole or node.version or node.writers or node.handles \
+                    or node.draft is not None or node.private_of is not None \
+                    or node.pt_backing is not None:
+                return False
+            try:
+                fd = pt.room.new_file()
+            except OSError:
+                return False
+            d = node.pt_draft = Draft(fd)
+            pt.drafts[id(node)] = node
+        if self._pt_attach(node, fh, d, "write"):
+            return True
+        if not node.writers:
+            self._pt_drop_draft(node)
+        return False
+
+    def _pt_drop_draft(self, node) -> None:
+        d = node.pt_draft
+        if d is None:
+            return
+        self.pt.before_free()
+        node.pt_draft = None
+        self.pt.drafts.pop(id(node), None)
+        d.close()
+
+    def _pt_truncate(self, node, size: int) -> None:
+        """ftruncate of the writers' file (a truncate, an O_TRUNC open)."""
+        d = node.pt_draft
+        if size < d.size():
+            self.pt.before_free()
+        os.ftruncate(d.fd, size)
+        node.changed = True
+        node.trunc_only = False
+        d.poll()
+
+    def _pt_poll(self, node) -> None:
+        """What the kernel wrote into the writers' file since the last look
+        marks the draft changed (the daemon sees no write request)."""
+        d = node.pt_draft
+        if d is not None and d.poll():
+            node.changed = True
+            node.trunc_only = False
+            node.draft_mtime_ns = d.seen[1]
+
+    def _pt_snapshot(self, node, h) -> "_native.Draft":
+        """An arena draft holding the writers' file's bytes, for publish.
+        ENOSPC when the room filled while the file was open (a write to it
+        may have been refused)."""
+        pt = self.pt
+        d = node.pt_draft
+        if not d.tainted and pt.room.full():
+            pt.before_free()
+        if d.tainted:
+            raise refuse(errno.ENOSPC, "%s: not published: the memory tier's passthrough room "
+                         "filled while it was written (a write to it may have been "
+                         "refused); the version before stays",
+                         node.key.decode("utf-8", "replace"), level=logging.WARNING)
+        stamp = _stamp(d.fd)
+        size = stamp[2]
+        draft = self._native_call(self.store.draft)
+        try:
+            self._fair_share(h, node, draft, size)      # (quotas, per-uid bounds: EDQUOT)
+            self._native_call(_copy_file, d.fd, draft, size)
+        except BaseException:
+            draft.free()
+            raise
+        d.seen = stamp
+        d.snap = (stamp, _file_crc(d.fd, size))
+        return draft
+
+    def _pt_published(self, node, version: int) -> None:
+        """The snapshot just taken of node's writers' file is version `version`."""
+        d = node.pt_draft
+        if d is not None and d.snap is not None:
+            d.published = (version, d.snap[0], d.snap[1])
+
+    def _pt_last_writer(self, node) -> None:
+        """Before the last writer's release: a change the daemon cannot see
+        (through a shared mapping kept after the close) makes the release
+        publish again."""
+        d = node.pt_draft
+        if d is None:
+            return
+        self._pt_poll(node)
+        if node.changed or d.published is None or d.published[0] != node.version:
+            return
+        if _file_crc(d.fd, d.seen[2]) != d.published[2]:
+            node.changed = True
+            node.trunc_only = False
+
+    def _pt_writers_gone(self, node) -> None:
+        """The last writer of node closed: its file becomes the mirror of the
+        version it published, if nothing changed it since (else it goes)."""
+        d = node.pt_draft
+        if d is None:
+            return
+        node.pt_draft = None
+        self.pt.drafts.pop(id(node), None)
+        keep = (d.published is not None and not d.tainted and node.version
+                and d.published[0] == node.version and not node.detached
+                and not node.changed and _stamp(d.fd) == d.published[1])
+        if keep:
+            if node.pt_mirror is not None and node.pt_mirror is not d:
+                self.pt.drop_mirror(node)
+            if node.pt_mirror is None:
+                node.pt_mirror = Mirror(d.fd, node.version, d.published[1][2], node.pt_gen)
+                d.fd = -1
+                self.pt.keep_mirror(node)
+                return
+        self.pt.before_free()
+        d.close()
