@@ -67,6 +67,9 @@ class Mount(Daemon):
     def __init__(self, tmp: Path, opts: dict[str, object], name: str) -> None:
         self.tmp = tmp
         opts = dict(opts)
+        if os.environ.get("MEMOSFS_TEST_PASSTHROUGH") == "1" and "passthrough" not in opts \
+                and str(opts.get("writeback_cache", "0")) != "1":
+            opts["passthrough"] = 1         # (the suite run on the passthrough path)
         ssd = Path(str(opts.pop("ssd", tmp / (name + "-ssd"))))
         super().__init__(tmp / name, ssd, tmp / (name + ".log"), opts, capture=True,
                          stats_format="text", stop_timeout=15,

@@ -39,7 +39,7 @@ def _pt_mount(make_mount, **opts):
 
 
 def test_large_slot_written_and_read_without_read_or_write_requests(make_mount):
-    m, d = _pt_mount(make_mount, capacity="64M")
+    m, d = _pt_mount(make_mount, passthrough=1, capacity="64M")
     data = os.urandom(8 * MiB)
     before = _requests(m)
     with open(d / "big", "wb") as f:
@@ -57,7 +57,7 @@ def test_large_slot_written_and_read_without_read_or_write_requests(make_mount):
 
 
 def test_a_reader_keeps_its_version_while_a_writer_replaces_it(make_mount):
-    m, d = _pt_mount(make_mount, capacity="64M")
+    m, d = _pt_mount(make_mount, passthrough=1, capacity="64M")
     old, new = os.urandom(2 * MiB), os.urandom(3 * MiB)
     (d / "k").write_bytes(old)
     with open(d / "k", "rb") as r:
@@ -74,7 +74,7 @@ def test_a_reader_keeps_its_version_while_a_writer_replaces_it(make_mount):
 
 
 def test_sizes_seen_while_writing_and_truncates(make_mount):
-    m, d = _pt_mount(make_mount, capacity="64M")
+    m, d = _pt_mount(make_mount, passthrough=1, capacity="64M")
     with open(d / "t", "wb") as f:
         f.write(b"a" * 5000)
         f.flush()
@@ -92,7 +92,7 @@ def test_a_mapping_written_after_close_is_published_at_release(make_mount):
     """numpy.memmap's way: open, size, map, close the descriptor, write through
     the mapping, unmap.  The daemon sees no write: the release finds the
     change and publishes it."""
-    m, d = _pt_mount(make_mount, capacity="64M")
+    m, d = _pt_mount(make_mount, passthrough=1, capacity="64M")
     size = 2 * MiB
     fd = os.open(d / "mm", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     os.ftruncate(fd, size)
@@ -113,7 +113,7 @@ def test_a_full_room_refuses_the_save_and_the_version_before_stays(make_mount):
     """A new name written through the kernel into a room too small: the
     write fails (ENOSPC), the name never appears; a writer that published
     once (fsync) and then had a write refused leaves that version."""
-    m, d = _pt_mount(make_mount, capacity="64M", passthrough_room="4M")
+    m, d = _pt_mount(make_mount, passthrough=1, capacity="64M", passthrough_room="4M")
     r = subprocess.run(["sh", "-c", f"head -c 6M /dev/zero > {d}/new"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
@@ -137,7 +137,7 @@ def test_a_full_room_refuses_the_save_and_the_version_before_stays(make_mount):
 
 
 def test_a_python_writer_sees_enospc_at_the_write_or_the_close(make_mount):
-    m, d = _pt_mount(make_mount, capacity="64M", passthrough_room="4M")
+    m, d = _pt_mount(make_mount, passthrough=1, capacity="64M", passthrough_room="4M")
     with pytest.raises(OSError) as e:
         with open(d / "py", "wb") as f:
             for _ in range(6):
@@ -147,7 +147,7 @@ def test_a_python_writer_sees_enospc_at_the_write_or_the_close(make_mount):
 
 
 def test_saved_through_passthrough_survives_a_remount(make_mount, tmp_path):
-    m, d = _pt_mount(make_mount, capacity="64M", ssd=str(tmp_path / "ssd"))
+    m, d = _pt_mount(make_mount, passthrough=1, capacity="64M", ssd=str(tmp_path / "ssd"))
     data = os.urandom(3 * MiB)
     (d / "p").write_bytes(data)
     small = b"small" * 10
@@ -159,7 +159,7 @@ def test_saved_through_passthrough_survives_a_remount(make_mount, tmp_path):
 
 
 def test_eviction_to_the_ssd_and_back_reads_the_same_bytes(make_mount):
-    m, d = _pt_mount(make_mount, capacity="16M")
+    m, d = _pt_mount(make_mount, passthrough=1, capacity="16M")
     blobs = {f"e{i}": os.urandom(3 * MiB) for i in range(10)}     # 30 MiB on a 16M tier
     for name, data in blobs.items():
         (d / name).write_bytes(data)

@@ -312,6 +312,9 @@ GOOD = {
     # (2 needs a write-through mount: tests/test_coherence*.py mount so)
     "coherence_protocol": [("0", "0\n"), ("1", "1\n")],
     "writeback_cache": [("0", "0\n")],     # (negotiated at mount: the same value only)
+    "passthrough": [("0", "0\n")],         # (negotiated at mount: the same value only)
+    "passthrough_min": [("0", "0\n"), ("1M", f"{MiB}\n"), ("262144\n", "262144\n")],
+    "passthrough_room": [("0", "0\n")],    # (set at mount: the same value only)
     "coherence_timeout_ms": [("1", "1\n"), ("5000", "5000\n")],
     "lease_break_ms": [("1", "1\n"), ("250", "250\n"), ("1000", "1000\n")],
     "coherence_batch_ms": [("60000", "60000\n"), ("2", "2\n")],
