@@ -39,7 +39,11 @@ fsync'd the folders they touched (the fsync of a directory on the mount).
 A file whose footer, trailer or size does not check out is reported (log
 and `ssd_corrupt`) and moved aside into `corrupt/` at mount; a payload whose
 checksum fails is caught when it is read, reported the same way, and never
-served.
+served.  A payload-only file handed to the kernel as a passthrough backing
+file (`open_backing`) is not read by the daemon on every read: its whole
+payload is read and checked the first time this daemon opens that file's
+version so (the pages stay in the page cache for the reader that follows),
+and later opens of the same file skip the check.
 
 Readers and writers.  An index entry names its file by path and by inode
 number (`SSDEntry.ino`): a file is renamed into place and the index changed
@@ -88,6 +92,7 @@ import shutil
 import struct
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -116,6 +121,7 @@ WRITE_BARE = True
 _ATTR_REFUSED = frozenset((errno.ENOTSUP, errno.EOPNOTSUPP, errno.E2BIG, errno.ENOSPC,
                            errno.ERANGE))
 _ATTR_ABSENT = frozenset((errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP))
+VERIFIED_FILES = 8192                     # open_backing's cache of checked files
 POLICY_SAVE_S = 10.0                      # background saves of policy.json, at most this often
 
 
@@ -146,7 +152,7 @@ class SSDEntry:
     synced: Optional[bool] = None
     ino: int = 0                # the file's inode number (0: not known, never checked)
     # the file holds the payload alone, its trailer in the XATTR attribute
-    # (a FUSE passthrough backing file); False: the trailer layout
+    # (a passthrough backing file: open_backing); False: the trailer layout
     bare: bool = False
 
     @property
@@ -328,6 +334,9 @@ class SSDTier:
         # said it keeps no user attributes: every file gets the trailer layout)
         self._attrs_ok = True
         self._attr_refusals: set[int] = set()   # errnos logged (once each)
+        # open_backing: files whose payload was checked, by (st_dev, st_ino,
+        # version, size, mtime_ns, crc), least recent first (lock)
+        self._verified: OrderedDict[tuple[int, ...], None] = OrderedDict()
 
     # ---- mount ----
 
@@ -653,6 +662,59 @@ class SSDTier:
             pass
         finally:
             os.close(fd)
+
+    def open_backing(self, key: bytes) -> Optional[tuple[int, SSDEntry]]:
+        """For the FUSE passthrough reader: (an O_RDONLY descriptor, the
+        entry) of key's payload-only file — the very file the index names
+        (same inode, as open_entry checks), whose payload checks out — or
+        None: no such file (absent, a packed record, a trailer-layout file),
+        or the file failed its check, which went through report_corrupt as
+        a failed read does (set aside, counted in ssd_corrupt).  The caller
+        closes the descriptor; it keeps reading this version whatever
+        replaces the name later.  StaleEntry: the key's file was replaced
+        under every look (a writer busy on it): read it the usual way.
+
+        The payload is checked once per file and version in this daemon's
+        life: the first open of a (st_dev, st_ino, version, size, mtime_ns,
+        crc) reads the whole payload and checks its crc32c (the readahead it
+        asks for leaves the pages in the page cache for the reader that
+        follows); later opens of the same file do not read it (a cache of
+        VERIFIED_FILES files, least recent first out).  The kernel reads
+        the file directly afterwards, unchecked: docs/ssd-format.md."""
+        for _ in range(3):
+            entry = self.get(key)
+            if entry is None or isinstance(entry, _segments.PackedEntry) or not entry.bare:
+                return None
+            try:
+                fd = open_entry(entry)
+            except StaleEntry:
+                continue                        # a newer version's file: look again
+            try:
+                st = os.fstat(fd)
+                if st.st_size != entry.size:
+                    raise CorruptSlot(f"{entry.path}: size changed on disk")
+                mark = (st.st_dev, st.st_ino, entry.version, entry.size, st.st_mtime_ns,
+                        entry.crc)
+                with self.lock:
+                    known = mark in self._verified
+                    if known:
+                        self._verified.move_to_end(mark)
+                if not known:
+                    _verify_payload(fd, entry)
+                    with self.lock:
+                        self._verified[mark] = None
+                        while len(self._verified) > VERIFIED_FILES:
+                            self._verified.popitem(last=False)
+                return fd, entry
+            except CorruptSlot as e:
+                os.close(fd)
+                if self.report_corrupt(entry, str(e)):
+                    return None                 # set aside: the key is gone from the tier
+                continue                        # the index moved on, or a passing glitch
+            except BaseException:
+                os.close(fd)
+                raise
+        raise StaleEntry(f"{key!r}: its file kept being replaced while opened")
 
     def report_corrupt(self, entry: SSDEntry, why: str) -> bool:
         """A version failed its check when read.  Under the writer lock (no
@@ -1162,6 +1224,29 @@ def _check_payload(fd: int, entry: SSDEntry) -> None:
         off += len(chunk)
     if off != entry.size or crc != entry.crc:
         raise CorruptSlot(f"{entry.path}: payload checksum mismatch")
+
+
+def _verify_payload(fd: int, entry: SSDEntry) -> None:
+    """_check_payload for open_backing: read through the page cache, the
+    whole file asked for up front (WILLNEED, and a doubled readahead window
+    while the check reads it in order), so the check waits on large reads
+    and leaves the pages cached for the passthrough reader that follows.
+    The descriptor is that reader's backing file: its readahead is set back
+    to the default afterwards (the reader's pattern is its own)."""
+    advised = True
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        os.posix_fadvise(fd, 0, entry.size, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        advised = False
+    try:
+        _check_payload(fd, entry)
+    finally:
+        if advised:
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)
+            except OSError:
+                pass
 
 
 def _trailer_bound(key: bytes, meta: dict[str, Any]) -> int:
