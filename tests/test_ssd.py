@@ -20,7 +20,7 @@ import pytest
 
 from conftest import is_mounted
 from memosfs import _native
-from memosfs.store.ssd import MAGIC, CorruptSlot, SSDTier
+from memosfs.store.ssd import MAGIC, XATTR, CorruptSlot, SSDTier
 from memosfs.store.store import Store
 
 MiB = 1 << 20
@@ -61,8 +61,9 @@ def test_put_scan_load_roundtrip(tmp_path, cache):
     ref.release()
     assert entry.size == len(payload) and entry.version == 1
     [f] = slot_files(tmp_path)
-    assert f.read_bytes()[:len(payload)] == payload       # the file maps as the slot
-    assert f.read_bytes()[-8:] == MAGIC
+    assert f.read_bytes() == payload            # the file is the slot (payload-only) ...
+    assert os.getxattr(f, XATTR)[-8:] == MAGIC  # ... its trailer in an attribute
+    assert entry.bare
     again = SSDTier(str(tmp_path))
     [e] = again.scan()
     assert (e.key, e.version, e.size, e.meta) == (b"a/s/x", 1, len(payload), {"mode": 0o600})
@@ -82,7 +83,11 @@ def test_empty_slot_roundtrip(tmp_path, cache):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "trailer", "footer", "empty", "foreign"])
-def test_bad_files_are_set_aside_at_scan(tmp_path, cache, damage, caplog):
+def test_bad_files_are_set_aside_at_scan(tmp_path, cache, damage, caplog, monkeypatch):
+    """Files of the trailer layout (what older memosfs wrote; payload-only
+    files' damage: tests/test_ssd_bare.py)."""
+    import memosfs.store.ssd as ssd_mod
+    monkeypatch.setattr(ssd_mod, "WRITE_BARE", False)
     tier = SSDTier(str(tmp_path))
     ref = _publish(cache, b"a/s/x", os.urandom(10000))
     tier.put(ref, {}, durable=True)

@@ -1,15 +1,33 @@
 """The SSD tier: one self-describing, checksummed file per slot.
 
-Format (one file per slot, named by a hash of its key, in 256 shard folders):
+Format (one file per slot, named by a hash of its key, in 256 shard folders).
+A file is payload-only (`SSDEntry.bare`, what this code writes):
 
-    [0, size)            the slot's bytes (the payload), so a file maps as the slot
-    [size, size+H)       trailer: version u64, size u64, payload crc32c u32,
-                         flags u32, key length u32, meta length u32, key, meta (JSON)
-    [size+H, size+H+16)  footer: H u32, trailer crc32c u32, magic "MEMOSLT1"
+    [0, size)            the slot's bytes (the payload) and nothing else, so a
+                         file maps as the slot and the kernel can read it as a
+                         FUSE passthrough backing file
+    attribute `user.memosfs.slot` (XATTR):
+                         trailer: version u64, size u64, payload crc32c u32,
+                         flags u32 (FLAG_BARE), key length u32, meta length u32,
+                         key, meta (JSON); then a footer: H u32 (the trailer's
+                         length), trailer crc32c u32, magic "MEMOSLT1"
+
+or, where the folder's file system refuses the attribute (no user xattrs,
+or a metadata too large for it) and in folders older memosfs wrote, the
+trailer layout, the same bytes after the payload (flags 0):
+
+    [0, size)            the payload
+    [size, size+H)       trailer
+    [size+H, size+H+16)  footer
+
+Each file is read by its own layout: a file with the attribute is
+payload-only (its size must be the trailer's), any other by its footer.
 
 Crash safety: a version is written to a temporary name in the same folder,
 fsync'd, then renamed over the old file, so after a crash at any point the
-name holds either the old version or the new one, never a mix.  A durable
+name holds either the old version or the new one, never a mix (the
+attribute is set on the temporary file before its fsync and rename, so
+each version is self-describing).  A durable
 write (fsync of a slot, flush, unmount) also fsyncs the folder, so the
 rename itself survives.  Temporary files left by a crash are removed at
 mount.  A slot renamed to another key is copied under the new key's name
@@ -21,7 +39,11 @@ fsync'd the folders they touched (the fsync of a directory on the mount).
 A file whose footer, trailer or size does not check out is reported (log
 and `ssd_corrupt`) and moved aside into `corrupt/` at mount; a payload whose
 checksum fails is caught when it is read, reported the same way, and never
-served.
+served.  A payload-only file handed to the kernel as a passthrough backing
+file (`open_backing`) is not read by the daemon on every read: its whole
+payload is read and checked the first time this daemon opens that file's
+version so (the pages stay in the page cache for the reader that follows),
+and later opens of the same file skip the check.
 
 Readers and writers.  An index entry names its file by path and by inode
 number (`SSDEntry.ino`): a file is renamed into place and the index changed
@@ -70,6 +92,7 @@ import shutil
 import struct
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -81,12 +104,24 @@ from memosfs.store.ssdpolicy import STATE_NAME, SSDPolicy
 log = logging.getLogger("memosfs.store.ssd")
 
 __all__ = ["SSDTier", "SSDEntry", "SSDStats", "CorruptSlot", "StaleEntry", "MAGIC",
-           "DirLock", "DirectoryInUse", "LOCK_NAME"]
+           "XATTR", "DirLock", "DirectoryInUse", "LOCK_NAME"]
 
 MAGIC = b"MEMOSLT1"
 _FOOTER = struct.Struct("<II8s")          # trailer length, trailer crc, magic
 _FIXED = struct.Struct("<QQIIII")         # version, size, crc, flags, klen, mlen
 MAX_TRAILER = 1 << 20
+XATTR = "user.memosfs.slot"               # a payload-only file's trailer and footer
+FLAG_BARE = 1                             # trailer flag: it is the file's XATTR
+# Write payload-only files (the trailer in XATTR).  False writes the trailer
+# layout every file had before (tests use it to make an older folder).
+WRITE_BARE = True
+# what setxattr answers when the folder's file system will not keep the
+# attribute (no user xattrs; a value larger than it takes: ext4 keeps about
+# one block of attributes per file): that file gets the trailer layout
+_ATTR_REFUSED = frozenset((errno.ENOTSUP, errno.EOPNOTSUPP, errno.E2BIG, errno.ENOSPC,
+                           errno.ERANGE))
+_ATTR_ABSENT = frozenset((errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP))
+VERIFIED_FILES = 8192                     # open_backing's cache of checked files
 POLICY_SAVE_S = 10.0                      # background saves of policy.json, at most this often
 
 
@@ -107,49 +142,113 @@ class SSDEntry:
     size: int                   # payload bytes
     crc: int                    # payload crc32c
     path: str
-    file_bytes: int             # bytes the file takes
+    # bytes the version takes: payload, trailer and footer, in the file or
+    # (bare) in its attribute; what ssd_capacity counts
+    file_bytes: int
     meta: dict[str, Any] = field(default_factory=dict)
     # whether the file's bytes are known durable: True (fsync'd), False
     # (written by this daemon without an fsync: see SSDTier._write_locked),
     # None (found at mount: a daemon killed before may have left it unsynced)
     synced: Optional[bool] = None
     ino: int = 0                # the file's inode number (0: not known, never checked)
+    # the file holds the payload alone, its trailer in the XATTR attribute
+    # (a passthrough backing file: open_backing); False: the trailer layout
+    bare: bool = False
+
+    @property
+    def file_size(self) -> int:
+        """The length of the slot's file: the payload alone when bare."""
+        return self.size if self.bare else self.file_bytes
 
 
 def _name_of(key: bytes) -> str:
     return hashlib.sha256(key).hexdigest()[:40]
 
 
-def encode_trailer(key: bytes, version: int, size: int, crc: int,
-                   meta: dict[str, Any]) -> bytes:
-    m = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
-    trailer = _FIXED.pack(version, size, crc, 0, len(key), len(m)) + key + m
+def _meta_bytes(meta: dict[str, Any]) -> bytes:
+    return json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _encode(key: bytes, version: int, size: int, crc: int, m: bytes, flags: int) -> bytes:
+    trailer = _FIXED.pack(version, size, crc, flags, len(key), len(m)) + key + m
     return trailer + _FOOTER.pack(len(trailer), _native.crc32c(trailer), MAGIC)
 
 
-def read_trailer(fd: int, path: str) -> SSDEntry:
-    """Parse and check a slot file's footer and trailer (not the payload)."""
-    total = os.fstat(fd).st_size
-    if total < _FOOTER.size:
-        raise CorruptSlot(f"{path}: {total} bytes, shorter than a footer")
-    tlen, tcrc, magic = _FOOTER.unpack(os.pread(fd, _FOOTER.size, total - _FOOTER.size))
-    if magic != MAGIC:
-        raise CorruptSlot(f"{path}: no footer magic (truncated or not a slot file)")
-    if tlen < _FIXED.size or tlen > MAX_TRAILER or tlen > total - _FOOTER.size:
-        raise CorruptSlot(f"{path}: trailer length {tlen} does not fit the file")
-    start = total - _FOOTER.size - tlen
-    trailer = os.pread(fd, tlen, start)
-    if len(trailer) != tlen or _native.crc32c(trailer) != tcrc:
-        raise CorruptSlot(f"{path}: trailer checksum mismatch")
-    version, size, crc, _flags, klen, mlen = _FIXED.unpack_from(trailer)
-    if _FIXED.size + klen + mlen != tlen or size != start:
-        raise CorruptSlot(f"{path}: sizes disagree (payload {size}, file {total})")
+def encode_trailer(key: bytes, version: int, size: int, crc: int,
+                   meta: dict[str, Any], flags: int = 0) -> bytes:
+    """Trailer and footer: after the payload (flags 0), or a payload-only
+    file's XATTR value (flags FLAG_BARE)."""
+    return _encode(key, version, size, crc, _meta_bytes(meta), flags)
+
+
+def _slot_attr(fd: int) -> Optional[bytes]:
+    """The file's XATTR value, None if it has none (or its file system keeps
+    no user attributes: then it is a trailer-layout file)."""
+    try:
+        return os.getxattr(fd, XATTR)
+    except OSError as e:
+        if e.errno in _ATTR_ABSENT:
+            return None
+        raise
+
+
+def _decode(trailer: bytes, tcrc: int, path: str, where: str
+            ) -> tuple[int, int, int, int, bytes, dict[str, Any]]:
+    """(version, size, crc, flags, key, meta) of a trailer whose checksum
+    should be tcrc; CorruptSlot says what does not check out."""
+    if _native.crc32c(trailer) != tcrc:
+        raise CorruptSlot(f"{path}: {where} checksum mismatch")
+    version, size, crc, flags, klen, mlen = _FIXED.unpack_from(trailer)
+    if _FIXED.size + klen + mlen != len(trailer):
+        raise CorruptSlot(f"{path}: {where} lengths disagree")
     key = trailer[_FIXED.size:_FIXED.size + klen]
     try:
         meta = json.loads(trailer[_FIXED.size + klen:])
     except ValueError as e:
         raise CorruptSlot(f"{path}: bad metadata: {e}") from None
-    return SSDEntry(key, version, size, crc, path, total, meta, ino=os.fstat(fd).st_ino)
+    return version, size, crc, flags, key, meta
+
+
+def read_trailer(fd: int, path: str) -> SSDEntry:
+    """Parse and check a slot file's trailer, from its XATTR attribute (a
+    payload-only file) or, without one, from its footer (not the payload)."""
+    st = os.fstat(fd)
+    total = st.st_size
+    attr = _slot_attr(fd)
+    if attr is not None:
+        if len(attr) < _FOOTER.size + _FIXED.size:
+            raise CorruptSlot(f"{path}: its {XATTR} attribute is too short ({len(attr)} bytes)")
+        tlen, tcrc, magic = _FOOTER.unpack_from(attr, len(attr) - _FOOTER.size)
+        if magic != MAGIC or tlen != len(attr) - _FOOTER.size:
+            raise CorruptSlot(f"{path}: its {XATTR} attribute is not a slot trailer")
+        version, size, crc, flags, key, meta = _decode(
+            attr[:tlen], tcrc, path, f"{XATTR} attribute's trailer")
+        if not flags & FLAG_BARE:
+            raise CorruptSlot(f"{path}: its {XATTR} attribute is not marked payload-only")
+        if size != total:
+            raise CorruptSlot(f"{path}: sizes disagree (payload {size}, file {total}: "
+                              f"truncated or extended)")
+        return SSDEntry(key, version, size, crc, path, size + len(attr), meta,
+                        ino=st.st_ino, bare=True)
+    if total < _FOOTER.size:
+        raise CorruptSlot(f"{path}: {total} bytes, shorter than a footer "
+                          f"(and no {XATTR} attribute)")
+    tlen, tcrc, magic = _FOOTER.unpack(os.pread(fd, _FOOTER.size, total - _FOOTER.size))
+    if magic != MAGIC:
+        raise CorruptSlot(f"{path}: no footer magic and no {XATTR} attribute "
+                          f"(truncated, attribute lost, or not a slot file)")
+    if tlen < _FIXED.size or tlen > MAX_TRAILER or tlen > total - _FOOTER.size:
+        raise CorruptSlot(f"{path}: trailer length {tlen} does not fit the file")
+    start = total - _FOOTER.size - tlen
+    trailer = os.pread(fd, tlen, start)
+    if len(trailer) != tlen:
+        raise CorruptSlot(f"{path}: trailer checksum mismatch (short read)")
+    version, size, crc, flags, key, meta = _decode(trailer, tcrc, path, "trailer")
+    if size != start:
+        raise CorruptSlot(f"{path}: sizes disagree (payload {size}, file {total})")
+    if flags & FLAG_BARE:
+        raise CorruptSlot(f"{path}: a payload-only file's trailer after a payload")
+    return SSDEntry(key, version, size, crc, path, total, meta, ino=st.st_ino)
 
 
 def open_entry(entry: "SSDEntry") -> int:
@@ -231,6 +330,13 @@ class SSDTier:
         # into place, under `lock`, before the index learns it); empty in use
         self.hooks: dict[str, Any] = {}
         self.segs = _segments.SegmentStore(self)    # small slots, packed (segments.py)
+        # the folder's file system keeps the XATTR attribute (False after it
+        # said it keeps no user attributes: every file gets the trailer layout)
+        self._attrs_ok = True
+        self._attr_refusals: set[int] = set()   # errnos logged (once each)
+        # open_backing: files whose payload was checked, by (st_dev, st_ino,
+        # version, size, mtime_ns, crc), least recent first (lock)
+        self._verified: OrderedDict[tuple[int, ...], None] = OrderedDict()
 
     # ---- mount ----
 
@@ -367,8 +473,7 @@ class SSDTier:
         if self.segs.packs(size):
             return self.segs.put(ref, key, meta, durable, crc)
         # (its seq orders it with packed records: segments.py)
-        trailer = encode_trailer(key, ref.version, size, crc, self.segs.stamp(meta))
-        total = size + len(trailer)
+        stamped = self.segs.stamp(meta)
         sdir, final = self._path_of(key)
         self._shard_dir(sdir)
         tmp = self._tmp_path(sdir, key)
@@ -391,14 +496,14 @@ class SSDTier:
                     written = ref.write_to_fd(fd, sparse=True)   # holes stay holes
                     if written != size:
                         raise OSError(errno.EIO, f"short write ({written} of {size})")
-                _pwrite_all(fd, trailer, size)
+                total, bare = self._finish_file(fd, key, ref.version, size, crc, stamped)
                 if sync_now:
                     os.fsync(fd)
                 ino = os.fstat(fd).st_ino
             finally:
                 os.close(fd)
             entry = SSDEntry(key, ref.version, size, crc, final, total, dict(meta),
-                             synced=sync_now, ino=ino)
+                             synced=sync_now, ino=ino, bare=bare)
             with self.lock:
                 # the file and the index entry change together (see the
                 # module docstring: a reader never pairs one with the other's)
@@ -432,6 +537,44 @@ class SSDTier:
             with self.lock:
                 self._dirty_dirs.add(sdir)
         return entry
+
+    def _finish_file(self, fd: int, key: bytes, version: int, size: int, crc: int,
+                     meta: dict[str, Any]) -> tuple[int, bool]:
+        """Give a temporary slot file whose payload is written (bytes [0,
+        size), holes allowed) its trailer: in its XATTR attribute, the file
+        the payload alone, or where the file system refuses the attribute,
+        after the payload (the trailer layout; logged once for each reason).
+        Before the file's fsync and rename, so each version under the name is
+        whole and self-describing.  Returns (file_bytes, bare)."""
+        m = _meta_bytes(meta)
+        if WRITE_BARE and self._attrs_ok:
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, size)          # a payload that ends in a hole
+            value = _encode(key, version, size, crc, m, FLAG_BARE)
+            try:
+                os.setxattr(fd, XATTR, value)
+                return size + len(value), True
+            except OSError as e:
+                if e.errno not in _ATTR_REFUSED:
+                    raise
+                self._attr_refused(e.errno, len(value))
+        trailer = _encode(key, version, size, crc, m, 0)
+        _pwrite_all(fd, trailer, size)
+        return size + len(trailer), False
+
+    def _attr_refused(self, code: int, n: int) -> None:
+        if code in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            self._attrs_ok = False              # no user attributes here: stop asking
+        with self.lock:
+            if code in self._attr_refusals:
+                return
+            self._attr_refusals.add(code)
+        log.warning("ssd: the file system of %s refused a slot file's %s attribute (%s; "
+                    "%d bytes%s): such files keep their trailer after the payload, as "
+                    "older memosfs wrote them (readable, but not payload-only)",
+                    self.root, XATTR, os.strerror(code), n,
+                    "; no more attempts" if not self._attrs_ok else
+                    "; a large metadata, as a slot's many xattrs make")
 
     def _hook(self, point: str) -> None:
         fn = self.hooks.get(point)
@@ -489,7 +632,7 @@ class SSDTier:
             return self.segs.load_into(entry, draft)
         fd = open_entry(entry)
         try:
-            if os.fstat(fd).st_size != entry.file_bytes:
+            if os.fstat(fd).st_size != entry.file_size:
                 raise CorruptSlot(f"{entry.path}: size changed on disk")
             if entry.size:
                 # MAP_POPULATE reads the file in with full readahead up front,
@@ -514,11 +657,64 @@ class SSDTier:
         except OSError:
             return
         try:
-            os.posix_fadvise(fd, 0, entry.file_bytes, os.POSIX_FADV_WILLNEED)
+            os.posix_fadvise(fd, 0, entry.file_size, os.POSIX_FADV_WILLNEED)
         except OSError:
             pass
         finally:
             os.close(fd)
+
+    def open_backing(self, key: bytes) -> Optional[tuple[int, SSDEntry]]:
+        """For the FUSE passthrough reader: (an O_RDONLY descriptor, the
+        entry) of key's payload-only file — the very file the index names
+        (same inode, as open_entry checks), whose payload checks out — or
+        None: no such file (absent, a packed record, a trailer-layout file),
+        or the file failed its check, which went through report_corrupt as
+        a failed read does (set aside, counted in ssd_corrupt).  The caller
+        closes the descriptor; it keeps reading this version whatever
+        replaces the name later.  StaleEntry: the key's file was replaced
+        under every look (a writer busy on it): read it the usual way.
+
+        The payload is checked once per file and version in this daemon's
+        life: the first open of a (st_dev, st_ino, version, size, mtime_ns,
+        crc) reads the whole payload and checks its crc32c (the readahead it
+        asks for leaves the pages in the page cache for the reader that
+        follows); later opens of the same file do not read it (a cache of
+        VERIFIED_FILES files, least recent first out).  The kernel reads
+        the file directly afterwards, unchecked: docs/ssd-format.md."""
+        for _ in range(3):
+            entry = self.get(key)
+            if entry is None or isinstance(entry, _segments.PackedEntry) or not entry.bare:
+                return None
+            try:
+                fd = open_entry(entry)
+            except StaleEntry:
+                continue                        # a newer version's file: look again
+            try:
+                st = os.fstat(fd)
+                if st.st_size != entry.size:
+                    raise CorruptSlot(f"{entry.path}: size changed on disk")
+                mark = (st.st_dev, st.st_ino, entry.version, entry.size, st.st_mtime_ns,
+                        entry.crc)
+                with self.lock:
+                    known = mark in self._verified
+                    if known:
+                        self._verified.move_to_end(mark)
+                if not known:
+                    _verify_payload(fd, entry)
+                    with self.lock:
+                        self._verified[mark] = None
+                        while len(self._verified) > VERIFIED_FILES:
+                            self._verified.popitem(last=False)
+                return fd, entry
+            except CorruptSlot as e:
+                os.close(fd)
+                if self.report_corrupt(entry, str(e)):
+                    return None                 # set aside: the key is gone from the tier
+                continue                        # the index moved on, or a passing glitch
+            except BaseException:
+                os.close(fd)
+                raise
+        raise StaleEntry(f"{key!r}: its file kept being replaced while opened")
 
     def report_corrupt(self, entry: SSDEntry, why: str) -> bool:
         """A version failed its check when read.  Under the writer lock (no
@@ -640,10 +836,8 @@ class SSDTier:
                                               "ctime_ns": st.st_ctime_ns})
             except FileNotFoundError:
                 pass
-            trailer = encode_trailer(new, entry.version, entry.size, entry.crc,
-                                     self.segs.stamp(meta))
-            total = entry.size + len(trailer)
-            self._check_room(new, total)
+            stamped = self.segs.stamp(meta)
+            self._check_room(new, entry.size + _trailer_bound(new, stamped))
             self._shard_dir(sdir)
             tmp = self._tmp_path(sdir, new)
             try:
@@ -652,7 +846,8 @@ class SSDTier:
                     dst = open_private(tmp, os.O_WRONLY | os.O_EXCL)
                     try:
                         _copy_range(src, dst, entry.size)
-                        _pwrite_all(dst, trailer, entry.size)
+                        total, bare = self._finish_file(dst, new, entry.version, entry.size,
+                                                        entry.crc, stamped)
                         os.fsync(dst)
                         ino = os.fstat(dst).st_ino
                     finally:
@@ -660,7 +855,7 @@ class SSDTier:
                 finally:
                     os.close(src)
                 moved = SSDEntry(new, entry.version, entry.size, entry.crc, final, total,
-                                 dict(meta), synced=True, ino=ino)
+                                 dict(meta), synced=True, ino=ino, bare=bare)
                 with self.lock:
                     # the file and both index entries change together
                     os.rename(tmp, final)
@@ -705,11 +900,10 @@ class SSDTier:
             if isinstance(entry, _segments.PackedEntry):
                 return self.segs.rewrite_meta(entry, meta)     # a packed slot: a new record
             # (a seq newer than any packed record of the key: segments.py)
-            trailer = encode_trailer(key, entry.version, entry.size, entry.crc,
-                                     self.segs.stamp(meta))
-            total = entry.size + len(trailer)
-            if total > entry.file_bytes:
-                self._check_room(key, total)
+            stamped = self.segs.stamp(meta)
+            bound = entry.size + _trailer_bound(key, stamped)
+            if bound > entry.file_bytes:
+                self._check_room(key, bound)
             sdir, final = self._path_of(key)
             tmp = self._tmp_path(sdir, key)
             sync_now = entry.synced is not False    # (as _write_locked decides)
@@ -722,7 +916,8 @@ class SSDTier:
                     dst = open_private(tmp, os.O_WRONLY | os.O_EXCL)
                     try:
                         _copy_sparse(src, dst, entry.size)
-                        _pwrite_all(dst, trailer, entry.size)
+                        total, bare = self._finish_file(dst, key, entry.version, entry.size,
+                                                        entry.crc, stamped)
                         if sync_now:
                             os.fsync(dst)
                         ino = os.fstat(dst).st_ino
@@ -731,7 +926,7 @@ class SSDTier:
                 finally:
                     os.close(src)
                 new = SSDEntry(key, entry.version, entry.size, entry.crc, final, total,
-                               dict(meta), synced=sync_now, ino=ino)
+                               dict(meta), synced=sync_now, ino=ino, bare=bare)
                 with self.lock:
                     os.rename(tmp, final)
                     self._hook("renamed")
@@ -783,8 +978,8 @@ class SSDTier:
                     os.close(fd)
                 assert not e.ino or found.ino == e.ino, \
                     f"ssd: {key!r}: {e.path} is inode {found.ino}, the index says {e.ino}"
-                assert (found.key, found.version, found.size, found.crc, found.file_bytes) \
-                    == (e.key, e.version, e.size, e.crc, e.file_bytes), \
+                assert (found.key, found.version, found.size, found.crc, found.file_bytes,
+                        found.bare) == (e.key, e.version, e.size, e.crc, e.file_bytes, e.bare), \
                     f"ssd: {key!r}: the file says version {found.version} of {found.key!r}, " \
                     f"the index version {e.version}"
                 files.discard(e.path)
@@ -1029,6 +1224,29 @@ def _check_payload(fd: int, entry: SSDEntry) -> None:
         off += len(chunk)
     if off != entry.size or crc != entry.crc:
         raise CorruptSlot(f"{entry.path}: payload checksum mismatch")
+
+
+def _verify_payload(fd: int, entry: SSDEntry) -> None:
+    """_check_payload for open_backing: read through the page cache, the
+    whole file asked for up front (WILLNEED, and a doubled readahead window
+    while the check reads it in order), so the check waits on large reads
+    and leaves the pages cached for the passthrough reader that follows.
+    The descriptor is that reader's backing file: its readahead is set back
+    to the default afterwards (the reader's pattern is its own)."""
+    advised = True
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        os.posix_fadvise(fd, 0, entry.size, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        advised = False
+    try:
+        _check_payload(fd, entry)
+    finally:
+        if advised:
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)
+            except OSError:
+                pass
 
 
 def _trailer_bound(key: bytes, meta: dict[str, Any]) -> int:
