@@ -366,6 +366,8 @@ class OpsCore:
                 # zero timeout would cost a GETATTR per write(2))
                 a.attr_timeout = 0
             if ctx is None or tgid_of(ctx.pid) in node.writer_pids:
+                if node.pt_draft is not None:
+                    self._pt_poll(node)     # (what the kernel wrote into its file)
                 size = node.draft_size()
                 a.st_size = size
                 a.st_blocks = max(node.blocks(), (size + 511) // 512)
@@ -382,6 +384,10 @@ class OpsCore:
                     a.st_mtime_ns = a.st_ctime_ns = own.draft_mtime_ns
         if isinstance(node, Slot) and not node.version:
             a.entry_timeout = 0         # unpublished: others get ENOENT (lookup)
+        if isinstance(node, Slot) and (node.view_of is not None or node.pt_draft is not None):
+            # a readers' view, or the inode a writers' file backs: every
+            # process looks the name up again (readers find a view)
+            a.entry_timeout = a.attr_timeout = 0
         return a
 
     def _entry(self, node: Node, ctx=None) -> pyfuse3.EntryAttributes:

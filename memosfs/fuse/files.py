@@ -392,7 +392,7 @@ class FileOps(OpsCore):
         h = self.handles[fh]
         note, self._flusher = self._flusher, None
         if h.pt:
-            self._pt_poll(h.node)
+            self._pt_last_writer(h.node)    # (what the kernel wrote, mappings included)
         if not (note is not None and note[0] == fh and note[1] != h.opener
                 and tgid_of(note[1]) != h.opener):
             await self._may_publish(h)          # (the opener closes: it publishes)
@@ -499,7 +499,7 @@ class FileOps(OpsCore):
         if h is None or fh in self.fed.handles:
             return None
         if h.pt:
-            self._pt_poll(h.node)
+            self._pt_last_writer(h.node)    # (what the kernel wrote, mappings included)
         if h.kind == "write" and h.node.changed and (
                 h.node.latest() is not h.node
                 or (h.hold is not None and not self.coherence.may_write(h.hold))):
@@ -532,7 +532,7 @@ class FileOps(OpsCore):
             return
         node = h.node
         if h.pt:
-            self._pt_poll(node)
+            self._pt_last_writer(node)      # (what the kernel wrote, mappings included)
         if h.kind == "write" and (node.changed or node.refused):
             await self._may_publish(h)
             job = await self._with_room(self._publish, h)

@@ -89,6 +89,10 @@ class NamespaceOps(OpsCore):
         if node.ino == FED_INO:         # `.federated`: what its getattr says
             node.lookups += 1
             return self.fed.root_attr()
+        if isinstance(node, Slot) and node.pt_draft is not None:
+            view = self._pt_found(node, ctx.pid)
+            if view is not None:
+                return self._entry(view, ctx)
         return self._entry(node, ctx)
 
     # -- the fast path (memosfs._fuseshim.install_fast; see files.py) -------
@@ -184,6 +188,8 @@ class NamespaceOps(OpsCore):
         if fields.update_atime:
             node.atime_ns = attr.st_atime_ns
         if fields.update_mtime:
+            if isinstance(node, Slot) and node.pt_draft is not None:
+                self._pt_poll(node)         # (writes before these times are older)
             node.mtime_ns = attr.st_mtime_ns
             if isinstance(node, Slot):
                 node.draft_mtime_ns = attr.st_mtime_ns

@@ -309,6 +309,7 @@ class Slot(Node):
         self.pt_backing: Optional[tuple] = None  # (backing id, its file, passthrough
                                         # handles open on this inode)
         self.pt_gen = 0                 # publishes on this inode (a mirror's validity)
+        self.view_of: Optional[Slot] = None  # a readers' view of that slot (passthrough.py)
         self._key = b""                 # `key`, as of move generation _key_moves
         self._key_moves = -1
 

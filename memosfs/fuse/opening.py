@@ -296,6 +296,10 @@ class OpenOps(OpsCore):
                 await trio.sleep(0.002)
             return await self._open_version(inode, flags, ctx, waited=True, retry=retry)
         node = node.latest()            # the one that holds the name now
+        if inode_node.view_of is not None and self.pt is not None:
+            self._pt_view_opened(inode_node, pid)
+        if acc == os.O_RDONLY and inode_node.pt_backing is not None and self.pt is not None:
+            self._pt_reader_gate(inode_node, node, pid)
         if node.detached:
             # unlinked or renamed over while this open was on its way.  A
             # reader of a name that a rename replaced is served the slot that
@@ -499,7 +503,9 @@ class OpenOps(OpsCore):
                 fi.direct_io = True
                 h.dio = True
                 if self.pt is not None and node.pt_backing is not None:
-                    h.pt = self._pt_beside(node, fh, version)
+                    # (the gate let it in: the writers' own unpublished file,
+                    # or the mirror of its version)
+                    h.pt = self._pt_attach(node, fh, node.pt_backing[1], "read")
             elif self.pt is not None and h.decoded is None and self._pt_reader(node, fh, ref):
                 h.pt = True             # the kernel reads the version's mirror
             else:

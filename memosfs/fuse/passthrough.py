@@ -4,7 +4,8 @@ memosfs._fuseshim negotiates it and attaches a backing file to an open's
 reply).
 
 Where the files live (`Room`): a tmpfs of its own, `passthrough_room` bytes
-(default: the memory tier's capacity), mounted nowhere (fsopen/fsmount: no
+(default: one and a half times the memory tier's capacity: mirrors take a
+third at most, so writers' files have the tier's capacity), mounted nowhere (fsopen/fsmount: no
 other process can reach it, and it goes with the daemon, however the daemon
 ends), each file an unnamed O_TMPFILE.  Without the new mount API: memfds.
 
@@ -15,8 +16,8 @@ What they hold:
   that has none, or the writers' file once they published it and left.  It
   takes the place the kernel page cache holds for a cached-mode reader: the
   C arena stays the version's authority (eviction, the SSD tier, quotas),
-  and a mirror can be dropped whenever no open file uses it (the room's
-  least recently used first, when the room is over half full).
+  and a mirror can be dropped whenever no open file uses it (least recently
+  used first, when mirrors take more than a third of the room).
 * a **writers' file** (`Draft`, on the Slot): a whole new version (an
   O_TRUNC open or a create) is written by the kernel into a file of the
   room; the opener's close (or fsync) copies it into a draft in the arena
@@ -46,6 +47,8 @@ import ctypes
 import errno
 import logging
 import os
+import stat
+import time
 from typing import Optional
 
 from memosfs import _native
@@ -58,6 +61,7 @@ __all__ = ["Room", "Mirror", "Draft", "Passthrough"]
 _SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 430, 431, 432    # x86_64 and arm64 alike
 _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 1, 6
 _FSOPEN_CLOEXEC = _FSMOUNT_CLOEXEC = 1
+VIEW_RETRY_S = 5.0                      # a reader sent back finds its view this long
 
 
 class Room:
@@ -213,10 +217,13 @@ class Passthrough:
 
     # -- mirrors ----------------------------------------------------------
 
-    def keep_mirror(self, node) -> None:
+    def keep_mirror(self, node, attaching: bool = False) -> None:
+        """node's mirror is the most recently used; others go if mirrors take
+        more than their share of the room (a third: writers need the rest).
+        attaching: an open is about to read it (it stays)."""
         self.mirrors[id(node)] = node
         self.mirrors.move_to_end(id(node))
-        self.trim()
+        self.trim(keep=node if attaching else None)
 
     def drop_mirror(self, node) -> None:
         m = node.pt_mirror
@@ -229,25 +236,26 @@ class Passthrough:
         self.mirrors.pop(id(node), None)
         m.close()
 
-    def trim(self) -> None:
-        """Mirrors no open file reads go, least recently used first, while the
-        room is over half full (writers need the rest)."""
-        if self.room.mnt is None:
-            budget = self.room.size // 2
-            total = sum(n.pt_mirror.size for n in self.mirrors.values()
-                        if n.pt_mirror is not None)
-            over = total > budget
-        else:
-            over = self.room.used() > self.room.size // 2
-        if not over:
-            return
+    def mirror_bytes(self) -> int:
+        return sum(n.pt_mirror.size for n in self.mirrors.values() if n.pt_mirror is not None)
+
+    def trim(self, keep=None) -> None:
+        """Mirrors no open file reads go, least recently used first, while
+        mirrors take more than a third of the room."""
+        budget = self.room.size // 3
+        total = self.mirror_bytes()
         for key in list(self.mirrors):
+            if total <= budget:
+                return
             node = self.mirrors[key]
-            busy = node.pt_backing is not None and node.pt_backing[1] is node.pt_mirror
-            if not busy:
+            m = node.pt_mirror
+            if m is None:
+                self.mirrors.pop(key, None)
+                continue
+            busy = node.pt_backing is not None and node.pt_backing[1] is m
+            if not busy and node is not keep:
+                total -= m.size
                 self.drop_mirror(node)
-                if self.room.mnt is not None and self.room.used() <= self.room.size // 2:
-                    return
 
     def stats(self) -> dict[str, int]:
         try:
@@ -361,7 +369,7 @@ class PassthroughOps:
             self._pt_asked = False
             from memosfs import _fuseshim as shim
             if shim.passthrough_granted():
-                size = self.knobs.get("passthrough_room") or self.store.cache.capacity
+                size = self.knobs.get("passthrough_room") or self.store.cache.capacity * 3 // 2
                 self._pt_state = Passthrough(shim, Room(size), 0)
                 log.info("passthrough: the kernel reads and writes slots' files itself "
                          "(room %d bytes)", size)
@@ -395,21 +403,84 @@ class PassthroughOps:
         pt.opens += 1
         return True
 
-    def _pt_beside(self, node, fh: int, version: int) -> bool:
-        """A reader that would read around node's page cache (writers are in,
-        or its dentry was stale) on an inode with a backing file: the kernel
-        allows it no other, so it reads that file (a writers' file that
-        published already: its bytes; a mirror of its version).  False: the
-        inode has no backing file.  ESTALE (the kernel looks the name up
-        again) when the mirror holds another version."""
-        cur = node.pt_backing
+    def _pt_reader_gate(self, inode_node, holder, pid: int) -> None:
+        """A reader opening inode_node (the name's slot now: holder) where
+        the kernel would force it onto a backing file that does not hold the
+        version it must read (a writers' file whose bytes are not published,
+        a mirror of another version): ESTALE, and the kernel's retry looks
+        the name up again from this thread, which then finds a reader's view
+        of holder (`_pt_found`) or holder itself."""
+        cur = inode_node.pt_backing
         if cur is None:
-            return False
+            return
         held = cur[1]
-        if isinstance(held, Mirror) and held.version != version:
-            raise refuse(errno.ESTALE, "open %s: its inode holds an older version's file",
-                         node.name, level=logging.DEBUG)
-        return self._pt_attach(node, fh, held, "read")
+        if isinstance(held, Draft):
+            if not inode_node.version and holder is inode_node:
+                return                  # its writer's process reads its own bytes
+        elif holder is inode_node and not holder.detached and not holder.writers \
+                and holder.version == held.version:
+            return                      # the mirror of the version it reads
+        if holder.detached:
+            found = holder.name_holder() if holder.detached == "replaced" else None
+            holder = found if found is not None else holder
+        views = self.__dict__.setdefault("_pt_views_due", {})
+        now = time.monotonic()
+        if len(views) > 4096:
+            for p in [p for p, due in views.items() if due[1] < now]:
+                del views[p]
+        views[pid] = (holder, now + VIEW_RETRY_S)
+        raise refuse(errno.ESTALE, "open %s for reading: its inode's file is another "
+                     "version's (the lookup again finds one to read)", inode_node.name,
+                     level=logging.DEBUG)
+
+    def _pt_found(self, node, pid: int):
+        """lookup of node's name by pid: a reader's view of it when this pid was
+        sent back by `_pt_reader_gate` and node's inode is the writers' file's
+        (None: node itself).  The same view for every lookup of that pid until
+        it opens the view (the kernel may look the name up twice: once to
+        revalidate its entry, once more for the new one) or the wait ends."""
+        views = self.__dict__.get("_pt_views_due")
+        if not views:
+            return None
+        due = views.get(pid)
+        if due is None or due[0] is not node:
+            return None
+        if due[1] < time.monotonic() or node.pt_draft is None or not node.version:
+            del views[pid]
+            return None
+        view = due[2] if len(due) > 2 else None
+        if view is None or view.version != node.version:
+            view = self._pt_view(node)
+            views[pid] = (node, due[1], view)
+        # (the kernel forgets the view its revalidation found, then looks the
+        # name up again: the same view, known again)
+        self.inodes[view.ino] = view
+        return view
+
+    def _pt_view_opened(self, view, pid: int) -> None:
+        """pid opened the view it was sent to: its later lookups find the name."""
+        views = self.__dict__.get("_pt_views_due")
+        if views:
+            due = views.get(pid)
+            if due is not None and len(due) > 2 and due[2] is view:
+                del views[pid]
+
+    def _pt_view(self, node):
+        """An inode for readers of node's published version while its writers'
+        file backs node's inode: not in the tree (like a superseded inode: its
+        opens read the name's version around its page cache, by the daemon),
+        looked up again at every use (timeouts 0)."""
+        from memosfs.fuse.nodes import Slot
+        view = Slot(self._new_ino(), node.name, node.parent, stat.S_IMODE(node.mode),
+                    node.uid, node.gid)
+        view.xattrs = dict(node.xattrs)
+        view.atime_ns, view.mtime_ns, view.ctime_ns = node.atime_ns, node.mtime_ns, \
+            node.ctime_ns
+        view.version, view.pub_size, view.stored = node.version, node.pub_size, node.stored
+        view.successor = node
+        view.view_of = node
+        self.inodes[view.ino] = view
+        return view
 
     def _pt_reads(self, node, logical) -> bool:
         """Whether readers of node's published version read it by passthrough
@@ -470,7 +541,7 @@ class PassthroughOps:
             m = node.pt_mirror = Mirror(fd, ref.version, ref.size, node.pt_gen)
             pt.mirrors_made += 1
             pt.mirror_bytes_copied += ref.size
-        pt.keep_mirror(node)
+        pt.keep_mirror(node, attaching=True)
         return self._pt_attach(node, fh, m, "read")
 
     def _pt_writer(self, node, fh: int, whole: bool) -> bool:
@@ -564,9 +635,11 @@ class PassthroughOps:
             d.published = (version, d.snap[0], d.snap[1])
 
     def _pt_last_writer(self, node) -> None:
-        """Before the last writer's release: a change the daemon cannot see
-        (through a shared mapping kept after the close) makes the release
-        publish again."""
+        """Before a writer's close, fsync or last release: what the kernel
+        wrote into the writers' file since the last look marks the draft
+        changed, and so does a change no timestamp shows (a write through a
+        shared mapping, which tmpfs does not stamp), found by the checksum
+        of a file published before."""
         d = node.pt_draft
         if d is None:
             return
@@ -587,7 +660,8 @@ class PassthroughOps:
         self.pt.drafts.pop(id(node), None)
         keep = (d.published is not None and not d.tainted and node.version
                 and d.published[0] == node.version and not node.detached
-                and not node.changed and _stamp(d.fd) == d.published[1])
+                and not node.changed and _stamp(d.fd) == d.published[1]
+                and d.published[1][2] >= self.knobs["passthrough_min"])
         if keep:
             if node.pt_mirror is not None and node.pt_mirror is not d:
                 self.pt.drop_mirror(node)
