@@ -174,3 +174,28 @@ def test_off_with_the_knob(make_mount):
     (d / "x").write_bytes(os.urandom(MiB))
     (d / "x").read_bytes()
     assert m.stats().get("passthrough_opens", 0) == 0
+
+
+def test_a_slot_only_on_the_ssd_is_read_from_its_file(make_mount):
+    """A large slot the memory tier let go is read by the kernel from the
+    SSD tier's own file (checked once), not brought back into memory."""
+    m, d = _pt_mount(make_mount, passthrough=1, capacity="64M")
+    data = os.urandom(6 * MiB)
+    (d / "cold").write_bytes(data)
+    m.p(".memos", "cache", "evict").write_text("a/s/cold\n")
+    assert os.getxattr(d / "cold", "user.memos.tier") == b"ssd"
+    before = m.stats()
+    with open(d / "cold", "rb") as f:
+        assert f.read() == data
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+            assert mm[-100:] == data[-100:]
+    after = m.stats()
+    assert after["read_requests"] == before["read_requests"]
+    assert after["passthrough_opens"] > before["passthrough_opens"]
+    assert os.getxattr(d / "cold", "user.memos.tier") == b"ssd"   # not brought back
+    # a second reader, and a rewrite while it reads
+    with open(d / "cold", "rb") as r:
+        new = os.urandom(MiB)
+        (d / "cold").write_bytes(new)
+        assert r.read() == data
+    assert (d / "cold").read_bytes() == new

@@ -79,7 +79,9 @@ TARGETS = ("memosfs", "tmpfs", "disk")
 # zeros, so loads are not timed on it.
 # And memosfs_wbc: a mount with the kernel's writeback cache (-o writeback_cache=1),
 # writers' pages handed over at close (docs/semantics.md).
-EXTRA_TARGETS = ("memosfs_nofast", "memosfs_wbc", "nullfs")
+# And memosfs_pt: a mount with FUSE passthrough (-o passthrough=1; root only):
+# the kernel reads and writes slots' files itself (docs/semantics.md).
+EXTRA_TARGETS = ("memosfs_nofast", "memosfs_wbc", "memosfs_pt", "nullfs")
 PATTERNS = ("write_4k", "write_64k", "write_1m", "safetensors", "torch", "pickle", "small", "slot")
 EXTRA = ("persist", "coherence")        # only with --with-persist-coherence or --only
 
@@ -162,7 +164,7 @@ def pread_range(path: str, off: int, length: int, buf: bytearray) -> int:
         os.close(fd)
 
 
-PROFILED = ("memosfs", "memosfs_nofast", "memosfs_wbc")
+PROFILED = ("memosfs", "memosfs_nofast", "memosfs_wbc", "memosfs_pt")
 COUNTS = ("requests", "write_requests", "cpu_ms")
 
 
@@ -272,11 +274,13 @@ def figure(seconds: dict[str, float], amount: float, unit: str) -> dict[str, Any
     out["memosfs_vs_tmpfs"] = ratio("memosfs", "tmpfs")
     out["memosfs_vs_disk"] = ratio("memosfs", "disk")
     for t, key in (("memosfs_nofast", "nofast_vs_tmpfs"), ("memosfs_wbc", "wbc_vs_tmpfs"),
-                   ("nullfs", "nullfs_vs_tmpfs")):
+                   ("memosfs_pt", "pt_vs_tmpfs"), ("nullfs", "nullfs_vs_tmpfs")):
         if t in s:
             out[key] = ratio(t, "tmpfs")
     if "memosfs_wbc" in s:
         out["wbc_vs_disk"] = ratio("memosfs_wbc", "disk")
+    if "memosfs_pt" in s:
+        out["pt_vs_disk"] = ratio("memosfs_pt", "disk")
     if "nullfs" in s:
         out["memosfs_vs_nullfs"] = ratio("memosfs", "nullfs")
     return out
@@ -568,14 +572,25 @@ def bench_clients(repeat: int = 3, scale: float = 1.0, only: tuple[str, ...] = P
             dirs["memosfs_wbc"] = wbc
             out["targets"]["memosfs_wbc"] = {"dir": wbc, "fstype": fstype(wbc),
                                              "knobs": {"writeback_cache": "1"}}
+            pt_root = None
+            if os.geteuid() == 0:
+                pt_root = stack.enter_context(memos_mount(capacity, "passthrough=1"))
+                pt = os.path.join(pt_root, "bench", "clients")
+                os.makedirs(pt)
+                dirs["memosfs_pt"] = pt
+                out["targets"]["memosfs_pt"] = {"dir": pt, "fstype": fstype(pt),
+                                                "knobs": {"passthrough": "1"}}
+            else:
+                out["targets"]["memosfs_pt"] = {"skipped": "passthrough needs root"}
             if null is not None:
                 dirs["nullfs"] = null
                 out["targets"]["nullfs"] = {"dir": null, "fstype": fstype(null)}
             else:
                 out["targets"]["nullfs"] = {"skipped": why}
             targets = tuple(t for t in TARGETS + EXTRA_TARGETS if t in dirs)
-            prof = Profile({"memosfs": mnt, "memosfs_nofast": mnt,
-                            "memosfs_wbc": wbc_root}) if profile else None
+            prof = Profile({"memosfs": mnt, "memosfs_nofast": mnt, "memosfs_wbc": wbc_root,
+                            **({"memosfs_pt": pt_root} if pt_root else {})}) \
+                if profile else None
             for name, run in runners.items():
                 tm = Timer(prof)
                 for i in range(repeat):

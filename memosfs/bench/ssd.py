@@ -22,7 +22,9 @@ files; files: ssd_pack_below=0, a file per slot, the format before segments):
     slot (xargs cat, in the session folder) while the SSD directory is still
     in the page cache -> readback_warm_s; then unmount, drop the page cache
     (drop_caches, else posix_fadvise DONTNEED on every file), mount, `cat`
-    all again -> readback_cold_s.  reread_memory_s: the second `cat` of all in
+    all again -> readback_cold_s.  passthrough: as files, read back by mounts
+    with passthrough=1 (the kernel reads each slot's SSD file; its checksum is
+    checked at the first open, one read of the file).  reread_memory_s: the second `cat` of all in
     the first remount (every slot promoted into memory by then: what the
     mount costs without the SSD).
 The baseline: the same bytes as --slots files in one folder on $TMPDIR's
@@ -47,7 +49,10 @@ import time
 from memosfs.bench.common import Daemon, drop_page_cache, files_under
 from memosfs.knobs import parse_size
 
-FORMATS = {"packed": None, "files": 0}      # ssd_pack_below (None: the default)
+FORMATS = {"packed": None, "files": 0, "passthrough": 0}   # ssd_pack_below (None: the default)
+# read back by a mount with passthrough=1: the kernel reads each slot's SSD file
+# itself (root only; slots below passthrough_min are read as by "files")
+READ_OPTS = {"passthrough": {"passthrough": 1, "passthrough_min": 0}}
 
 
 def add_parsers(bsub) -> None:
@@ -56,7 +61,8 @@ def add_parsers(bsub) -> None:
     p.add_argument("--slots", type=int, default=20000, help="slots (default 20000)")
     p.add_argument("--slot-size", default="4K", help="bytes per slot (default 4K)")
     p.add_argument("--formats", default="packed,files",
-                   help="comma-separated: packed (segments), files (a file per slot)")
+                   help="comma-separated: packed (segments), files (a file per slot), "
+                   "passthrough (files, read back by a passthrough=1 mount)")
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of each format; each time and CPU figure is the best")
     p.add_argument("--json", action="store_true", help="print JSON only")
@@ -185,7 +191,7 @@ def bench_ssd(slots: int, size: int, formats: list[str], repeat: int = 1,
                   "slot_data_ratio": round(data / (slots * size), 3)}
 
             say(f"{fmt}: remount, cat every slot (SSD directory in the page cache)")
-            m = mount(f"mnt-{fmt}-{run}-r1", ssd, **opts)
+            m = mount(f"mnt-{fmt}-{run}-r1", ssd, **opts, **READ_OPTS.get(fmt, {}))
             r["mount_s"] = round(m.t_mounted - m.t_start, 3)
             r["readback_warm_s"] = round(_cat_all(str(m.p("bench", "ssd")), names), 3)
             # again: every slot in memory now (the mount's own floor)
@@ -196,7 +202,7 @@ def bench_ssd(slots: int, size: int, formats: list[str], repeat: int = 1,
 
             say(f"{fmt}: drop the page cache, remount, cat every slot")
             r["cache_drop"] = drop_page_cache(files_under(ssd))
-            m = mount(f"mnt-{fmt}-{run}-r2", ssd, **opts)
+            m = mount(f"mnt-{fmt}-{run}-r2", ssd, **opts, **READ_OPTS.get(fmt, {}))
             r["readback_cold_s"] = round(_cat_all(str(m.p("bench", "ssd")), names), 3)
             stop(m)
             shutil.rmtree(ssd, ignore_errors=True)

@@ -403,6 +403,10 @@ class OpsCore:
             parent.mtime_ns = parent.ctime_ns = now_ns()
         node.detached = reason
         node.ctime_ns = now_ns()
+        pt = getattr(self, "_pt_state", None)
+        if pt is not None and getattr(node, "pt_mirror", None) is not None:
+            pt.drop_mirror(node)    # (kept while files read it: their
+                                                # last release drops it)
         self._maybe_forget(node)
 
     def _maybe_forget(self, node: Node) -> None:

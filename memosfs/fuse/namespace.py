@@ -89,7 +89,7 @@ class NamespaceOps(OpsCore):
         if node.ino == FED_INO:         # `.federated`: what its getattr says
             node.lookups += 1
             return self.fed.root_attr()
-        if isinstance(node, Slot) and node.pt_draft is not None:
+        if isinstance(node, Slot) and self.__dict__.get("_pt_views_due"):
             view = self._pt_found(node, ctx.pid)
             if view is not None:
                 return self._entry(view, ctx)

@@ -397,6 +397,10 @@ class OpenOps(OpsCore):
             # first writer that keeps the content starts from it
             fn = self.store.get if acc == os.O_RDONLY else self.store.load
             tier = self.store.tier_of(node.key)
+            if tier == "ssd" and acc == os.O_RDONLY and self.pt is not None:
+                fi = await self._pt_ssd_reader(node, flags, ctx)
+                if fi is not None:
+                    return fi           # the kernel reads the SSD tier's file
             if tier == "ssd" or (tier != "mem" and self.store.remote is not None):
                 if acc != os.O_RDONLY:
                     # a reader that opens while the base is read must read

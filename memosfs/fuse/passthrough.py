@@ -145,10 +145,11 @@ def _stamp(fd: int) -> tuple[int, int, int]:
 class Mirror:
     """A published version's bytes in a file of the room."""
 
-    __slots__ = ("fd", "version", "size", "gen")
+    __slots__ = ("fd", "version", "size", "gen", "ssd")
 
-    def __init__(self, fd: int, version: int, size: int, gen: int) -> None:
+    def __init__(self, fd: int, version: int, size: int, gen: int, ssd: bool = False) -> None:
         self.fd, self.version, self.size, self.gen = fd, version, size, gen
+        self.ssd = ssd                  # the SSD tier's own file (takes no room)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -236,8 +237,23 @@ class Passthrough:
         self.mirrors.pop(id(node), None)
         m.close()
 
+    def move_mirror(self, old, new) -> None:
+        """old's name went to a fresh inode, new, holding the same version:
+        old's mirror goes with it, unless open files read it on old (it goes
+        with their last release then)."""
+        m = old.pt_mirror
+        if m is None or (old.pt_backing is not None and old.pt_backing[1] is m) \
+                or new.pt_mirror is not None or m.version != new.version:
+            return
+        old.pt_mirror = None
+        self.mirrors.pop(id(old), None)
+        m.gen = new.pt_gen
+        new.pt_mirror = m
+        self.mirrors[id(new)] = new
+
     def mirror_bytes(self) -> int:
-        return sum(n.pt_mirror.size for n in self.mirrors.values() if n.pt_mirror is not None)
+        return sum(n.pt_mirror.size for n in self.mirrors.values()
+                   if n.pt_mirror is not None and not n.pt_mirror.ssd)
 
     def trim(self, keep=None) -> None:
         """Mirrors no open file reads go, least recently used first, while
@@ -428,30 +444,32 @@ class PassthroughOps:
         if len(views) > 4096:
             for p in [p for p, due in views.items() if due[1] < now]:
                 del views[p]
-        views[pid] = (holder, now + VIEW_RETRY_S)
+        views[pid] = ((id(holder.parent), holder.name), now + VIEW_RETRY_S)
         raise refuse(errno.ESTALE, "open %s for reading: its inode's file is another "
                      "version's (the lookup again finds one to read)", inode_node.name,
                      level=logging.DEBUG)
 
     def _pt_found(self, node, pid: int):
-        """lookup of node's name by pid: a reader's view of it when this pid was
-        sent back by `_pt_reader_gate` and node's inode is the writers' file's
-        (None: node itself).  The same view for every lookup of that pid until
-        it opens the view (the kernel may look the name up twice: once to
-        revalidate its entry, once more for the new one) or the wait ends."""
+        """lookup of node's name by pid: a reader's view of the slot that holds
+        the name when this pid was sent back by `_pt_reader_gate` for that
+        name (None: node itself).  A view has no backing file, so its open
+        never meets one: it reads the name's version by the daemon.  The same
+        view for every lookup of that pid until it opens it (the kernel may
+        look the name up twice: once to revalidate its entry, once more for
+        the new one) or the wait ends."""
         views = self.__dict__.get("_pt_views_due")
         if not views:
             return None
         due = views.get(pid)
-        if due is None or due[0] is not node:
+        if due is None or due[0] != (id(node.parent), node.name):
             return None
-        if due[1] < time.monotonic() or node.pt_draft is None or not node.version:
+        if due[1] < time.monotonic() or not node.version:
             del views[pid]
             return None
         view = due[2] if len(due) > 2 else None
-        if view is None or view.version != node.version:
+        if view is None or view.version != node.version or view.successor is not node:
             view = self._pt_view(node)
-            views[pid] = (node, due[1], view)
+            views[pid] = (due[0], due[1], view)
         # (the kernel forgets the view its revalidation found, then looks the
         # name up again: the same view, known again)
         self.inodes[view.ino] = view
@@ -503,8 +521,15 @@ class PassthroughOps:
         except OSError as e:
             log.warning("passthrough for %s: closing backing id %d: %s", node.name, bid,
                         os.strerror(e.errno or errno.EIO))
-        if node.pt_mirror is not None and (node.detached or node.successor is not None):
-            self.pt.drop_mirror(node)   # (nobody opens that inode's version again)
+        if isinstance(held, Draft) and held is not node.pt_draft:
+            self.pt.before_free()       # a writers' file its writers left, read till now
+            held.close()
+        if node.pt_mirror is not None and (node.detached or node.successor is not None
+                                           or node.pt_mirror.ssd):
+            # (nobody opens that inode's version again; an SSD file is read
+            # from memory or opened again next time: its descriptor would
+            # keep a replaced file's blocks)
+            self.pt.drop_mirror(node)
 
     def _pt_reader(self, node, fh: int, ref) -> bool:
         """A page-cache reader's open of node's version `ref`: read from the
@@ -543,6 +568,57 @@ class PassthroughOps:
             pt.mirror_bytes_copied += ref.size
         pt.keep_mirror(node, attaching=True)
         return self._pt_attach(node, fh, m, "read")
+
+    async def _pt_ssd_reader(self, node, flags: int, ctx):
+        """A reader's open of a slot only the SSD tier holds: the kernel reads
+        the SSD tier's file itself (a FileInfo), or None (the usual way:
+        the slot is read back into memory)."""
+        if self.pt is None or node.pub_size < self.knobs["passthrough_min"] \
+                or node.writers or node.writer_pending or node.detached \
+                or node.successor is not None or node.pushing:
+            return None
+        cur = node.pt_backing
+        if cur is None and node.readers > 0:
+            return None                 # (its readers are in cached mode)
+        if cur is None:
+            got = await self._off_loop(self.store.ssd_backing, node.key)
+            if got is None:
+                return None
+            fd, entry = got
+            if entry.version != node.version or entry.size != node.pub_size \
+                    or node.pt_backing is not None or node.readers > 0 or node.writers \
+                    or node.writer_pending or node.pushing or node.detached \
+                    or node.successor is not None:
+                os.close(fd)            # (quantized, or things moved meanwhile)
+                return None
+            if node.pt_mirror is not None:
+                self.pt.drop_mirror(node)
+            m = node.pt_mirror = Mirror(fd, entry.version, entry.size, node.pt_gen, ssd=True)
+        else:
+            m = cur[1]
+            if not isinstance(m, Mirror) or m.version != node.version:
+                return None
+        fi = self._open_pt_handle(node, flags, ctx, m)
+        if fi is None and node.pt_backing is None and m.ssd:
+            self.pt.drop_mirror(node)
+        return fi
+
+    def _open_pt_handle(self, node, flags: int, ctx, m: "Mirror"):
+        """A reader's handle on node whose bytes the kernel reads from m."""
+        import pyfuse3
+        from memosfs.fuse.nodes import Handle, now_ns
+        fh = self._fh()
+        if not self._pt_attach(node, fh, m, "read"):
+            return None
+        self.pt.keep_mirror(node, attaching=True)
+        h = Handle(fh, node, flags, "read")
+        h.uid = ctx.uid if ctx is not None else 0
+        h.pt = True
+        self.handles[fh] = h
+        node.handles += 1
+        node.readers += 1
+        node.atime_ns = now_ns()
+        return pyfuse3.FileInfo(fh=fh)
 
     def _pt_writer(self, node, fh: int, whole: bool) -> bool:
         """A writer's open of node: the writers' file when it has one (they
@@ -666,9 +742,14 @@ class PassthroughOps:
             if node.pt_mirror is not None and node.pt_mirror is not d:
                 self.pt.drop_mirror(node)
             if node.pt_mirror is None:
-                node.pt_mirror = Mirror(d.fd, node.version, d.published[1][2], node.pt_gen)
+                m = node.pt_mirror = Mirror(d.fd, node.version, d.published[1][2], node.pt_gen)
                 d.fd = -1
+                if node.pt_backing is not None and node.pt_backing[1] is d:
+                    # (its writer's process still reads it: the same file)
+                    node.pt_backing = (node.pt_backing[0], m, node.pt_backing[2])
                 self.pt.keep_mirror(node)
                 return
+        if node.pt_backing is not None and node.pt_backing[1] is d:
+            return                      # (read still; it goes with its last reader)
         self.pt.before_free()
         d.close()

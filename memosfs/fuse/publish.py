@@ -233,6 +233,8 @@ class PublishOps(OpsCore):
         new.pending, node.pending = node.pending, {}
         node.parent.children[node.name] = new
         node.successor = new
+        if node.pt_mirror is not None and self._pt_state is not None:
+            self._pt_state.move_mirror(node, new)   # (same version; unless files read it)
         self.inodes[new.ino] = new
         self._forget_entry(node.parent, node.name)
         return new

@@ -71,6 +71,25 @@ class ReadMixin:
         self._c["misses"] += 1
         return None
 
+    def ssd_backing(self, key: bytes):
+        """For a reader the kernel serves from the SSD tier's file itself
+        (passthrough): (descriptor, entry) of key's payload-only file, its
+        checksum checked once per daemon (SSDTier.open_backing), counted as
+        an SSD hit and a use; None when memory holds key, the file is packed
+        or in the older layout, or it fails its check (the caller reads the
+        slot the usual way then).  Worker thread."""
+        if self.ssd is None or self._in_memory(key):
+            return None
+        got = self.ssd.open_backing(key)
+        if got is None:
+            return None
+        self._c["lookups"] += 1
+        self._c["ssd_hits"] += 1
+        self._touch(key)
+        if self.prefetch is not None:
+            self.prefetch.on_access(key, False)
+        return got
+
     def get_resident(self, key: bytes) -> Optional["_native.Ref"]:
         """get() for the event loop, when memory lacks key: a packed SSD
         version whose bytes the page cache holds is read (one pread that
