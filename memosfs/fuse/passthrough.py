@@ -61,7 +61,8 @@ __all__ = ["Room", "Mirror", "Draft", "Passthrough"]
 _SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 430, 431, 432    # x86_64 and arm64 alike
 _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 1, 6
 _FSOPEN_CLOEXEC = _FSMOUNT_CLOEXEC = 1
-VIEW_RETRY_S = 5.0                      # a reader sent back finds its view this long
+VIEW_RETRY_S = 5.0
+_POPULATE = getattr(__import__("mmap"), "MAP_POPULATE", 0)   # (one fault for the whole map)                      # a reader sent back finds its view this long
 
 
 class Room:
@@ -129,7 +130,7 @@ def _file_crc(fd: int, size: int) -> int:
     import mmap
     if size == 0:
         return 0
-    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+    with mmap.mmap(fd, size, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ) as m:
         mv = memoryview(m)
         try:
             return _native.crc32c(mv)
@@ -325,7 +326,7 @@ def _copy_file(fd: int, draft, size: int) -> None:
     import mmap
     if size == 0:
         return
-    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+    with mmap.mmap(fd, size, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ) as m:
         mv = memoryview(m)
         try:
             pos = 0
