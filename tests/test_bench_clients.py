@@ -49,7 +49,14 @@ def test_bench_clients_small(tmp_path):
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-4000:]}"
     out = json.loads(r.stdout)
     assert out["bench"] == "clients" and out["repeat"] == 1 and out["scale"] == 0.02
-    assert set(out["targets"]) == set(TARGETS) | {"memosfs_nofast", "memosfs_wbc", "nullfs"}
+    assert set(out["targets"]) == set(TARGETS) | {"memosfs_nofast", "memosfs_wbc",
+                                                   "memosfs_pt", "nullfs"}
+    # the passthrough mount: root only (registering a backing file needs it)
+    pt = "skipped" not in out["targets"]["memosfs_pt"]
+    assert pt == (os.geteuid() == 0), out["targets"]["memosfs_pt"]
+    if pt:
+        assert out["targets"]["memosfs_pt"]["knobs"] == {"passthrough": "1"}
+        assert out["targets"]["memosfs_pt"]["fstype"].startswith("fuse")
     assert out["targets"]["memosfs"]["fstype"].startswith("fuse")
     assert out["targets"]["memosfs_nofast"]["knobs"] == {"fast_path": "0"}
     assert out["targets"]["memosfs_wbc"]["knobs"] == {"writeback_cache": "1"}
@@ -71,7 +78,8 @@ def test_bench_clients_small(tmp_path):
         assert set(pat["figures"]) == set(figs), (name, pat)
         # --profile: what each memosfs daemon saw while the pattern ran
         prof = pat["profile"]
-        assert set(prof) == {"memosfs", "memosfs_nofast", "memosfs_wbc"}, prof
+        assert set(prof) == {"memosfs", "memosfs_nofast", "memosfs_wbc"} | (
+            {"memosfs_pt"} if pt else set()), prof
         for t, p in prof.items():
             assert p["requests"] > 0 and p["MB"] > 0, (name, t, p)
             assert p["write_requests"] <= p["requests"], (name, t, p)
@@ -86,14 +94,19 @@ def test_bench_clients_small(tmp_path):
             else:
                 assert "per_op" not in p, (name, t, p)
             if name.startswith("write_"):
-                # at least one request per write() without the writeback cache
+                # at least one request per write() without the writeback cache;
+                # with passthrough none (the kernel writes the daemon's file)
+                if t == "memosfs_pt":
+                    assert p["write_requests"] == 0, (name, t, p)
+                    continue
                 if t != "memosfs_wbc":
                     assert p["write_requests"] >= pat["bytes"] // pat["write_bytes"], (t, p)
                 assert p["write_requests"] >= 1, (name, t, p)
         for fig, f in pat["figures"].items():
             s = f["seconds"]
             # every target, nullfs where it can be (it reads zeros: no loads)
-            timed = set(TARGETS) | {"memosfs_nofast", "memosfs_wbc"}
+            timed = set(TARGETS) | {"memosfs_nofast", "memosfs_wbc"} | (
+                {"memosfs_pt"} if pt else set())
             if null and not fig.startswith("load"):
                 timed.add("nullfs")
             assert set(s) == timed and all(s[t] > 0 for t in timed), (name, fig, f)
@@ -102,6 +115,8 @@ def test_bench_clients_small(tmp_path):
             ratios = [("memosfs", "tmpfs", "memosfs_vs_tmpfs"), ("memosfs", "disk", "memosfs_vs_disk"),
                       ("memosfs_nofast", "tmpfs", "nofast_vs_tmpfs"),
                       ("memosfs_wbc", "tmpfs", "wbc_vs_tmpfs"), ("memosfs_wbc", "disk", "wbc_vs_disk")]
+            if pt:
+                ratios += [("memosfs_pt", "tmpfs", "pt_vs_tmpfs"), ("memosfs_pt", "disk", "pt_vs_disk")]
             if "nullfs" in timed:
                 ratios += [("nullfs", "tmpfs", "nullfs_vs_tmpfs"),
                            ("memosfs", "nullfs", "memosfs_vs_nullfs")]
