@@ -662,7 +662,11 @@ def session(m, agent="agent", sess="s1"):
 
 @pytest.mark.mount
 def test_a_mount_writes_payload_only_files_and_reads_them_back(make_mount):
-    m = make_mount(capacity="16M")
+    """A passthrough mount writes payload-only slot files (its readers read
+    them in place); one without writes the trailer layout."""
+    if os.geteuid() != 0:
+        pytest.skip("passthrough needs root")
+    m = make_mount(capacity="16M", passthrough=1)
     s = session(m)
     blobs = {f"f{i}": os.urandom(256 * KiB + i) for i in range(4)}
     for n, v in blobs.items():
@@ -696,7 +700,9 @@ def test_a_mount_reads_an_older_folder_unchanged(make_mount, tmp_path, cache, ol
     tier.segs.close()
     old_layout.undo()
     assert all(not has_attr(f) for f in slot_files(ssd))
-    m = make_mount(ssd=str(ssd), capacity="16M", warmup_ratio="0")
+    if os.geteuid() != 0:
+        pytest.skip("passthrough needs root")
+    m = make_mount(ssd=str(ssd), capacity="16M", warmup_ratio="0", passthrough=1)
     s = m.p("agent", "s1")
     assert sorted(os.listdir(s)) == sorted(blobs)
     for n, v in blobs.items():
@@ -708,3 +714,21 @@ def test_a_mount_reads_an_older_folder_unchanged(make_mount, tmp_path, cache, ol
     layouts = {read(f).key: read(f).bare for f in slot_files(ssd)}
     assert layouts[b"agent/s1/new"] is True
     assert [layouts[f"agent/s1/{n}".encode()] for n in blobs] == [False] * 3
+
+
+@pytest.mark.mount
+def test_a_mount_without_passthrough_keeps_the_trailer_in_the_file(make_mount):
+    """Without passthrough nothing reads a slot file in place: slot files keep
+    their trailer in the file, so a copy of the SSD folder that drops extended
+    attributes (cp -r, rsync without -X) stays readable."""
+    m = make_mount(capacity="16M", passthrough=0)
+    s = session(m)
+    data = os.urandom(300 * KiB)
+    (s / "t").write_bytes(data)
+    m.stop()
+    assert m.proc.returncode == 0, m.logtext()[-2000:]
+    files = slot_files(m.ssd)
+    assert files and all(not has_attr(f) for f in files)
+    assert all(f.stat().st_size > len(data) for f in files)     # payload + trailer
+    m2 = make_mount(ssd=str(m.ssd), warmup_ratio="0")
+    assert m2.p("agent", "s1", "t").read_bytes() == data

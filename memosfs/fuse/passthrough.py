@@ -370,13 +370,20 @@ class PassthroughOps:
             from memosfs import _fuseshim as shim
         except ImportError:
             return
+        ssd = self.store.ssd
         if not self.knobs.get("passthrough") or self.wb or os.geteuid() != 0 \
                 or not hasattr(shim, "set_passthrough"):
             if hasattr(shim, "set_passthrough"):
                 shim.set_passthrough(0)
+            if ssd is not None:
+                # slot files keep their trailer in the file (a copy of the SSD
+                # folder without extended attributes stays readable)
+                ssd.write_bare = False
             return
         shim.set_passthrough(1)
         self._pt_asked = True
+        if ssd is not None:
+            ssd.write_bare = True       # the kernel reads a slot file from 0 to its end
 
     @property
     def pt(self) -> Optional[Passthrough]:
@@ -393,6 +400,8 @@ class PassthroughOps:
             else:
                 log.info("passthrough: the kernel did not grant it; every read and write "
                          "goes through the daemon")
+                if self.store.ssd is not None:
+                    self.store.ssd.write_bare = False
         return self._pt_state
 
     def _pt_attach(self, node, fh: int, file, kind: str) -> bool:

@@ -296,6 +296,9 @@ class SSDTier:
     def __init__(self, root: str, capacity: int = 0) -> None:
         self.root = os.path.abspath(root)
         self.capacity = capacity                # bytes; 0 = the disk's free space
+        self.write_bare: Optional[bool] = None  # new files payload-only: a mount sets
+                                                # it (with passthrough, whose readers
+                                                # read the file itself); None: WRITE_BARE
         self.slots_dir = os.path.join(self.root, "slots")
         self.corrupt_dir = os.path.join(self.root, "corrupt")
         # every agent's keys, owners and data are here: the daemon's user alone
@@ -547,7 +550,7 @@ class SSDTier:
         Before the file's fsync and rename, so each version under the name is
         whole and self-describing.  Returns (file_bytes, bare)."""
         m = _meta_bytes(meta)
-        if WRITE_BARE and self._attrs_ok:
+        if WRITE_BARE and self.write_bare is not False and self._attrs_ok:
             if os.fstat(fd).st_size != size:
                 os.ftruncate(fd, size)          # a payload that ends in a hole
             value = _encode(key, version, size, crc, m, FLAG_BARE)
