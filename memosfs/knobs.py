@@ -283,8 +283,8 @@ KNOBS: tuple[Knob, ...] = (
          "1: the kernel reads and writes slots' bytes in files of the daemon's own "
          "(FUSE passthrough, kernel 6.9 or later, a daemon run as root, not with "
          "writeback_cache): a published version of passthrough_min bytes or more is read "
-         "from a copy in memory, and a new name (a create) is written into one and copied "
-         "into the memory tier at the close (docs/semantics.md, \"Passthrough\"); 0: every "
+         "from a copy in memory, and a whole new version (a create, O_TRUNC) is written into "
+         "one and copied into the memory tier at the close (docs/semantics.md, \"Passthrough\"); 0: every "
          "read and write is a request to the daemon", "at mount (give it with -o)"),
     Knob("passthrough_min", "size", (0, 1 << 50), 256 << 10,
          "the smallest published version readers read by passthrough (smaller ones come "

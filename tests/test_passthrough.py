@@ -11,6 +11,7 @@ import errno
 import mmap
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -199,3 +200,37 @@ def test_a_slot_only_on_the_ssd_is_read_from_its_file(make_mount):
         (d / "cold").write_bytes(new)
         assert r.read() == data
     assert (d / "cold").read_bytes() == new
+
+
+READ_IN_CHILD = "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())"
+
+
+def test_a_rewrite_is_written_by_the_kernel_and_others_read_the_version_before(make_mount):
+    """An O_TRUNC rewrite of a published slot is written into a writers' file
+    (no WRITE request); another process reading meanwhile is sent to a view
+    of the published version (the kernel's retry of its open: it sees none
+    of it) and reads the version before, whole."""
+    m, d = _pt_mount(make_mount, passthrough=1, capacity="64M")
+    v1, v2 = os.urandom(3 * MiB), os.urandom(2 * MiB)
+    (d / "r").write_bytes(v1)
+    before = m.stats()["write_requests"]
+    with open(d / "r", "wb") as w:
+        w.write(v2[:MiB])
+        w.flush()
+        os.fsync(w.fileno())                      # published: v2's first MiB
+        w.write(v2[MiB:])
+        w.flush()
+        seen = subprocess.run([sys.executable, "-c", READ_IN_CHILD, str(d / "r")],
+                              capture_output=True, timeout=60)
+        assert seen.returncode == 0, seen.stderr
+        assert seen.stdout == v2[:MiB]            # the published version, not the draft
+    assert (d / "r").read_bytes() == v2
+    with open(d / "r2", "wb") as f:
+        f.write(v1)
+    with open(d / "r2", "wb") as f:              # O_TRUNC of a published name
+        f.write(v2)
+        seen = subprocess.run([sys.executable, "-c", READ_IN_CHILD, str(d / "r2")],
+                              capture_output=True, timeout=60)
+        assert seen.stdout == v1
+    assert (d / "r2").read_bytes() == v2
+    assert m.stats()["write_requests"] == before

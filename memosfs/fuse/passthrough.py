@@ -640,11 +640,11 @@ class PassthroughOps:
             return False
         d = node.pt_draft
         if d is None:
-            # only a name nobody else can open yet (created, never published):
-            # the kernel lets every open of an inode with a backing file use
-            # that file, so readers of a published version could not be kept
-            # off a rewrite's bytes
-            if not whole or node.version or node.writers or node.handles \
+            # a whole new version on an inode nobody else has open: the kernel
+            # lets every open of an inode with a backing file use that file, so
+            # a reader that comes meanwhile is sent to a view of the published
+            # version (`_pt_reader_gate`)
+            if not whole or node.writers or node.handles \
                     or node.draft is not None or node.private_of is not None \
                     or node.pt_backing is not None:
                 return False
