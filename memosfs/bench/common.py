@@ -157,7 +157,9 @@ def engine_places(mount: str | None, prefix: str = "memosfs-engines-"
     d = None
     try:
         if mount is None:
-            d = Daemon(tmp / "mnt", tmp / "ssd", tmp / "log", {"capacity": "512M"})
+            opts = os.environ.get("MEMOSFS_BENCH_MOUNT_OPTS", "")
+            d = Daemon(tmp / "mnt", tmp / "ssd", tmp / "log",
+                       "capacity=512M" + ("," + opts if opts else ""))
             mount = str(d.path)
         session = Path(mount) / "agent" / "session"
         session.mkdir(parents=True, exist_ok=True)

@@ -52,6 +52,8 @@ def add_parsers(bsub) -> None:
     p.add_argument("--vllm-tokens", type=int, default=2048,
                    help="the shared prompt of the two vLLM processes (default 2048)")
     p.add_argument("--only", default="", help="comma-separated: " + ",".join(ENGINES))
+    p.add_argument("--mount-opts", default="",
+                   help="mount options for the engines' memosfs mounts (e.g. passthrough=1)")
     p.add_argument("--json", action="store_true", help="print JSON only")
     p.set_defaults(fn=cmd_bench_engines)
 
@@ -123,7 +125,11 @@ def cmd_bench_engines(args: argparse.Namespace) -> int:
         print(f"memosfs bench engines: unknown engine(s) {', '.join(bad)} "
               f"(choose from {', '.join(ENGINES)})", file=sys.stderr)
         return 2
+    if args.mount_opts:
+        # every memosfs mount of the run, in this process and the engines' children
+        os.environ["MEMOSFS_BENCH_MOUNT_OPTS"] = args.mount_opts
     result = bench_engines(args.tokens, args.vllm_tokens, only)
+    result["mount_opts"] = args.mount_opts
     print(json.dumps(result) if args.json else json.dumps(result, indent=2), flush=True)
     bad = failed(result)
     if bad:

@@ -167,6 +167,8 @@ def memos_mount(capacity: int | str, opts: str = "") -> Iterator[str]:
     folder and log there too); yields the mountpoint, unmounted (lazily) and
     the folder removed on exit."""
     tmp = tempfile.mkdtemp(prefix="memosfs-bench-")
+    extra = os.environ.get("MEMOSFS_BENCH_MOUNT_OPTS", "")     # (bench engines --mount-opts)
+    opts = ",".join(x for x in (opts, extra) if x)
     try:
         d = Daemon(os.path.join(tmp, "mnt"), os.path.join(tmp, "ssd"),
                    os.path.join(tmp, "log"), f"capacity={capacity}," + opts)
