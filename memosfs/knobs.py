@@ -291,7 +291,7 @@ KNOBS: tuple[Knob, ...] = (
          "from the kernel page cache)", "on the next open"),
     Knob("passthrough_room", "size", (1 << 20, 1 << 50), 0,
          "bytes of memory for passthrough files (writers' files and the copies readers "
-         "read; the copies take a third at most); 0 = 1.5 times the memory tier's capacity", "at mount (give it with -o)", zero=True),
+         "read; the copies take a third at most); 0 = 1.5 times the memory tier's capacity and 4 MiB", "at mount (give it with -o)", zero=True),
     Knob("burst_poll_us", "int", (0, 1000), 30,
          "after answering a request on the fast path, how long the daemon waits for the "
          "client's next one to take it at once (a stream of small writes); 0: no waiting"),

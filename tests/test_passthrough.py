@@ -234,3 +234,30 @@ def test_a_rewrite_is_written_by_the_kernel_and_others_read_the_version_before(m
         assert seen.stdout == v1
     assert (d / "r2").read_bytes() == v2
     assert m.stats()["write_requests"] == before
+
+
+def test_two_writers_larger_together_than_memory_both_finish(make_mount):
+    """Two writers of 48 MiB each on a 64M memory tier: their files are the
+    room's, and each close makes room in memory for its version (the other's
+    goes to the SSD tier): both are published, whole."""
+    m, d = _pt_mount(make_mount, passthrough=1, capacity="64M")
+    errors = []
+
+    def write(name: str, byte: bytes) -> None:
+        try:
+            with open(d / name, "wb") as f:
+                for _ in range(48):
+                    f.write(byte * MiB)
+        except OSError as e:
+            errors.append((name, e))
+
+    import threading
+    ts = [threading.Thread(target=write, args=(f"w{i}", bytes([48 + i]))) for i in (1, 2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    for i in (1, 2):
+        assert (d / f"w{i}").read_bytes() == bytes([48 + i]) * (48 * MiB)
+    assert m.stats()["slots_lost"] == 0

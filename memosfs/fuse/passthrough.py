@@ -393,7 +393,11 @@ class PassthroughOps:
             self._pt_asked = False
             from memosfs import _fuseshim as shim
             if shim.passthrough_granted():
-                size = self.knobs.get("passthrough_room") or self.store.cache.capacity * 3 // 2
+                # (a page and more past 1.5x capacity: writers' files that fill the
+                # room to its last page look like a refused write; round sizes
+                # that add up to a round room would)
+                size = self.knobs.get("passthrough_room") \
+                    or self.store.cache.capacity * 3 // 2 + (4 << 20) + 4096
                 self._pt_state = Passthrough(shim, Room(size), 0)
                 log.info("passthrough: the kernel reads and writes slots' files itself "
                          "(room %d bytes)", size)
