@@ -474,14 +474,7 @@ class ControlTree:
 
     def _pt_statistics(self) -> dict[str, int]:
         pt = self.ops._pt_state
-        if pt is None:
-            return {}
-        s = pt.stats()
-        return {"passthrough_opens": s["passthrough_opens"],
-                "passthrough_mirrors": s["passthrough_mirrors"],
-                "passthrough_copied_bytes": s["passthrough_mirror_bytes_copied"],
-                "passthrough_room_used": s["passthrough_room_used"],
-                "passthrough_refused_full": s["passthrough_refused_full"]}
+        return pt.stats() if pt is not None else {}
 
     def _fs_statistics(self, r: dict[str, int]) -> FilesystemStats:
         agents, sessions = self.ops.tree_counts()

@@ -509,7 +509,7 @@ class OpenOps(OpsCore):
                 if self.pt is not None and node.pt_backing is not None:
                     # (the gate let it in: the writers' own unpublished file,
                     # or the mirror of its version)
-                    h.pt = self._pt_attach(node, fh, node.pt_backing[1], "read")
+                    h.pt = self._pt_attach(node, fh, node.pt_backing[1])
             elif self.pt is not None and h.decoded is None and self._pt_reader(node, fh, ref):
                 h.pt = True             # the kernel reads the version's mirror
             else:

@@ -190,14 +190,12 @@ class Draft:
 class Passthrough:
     """The mount's passthrough state: the room, the shim, the mirrors kept."""
 
-    def __init__(self, shim, room: Room, min_bytes: int) -> None:
+    def __init__(self, shim, room: Room) -> None:
         self.shim = shim
         self.room = room
-        self.min_bytes = min_bytes
         self.mirrors: "collections.OrderedDict[int, object]" = collections.OrderedDict()
         self.drafts: "dict[int, object]" = {}       # id(node) -> node with a writers' file
         self.opens = 0                  # passthrough opens answered
-        self.mirrors_made = 0
         self.mirror_bytes_copied = 0
         self.tainted = 0                # writers' files refused at publish (room full)
 
@@ -280,8 +278,7 @@ class Passthrough:
         except OSError:
             used = 0
         return {"passthrough_opens": self.opens, "passthrough_mirrors": len(self.mirrors),
-                "passthrough_mirrors_made": self.mirrors_made,
-                "passthrough_mirror_bytes_copied": self.mirror_bytes_copied,
+                "passthrough_copied_bytes": self.mirror_bytes_copied,
                 "passthrough_room_used": used, "passthrough_refused_full": self.tainted}
 
 
@@ -398,7 +395,7 @@ class PassthroughOps:
                 # that add up to a round room would)
                 size = self.knobs.get("passthrough_room") \
                     or self.store.cache.capacity * 3 // 2 + (4 << 20) + 4096
-                self._pt_state = Passthrough(shim, Room(size), 0)
+                self._pt_state = Passthrough(shim, Room(size))
                 log.info("passthrough: the kernel reads and writes slots' files itself "
                          "(room %d bytes)", size)
             else:
@@ -408,7 +405,7 @@ class PassthroughOps:
                     self.store.ssd.write_bare = False
         return self._pt_state
 
-    def _pt_attach(self, node, fh: int, file, kind: str) -> bool:
+    def _pt_attach(self, node, fh: int, file) -> bool:
         """Attach `file` (a Mirror or a Draft) to the open fh of node's inode:
         the inode's backing file, registered once while passthrough files
         are open on it.  False (the open stays on the daemon's path) when the
@@ -578,10 +575,9 @@ class PassthroughOps:
                          "daemon", node.name, os.strerror(e.errno or errno.EIO))
                 return False
             m = node.pt_mirror = Mirror(fd, ref.version, ref.size, node.pt_gen)
-            pt.mirrors_made += 1
             pt.mirror_bytes_copied += ref.size
         pt.keep_mirror(node, attaching=True)
-        return self._pt_attach(node, fh, m, "read")
+        return self._pt_attach(node, fh, m)
 
     async def _pt_ssd_reader(self, node, flags: int, ctx):
         """A reader's open of a slot only the SSD tier holds: the kernel reads
@@ -622,7 +618,7 @@ class PassthroughOps:
         import pyfuse3
         from memosfs.fuse.nodes import Handle, now_ns
         fh = self._fh()
-        if not self._pt_attach(node, fh, m, "read"):
+        if not self._pt_attach(node, fh, m):
             return None
         self.pt.keep_mirror(node, attaching=True)
         h = Handle(fh, node, flags, "read")
@@ -658,7 +654,7 @@ class PassthroughOps:
                 return False
             d = node.pt_draft = Draft(fd)
             pt.drafts[id(node)] = node
-        if self._pt_attach(node, fh, d, "write"):
+        if self._pt_attach(node, fh, d):
             return True
         if not node.writers:
             self._pt_drop_draft(node)

@@ -83,12 +83,16 @@ class ReadMixin:
         got = self.ssd.open_backing(key)
         if got is None:
             return None
+        self._ssd_hit(key)
+        return got
+
+    def _ssd_hit(self, key: bytes) -> None:
+        """A read served by the SSD tier (get's own counting, for its twins)."""
         self._c["lookups"] += 1
         self._c["ssd_hits"] += 1
         self._touch(key)
         if self.prefetch is not None:
             self.prefetch.on_access(key, False)
-        return got
 
     def get_resident(self, key: bytes) -> Optional["_native.Ref"]:
         """get() for the event loop, when memory lacks key: a packed SSD
@@ -121,11 +125,7 @@ class ReadMixin:
         ref = self._promote_entry(key, entry, data=data)
         if ref is None or ref is _RACED:
             return None
-        self._c["lookups"] += 1
-        self._c["ssd_hits"] += 1
-        self._touch(key)
-        if self.prefetch is not None:
-            self.prefetch.on_access(key, False)
+        self._ssd_hit(key)
         return ref
 
     def load(self, key: bytes) -> Optional["_native.Ref"]:
