@@ -666,3 +666,48 @@ def test_mounted_fsync_of_a_small_slot_survives_kill_9(make_mount):
     with pytest.raises(OSError) as e:
         os.stat(s2 / "removed")
     assert e.value.errno == errno.ENOENT
+
+
+def _requests(m) -> dict[str, int]:
+    out = {}
+    for line in (m.path / ".memos/debug/requests").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def test_mounted_first_read_of_a_packed_slot_is_answered_at_once(make_mount):
+    """After a remount, a small slot whose record the page cache holds is
+    promoted by the open itself, on the shim's fast path: the reader's close
+    then sends no FLUSH (as for a slot in memory), and the bytes are the
+    slot's.  A record the page cache lost still comes back (off the loop)."""
+    m = make_mount(capacity="16M", writeback_delay_ms=3600000)
+    s = session(m)
+    blobs = {f"k{i}": os.urandom(4096 + i) for i in range(60)}
+    for n, v in blobs.items():
+        (s / n).write_bytes(v)
+    m2 = remount(make_mount, m, warmup_ratio="0")
+    s2 = m2.p("agent", "s1")
+    names = sorted(blobs)
+    for n in names:                             # lookups first: dentries cached
+        os.stat(s2 / n)
+    before = _requests(m2)
+    for n in names[:40]:
+        assert os.getxattr(s2 / n, "user.memos.tier") == b"ssd"
+        with open(s2 / n, "rb") as f:
+            assert f.read() == blobs[n]
+    after = _requests(m2)
+    # (the requests file's own open and close count once)
+    assert after.get("open", 0) - before.get("open", 0) == 41
+    assert after.get("flush", 0) - before.get("flush", 0) <= 1
+    assert m2.stats()["ssd_hits"] >= 40
+    # the rest, their segment dropped from the page cache: read back off the loop
+    for seg in seg_files(m2.ssd):
+        fd = os.open(seg, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    for n in names[40:]:
+        assert (s2 / n).read_bytes() == blobs[n]

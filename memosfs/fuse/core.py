@@ -233,6 +233,7 @@ class OpsCore:
     trio_token: object          # set when serving: other threads post here
     _room_ok = False            # in a section that may raise NeedRoom (see _native_call)
     _running_now = False        # inside _run_now (a fast twin's coroutine)
+    _early = None               # (key, Ref): fast_open's promotion from the SSD, for its open
     _room_waits = 0             # waits for room made off the loop
     mountpoint: str             # set by start_kernel_notifications
     _refresher: "Refresher"

@@ -66,7 +66,9 @@ class OpenOps(OpsCore):
     #
     # open and create are answered on the spot only where nothing in them
     # can wait: coherence protocol 0 or 1 (no holder to wait for), a reader
-    # of a version in memory (no read back from the SSD or the remote tier),
+    # of a version in memory, or of a small SSD version whose record the page
+    # cache holds (promoted by fast_open itself: no read that waits), never
+    # one the SSD or the remote tier must read back,
     # a create of a new name or a whole new version (O_TRUNC: no base to read
     # back), no page-cache push to wait out.  The checks mirror every await
     # of the handlers below; the handler itself then runs, one send finishing it.
@@ -78,9 +80,26 @@ class OpenOps(OpsCore):
             return None
         node = self.inodes.get(inode)
         if not isinstance(node, Slot) or node.latest() is not node or node.detached \
-                or not node.version or self.store.tier_of(node.key) != "mem":
+                or not node.version:
             return None
-        return self._run_now(self.open(inode, flags, FastCtx(uid, gid, pid, umask)))
+        tier = self.store.tier_of(node.key)
+        if tier == "ssd" and self.pt is None:
+            # a small slot only the SSD tier holds, whose record the page
+            # cache holds: promoted here (one pread that never waits, its
+            # checksum), handed to the open below (_open_version)
+            early = self.store.get_resident(node.key)
+            if early is None:
+                return None
+            self._early = (node.key, early)
+        elif tier != "mem":
+            return None
+        try:
+            return self._run_now(self.open(inode, flags, FastCtx(uid, gid, pid, umask)))
+        finally:
+            left = self._early
+            self._early = None
+            if left is not None:
+                left[1].release()               # the open did not take it
 
     def fast_create(self, parent_inode: int, name: bytes, mode: int, flags: int, uid: int,
                     gid: int, pid: int, umask: int):
@@ -397,6 +416,12 @@ class OpenOps(OpsCore):
             # first writer that keeps the content starts from it
             fn = self.store.get if acc == os.O_RDONLY else self.store.load
             tier = self.store.tier_of(node.key)
+            early = None
+            if self._early is not None and self._early[0] == node.key \
+                    and acc == os.O_RDONLY:
+                early = self._early[1]          # fast_open promoted it from the SSD
+                self._early = None
+                tier = "ssd"
             if tier == "ssd" and acc == os.O_RDONLY and self.pt is not None:
                 fi = await self._pt_ssd_reader(node, flags, ctx)
                 if fi is not None:
@@ -409,7 +434,7 @@ class OpenOps(OpsCore):
                 try:
                     # a small slot whose bytes the page cache holds: here, at
                     # once (no thread hand-off); else read back off the loop
-                    ref = self.store.get_resident(node.key) \
+                    ref = early if early is not None else self.store.get_resident(node.key) \
                         if tier == "ssd" and acc == os.O_RDONLY else None
                     if ref is None:
                         ref = await self._off_loop(fn, node.key)  # SSD or remote
