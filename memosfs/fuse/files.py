@@ -34,7 +34,7 @@ import trio
 
 from memosfs import _native
 from memosfs.knobs import KnobError
-from memosfs.fuse.core import NeedRoom, OpsCore, log, refuse, tgid_of
+from memosfs.fuse.core import NeedRoom, NoMemory, OpsCore, log, refuse, tgid_of
 from memosfs.fuse.nodes import PUSH_LOCK, Handle, Pseudo, Slot, now_ns
 from memosfs.fuse.tenants import OverLimit
 
@@ -279,9 +279,14 @@ class FileOps(OpsCore):
         """A change to the draft's bytes `span`; refused, it changes nothing
         (the C core leaves a draft as it was when a write or truncate fails),
         and the draft is not published until those bytes are there
-        (`Slot.refused`)."""
+        (`Slot.refused`).  One the memory tier refuses raises NoMemory where
+        the draft may spill (`_with_room` moves it to a spill file)."""
         try:
-            return self._native_call(fn, *args)
+            return self._native_call(fn, *args, memory=node.draft is None
+                                     or not getattr(node.draft, "spilled", False))
+        except NoMemory as e:
+            e.node, e.span = node, span
+            raise
         except pyfuse3.FUSEError as e:
             self._refused_span(node, span[0], span[1], e)
             raise
@@ -296,6 +301,9 @@ class FileOps(OpsCore):
         cannot be made (memory is full) refuses that change (`Slot.refused`)."""
         try:
             return self._ensure_draft(node)
+        except NoMemory as e:
+            e.node, e.span = node, (start, end)
+            raise
         except pyfuse3.FUSEError as e:
             self._refused_span(node, start, end, e)
             raise
@@ -320,14 +328,57 @@ class FileOps(OpsCore):
         if decoded is None and base is not None and not isinstance(base, _native.Ref):
             decoded = base.read(0, base.size)          # a version read from its file
         if decoded is None:
-            return self._native_call(self.store.draft, base)
+            return self._native_call(self.store.draft, base, memory=True)
         d = self._native_call(self.store.draft)
         try:
-            self._native_call(d.write, 0, decoded)
+            self._native_call(d.write, 0, decoded, memory=True)
         except BaseException:
             d.free()
             raise
         return d
+
+    # ---- spilled drafts (memosfs/store/spill.py) ----
+
+    def _may_spill(self, node: Optional[Slot]) -> bool:
+        """Whether node's draft may move to a spill file when the memory tier
+        has no room for it: a mount with an SSD tier and without
+        passthrough (its writers' files have their own room), a draft that
+        is not spilled already (None: whether any draft may)."""
+        if self.store.ssd is None or self.pt is not None:
+            return False
+        if node is None:
+            return True
+        return isinstance(node, Slot) and node.pt_draft is None \
+            and not getattr(node.draft, "spilled", False)
+
+    def _spill_draft(self, node: Optional[Slot], span: tuple[int, int]) -> bool:
+        """Move node's draft -- or, before its first change, the version it
+        would start from -- to a spill file in the SSD directory (its bytes
+        copied, its memory freed: other writers get the room), where every
+        later change, read and size of it goes.  False when it may not
+        spill; a spill the SSD directory refuses (its disk is full, the
+        draft is beyond ssd_capacity) refuses the change `span` instead."""
+        if node is None or not self._may_spill(node):
+            return False
+        d = node.draft
+        try:
+            if d is not None:
+                sp = self._native_call(self.store.spill, node.key, d)
+            elif node.base_decoded is not None:
+                sp = self._native_call(self.store.spill, node.key, None, node.base_decoded)
+            else:
+                sp = self._native_call(self.store.spill, node.key, node.base)
+        except pyfuse3.FUSEError as e:
+            self._refused_span(node, span[0], span[1], e)
+            raise
+        if d is not None:
+            d.free()                    # the room goes to the other writers
+        node.draft = sp
+        self._release_base(node)
+        log.info("%s: the memory tier has no room for its draft (%d bytes): it continues "
+                 "in a spill file of the SSD directory", node.key.decode("utf-8", "replace"),
+                 sp.size)
+        return True
 
     async def _truncate(self, node: Slot, size: int, fh: Optional[int], ctx) -> None:
         """ftruncate, or truncate(2) by a process writing the slot: the shared
