@@ -216,9 +216,9 @@ class SpillDraft:
     def _room(self, end: int) -> None:
         cap = self._capacity()
         if cap and end > cap:
-            raise OSError(errno.ENOSPC, f"the slot ({end} bytes) would be larger than the "
-                          f"SSD tier's ssd_capacity ({cap} bytes), where a draft the "
-                          f"memory tier has no room for continues")
+            raise OSError(errno.ENOSPC, f"the slot would be larger than the SSD tier's "
+                          f"ssd_capacity ({cap} bytes), where a draft the memory tier "
+                          f"has no room for continues")
 
     def _said(self, e: OSError) -> OSError:
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS):
