@@ -217,3 +217,14 @@ def test_without_an_ssd_tier_nothing_spills(make_mount):
     with pytest.raises(OSError):
         f.close()
     assert not (d / "big").exists()
+
+
+def test_a_spill_under_the_writeback_cache(make_mount):
+    """The kernel hands the pages over at close: the draft spills then, and
+    the close publishes it whole."""
+    m, d = _mount(make_mount, capacity="16M", writeback_cache=1)
+    want = _pattern(9, 24 * MiB)
+    with open(d / "wb", "wb") as f:
+        f.write(want)
+    assert (d / "wb").read_bytes() == want
+    assert m.stats()["spill_publishes"] == 1

@@ -498,7 +498,12 @@ class OpsCore:
         memory tier holds), then fn runs again.  ENOSPC after ROOM_WAIT_S
         (ROOM_DEAD_WAIT_S when only pinned replaced versions would free
         room, ROOM_HELD_WAIT_S when only other writers' drafts and readers'
-        pins would); `node` then has the bytes `span` of its draft refused."""
+        pins would); `node` then has the bytes `span` of its draft refused.
+        Where node's draft may spill (an SSD tier, no passthrough: files.py
+        `_may_spill`), it spills instead (`_spill_draft`) and fn runs again:
+        after SPILL_HELD_WAIT_S when only other writers' drafts and readers'
+        pins would make room, at the limits above otherwise, and at once
+        when memory refuses the draft's change outright (NoMemory)."""
         waited = dead = held = 0.0
         while True:
             self._room_ok = True

@@ -10,12 +10,22 @@ returns a page-cache push that is run here.  A write to a control-plane
 file is applied at once (`_write_pseudo`: EINVAL for a bad value, with the
 reason logged).
 
-Owns: the handlers above, the writers' drafts (`_ensure_draft`,
-`_draft_from`, `_release_base`), the writers' fair share (`_fair_share`:
-EDQUOT), and the notes memosfs._fuseshim sends before a write or a flush
-(`_write_note`, `_flush_note`).
+A draft the memory tier has no room for (`_with_room` gives up waiting,
+or memory refuses it outright: ENOSPC, EFBIG) spills, on a mount with an
+SSD tier and without passthrough: `_spill_draft` moves its bytes to a file
+in the SSD directory's spill/ folder (memosfs/store/spill.py, a SpillDraft
+that quacks like a memory draft) and frees its memory; every later change,
+read and size of it goes to that file, and its publish makes the file the
+SSD tier's version.  Refused there (the disk, ssd_capacity), the write is
+refused as a memory refusal was.
 
-May call: the store (draft, publish, load, persist, sync_namespace),
+Owns: the handlers above, the writers' drafts (`_ensure_draft`,
+`_draft_from`, `_release_base`, `_may_spill`, `_spill_draft`), the
+writers' fair share (`_fair_share`: EDQUOT), and the notes
+memosfs._fuseshim sends before a write or a flush (`_write_note`,
+`_flush_note`).
+
+May call: the store (draft, spill, publish, load, persist, sync_namespace),
 coherence (upgrade, release), tenants, publish.py (`_publish`,
 `_published`, `_maybe_quantize`, `_logical`, `_settle_quota`), notify.py
 (`_invalidate_pages`, `_forget_attrs`, `_forget_entry`), the pusher, the
@@ -165,7 +175,8 @@ class FileOps(OpsCore):
         """Before a draft grows to end bytes: the writer's uid stays within
         hold_max_per_uid and the agent within its quota (making room from
         its own slots first).  EDQUOT otherwise; nothing changes.  ENOSPC
-        while the SSD tier takes nothing under ssd_full=refuse."""
+        while the SSD tier takes nothing under ssd_full=refuse.  A spilled
+        draft holds no memory: only the SSD tier's bounds apply to it."""
         if end <= d.size:
             return
         ssd = self.store.ssd
@@ -175,6 +186,8 @@ class FileOps(OpsCore):
             self._refused += 1
             raise refuse(errno.ENOSPC, "%s; new writes are refused until there is room",
                          ssd.trouble, level=logging.WARNING)
+        if getattr(d, "spilled", False):
+            return                      # (a spilled draft holds no memory: spill.py)
         self.tenants.draft_started(h.uid, node)
         try:
             self.tenants.check_draft(h.uid, node, end)

@@ -190,6 +190,9 @@ class SpillDraft:
         except OSError:
             pass
 
+    def __del__(self) -> None:
+        self.free()                     # (a draft dropped unpublished: its file goes)
+
     # ---- publishing (the store) ----
 
     def take(self) -> int:
