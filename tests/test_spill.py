@@ -204,6 +204,23 @@ def test_rename_and_unlink_while_spilled(make_mount):
     assert not (d / "gone").exists()
     assert _spill_files(m) == []
     assert m.stats()["spills"] == 2
+    # cut below ssd_pack_below: published as a packed record
+    with open(d / "small", "wb") as f:
+        f.write(want)
+        f.truncate(100)
+    assert (d / "small").read_bytes() == want[:100]
+    # fsync publishes; the writer goes on from that version (spilling again)
+    with open(d / "synced", "wb") as f:
+        f.write(want)
+        os.fsync(f.fileno())
+        f.write(b"after the fsync")
+    assert (d / "synced").read_bytes() == want + b"after the fsync"
+    assert _spill_files(m) == []
+    m.stop()
+    m2 = make_mount(capacity="16M", ssd=m.ssd)
+    assert m2.p("a", "s", "small").read_bytes() == want[:100]
+    assert m2.p("a", "s", "final").read_bytes() == want
+    assert m2.p("a", "s", "synced").read_bytes() == want + b"after the fsync"
 
 
 def test_without_an_ssd_tier_nothing_spills(make_mount):
