@@ -525,7 +525,7 @@ class OpsCore:
                 if self._spill_draft(where, nomem.span if nomem.node is not None else span):
                     continue
                 raise self._memory_refused(nomem)
-            spills = self._may_spill(node)
+            spills = node is not None and self._may_spill(node)
             if spills and (held >= SPILL_HELD_WAIT_S or waited >= ROOM_WAIT_S
                            or dead >= ROOM_DEAD_WAIT_S):
                 # only other writers' drafts and readers' pins would make

@@ -75,6 +75,11 @@ Slots smaller than `ssd_pack_below` are not files but records appended to
 segment files (memosfs/store/segments.py, `self.segs`, PackedEntry in the
 index); the hooks here hand those entries to it.
 
+A writers' draft the memory tier had no room for lives in a spill file of
+`spill/` (memosfs/store/spill.py); `put_file` makes such a file a slot's
+version: finished and renamed into place like a write-back's temporary
+file, never copied.
+
 The tier interface is small — put, load, remove, rename, keys, sizes — so
 that another tier (a shared remote one) can stand beside it.
 """
