@@ -160,7 +160,7 @@ def test_readers_after_the_writer_read_its_pages(make_mount):
     the kernel (no request but for a partial last page), with the right
     bytes; after a refused write they are dropped and read through the
     daemon, with the right bytes too."""
-    m = make_mount(capacity="64M")
+    m = make_mount(capacity="64M", ssd_capacity="64M")  # (a draft spills; refused there)
     os.makedirs(m.p("a", "s"))
     path = m.p("a", "s", "x")
     data = os.urandom(3 * MiB) + b"tail"

@@ -168,7 +168,7 @@ def test_a_refused_write_leaves_no_slot(make_mount):
     ENOSPC), the error names the slot, and no torn slot is published; the
     earlier version of a rewritten slot goes with it (a miss, not a slot
     that cannot load)."""
-    m = make_mount(capacity="4M")
+    m = make_mount(capacity="4M", ssd_capacity="4M")  # (drafts spill; refused there)
     sess = m.path / "planner" / "chat"
     small = sess / "small"
     kv.save_kv(small, pairs(), model_id="m")

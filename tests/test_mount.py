@@ -312,7 +312,7 @@ def test_capacity_overflow_goes_to_ssd_by_lru(make_mount):
 
 
 def test_slot_larger_than_memory_is_efbig(make_mount):
-    m = make_mount(capacity="4M")
+    m = make_mount(capacity="4M", ssd="none")  # (with an SSD tier the draft spills)
     s = session(m)
     with pytest.raises(OSError) as e:
         with open(s / "huge", "wb") as f:
@@ -541,7 +541,7 @@ def test_regression_a_refused_write_changes_nothing(make_mount):
     writes acknowledged before it stay in the draft, and once the writer
     cuts off the refused bytes (the draft is never published while they are
     missing: tests/test_refused_saves.py), close publishes exactly those."""
-    m = make_mount(capacity="4M")
+    m = make_mount(capacity="4M", ssd_capacity="4M")  # (drafts spill; refused there)
     s = session(m)
     (s / "slot").write_bytes(b"old" * 1000)
     fd = os.open(s / "slot", os.O_WRONLY | os.O_TRUNC)
@@ -564,7 +564,7 @@ def test_regression_a_refused_write_changes_nothing(make_mount):
 
 
 def test_regression_a_create_that_never_published_leaves_nothing(make_mount):
-    m = make_mount(capacity="4M")
+    m = make_mount(capacity="4M", ssd_capacity="4M")  # (drafts spill; refused there)
     s = session(m)
     fd = os.open(s / "new", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:

@@ -3,8 +3,11 @@ rule issue 34 keeps): a refused create leaves no name, a refused rewrite
 leaves the version before, and the writer's close and fsync report the
 refused write's errno -- with `head -c`, the shell's `>`, and a Python
 writer, in the default mode and under the kernel's writeback cache
-(docs/semantics.md, "Errors change nothing").  A full SSD disk is
-tests/test_ssd_full.py."""
+(docs/semantics.md, "Errors change nothing").  The saves here are larger
+than the SSD tier's ssd_capacity (a draft the 8M memory tier has no room for
+continues in a spill file, tests/test_spill.py, and is refused there: ENOSPC);
+the handlers' test, without an SSD tier, has the memory tier's EFBIG.  A full
+SSD disk is tests/test_ssd_full.py."""
 
 from __future__ import annotations
 
@@ -22,7 +25,9 @@ MODES = [pytest.param(0, id="write-through"), pytest.param(1, id="writeback-cach
 
 
 def _tier(make_mount, wb: int):
-    m = make_mount(capacity="8M", writeback_cache=wb)
+    # a draft the memory tier has no room for spills to the SSD directory,
+    # whose ssd_capacity refuses it (ENOSPC) beyond 10 MiB (tests/test_spill.py)
+    m = make_mount(capacity="8M", ssd_capacity="10M", writeback_cache=wb)
     d = m.p("a", "s")
     d.mkdir(parents=True)
     return m, d
@@ -34,9 +39,9 @@ def _sh(cmd: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("wb", MODES)
 def test_head_beyond_the_tier_into_a_new_name_leaves_no_name(make_mount, wb):
-    """`head -c 20M /dev/zero > slot` on an 8M tier: the shell's `>` opens
+    """`head -c 20M /dev/zero > slot` beyond the tiers: the shell's `>` opens
     with O_TRUNC and closes its own descriptor (after dup2) before head
-    writes; head's writes are refused (EFBIG): no name is left behind."""
+    writes; head's writes are refused (ENOSPC): no name is left behind."""
     m, d = _tier(make_mount, wb)
     r = _sh(f"head -c 20M /dev/zero > {d}/new")
     assert r.returncode != 0, r
@@ -66,7 +71,7 @@ def test_a_python_writer_refused_leaves_no_new_name(make_mount, wb):
     with pytest.raises(OSError) as e:
         with open(d / "py", "wb") as f:
             f.write(b"x" * (20 * MiB))
-    assert e.value.errno in (errno.EFBIG, errno.EIO)
+    assert e.value.errno in (errno.ENOSPC, errno.EIO)
     assert not (d / "py").exists()
 
 
@@ -88,10 +93,10 @@ def test_close_and_fsync_report_the_refused_write(make_mount, wb):
         if wb:
             assert refused is None          # (the kernel's page cache took them)
         else:
-            assert refused == errno.EFBIG
+            assert refused == errno.ENOSPC
         with pytest.raises(OSError) as e:
             os.fsync(fd)
-        assert e.value.errno == (errno.EFBIG if not wb else e.value.errno)
+        assert e.value.errno == (errno.ENOSPC if not wb else e.value.errno)
         assert e.value.errno in (errno.EFBIG, errno.EIO, errno.ENOSPC)
     finally:
         with pytest.raises(OSError) as e:
@@ -108,7 +113,7 @@ def test_a_writer_that_truncates_below_the_refused_bytes_publishes(make_mount):
     fd = os.open(d / "k", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.write(fd, b"z" * MiB)
-        assert _write_until_refused(fd, MiB) == errno.EFBIG
+        assert _write_until_refused(fd, MiB) == errno.ENOSPC
         os.ftruncate(fd, MiB)
     finally:
         os.close(fd)

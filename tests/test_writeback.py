@@ -88,7 +88,7 @@ def test_readers_never_see_a_writers_unpublished_pages(make_mount):
 def test_a_slot_larger_than_memory_fails_the_close_and_publishes_nothing(make_mount):
     """write(2) goes to the kernel's cache and succeeds; the close that hands
     the pages over fails, the version before stays, the reason is logged."""
-    m = make_mount(capacity="4M", writeback_cache=1)
+    m = make_mount(capacity="4M", ssd_capacity="4M", writeback_cache=1)  # (spilled, refused there)
     d = m.p("a", "s")
     d.mkdir(parents=True)
     (d / "k").write_bytes(b"v1")
@@ -98,13 +98,13 @@ def test_a_slot_larger_than_memory_fails_the_close_and_publishes_nothing(make_mo
         os.close(fd)
     assert e.value.errno in (errno.EIO, errno.EFBIG, errno.ENOSPC)
     assert (d / "k").read_bytes() == b"v1"
-    assert "larger than the memory tier" in m.logtext()
+    assert "larger than the SSD tier's ssd_capacity" in m.logtext()
 
 
 def test_the_write_through_mount_refuses_the_write_itself(make_mount):
     """... and the close fails too (the draft lacks the refused bytes: it is
     not published, tests/test_refused_saves.py), the version before stays."""
-    m = make_mount(capacity="4M", writeback_cache=0)
+    m = make_mount(capacity="4M", ssd_capacity="4M", writeback_cache=0)  # (spilled, refused there)
     d = m.p("a", "s")
     d.mkdir(parents=True)
     (d / "k").write_bytes(b"v1")
@@ -113,11 +113,11 @@ def test_the_write_through_mount_refuses_the_write_itself(make_mount):
         with pytest.raises(OSError) as e:
             for _ in range(6):
                 os.write(fd, b"x" * MiB)
-        assert e.value.errno == errno.EFBIG
+        assert e.value.errno == errno.ENOSPC
     finally:
         with pytest.raises(OSError) as e:
             os.close(fd)
-    assert e.value.errno == errno.EFBIG
+    assert e.value.errno == errno.ENOSPC
     assert (d / "k").read_bytes() == b"v1"
 
 

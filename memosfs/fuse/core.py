@@ -116,6 +116,9 @@ ROOM_WAIT_S = 30.0              # how long a request waits for other threads' wr
 ROOM_DEAD_WAIT_S = 1.0          # ... for replaced versions that readers still pin
 ROOM_HELD_WAIT_S = 5.0          # ... for other writers' drafts and readers' pins
 ROOM_POLL_MS = 50               # one wait for room, in a worker thread
+SPILL_HELD_WAIT_S = 0.5         # a writer whose draft can spill waits this long (not
+                                # ROOM_HELD_WAIT_S) for other writers' drafts and
+                                # readers' pins, then continues in a spill file
 
 
 class NeedRoom(Exception):
@@ -123,6 +126,23 @@ class NeedRoom(Exception):
     versions other threads are writing back (or replaced versions still
     pinned): nothing changed, and the request waits for room in a worker
     thread (`_with_room`) rather than blocking the loop, then runs again."""
+
+
+class NoMemory(NeedRoom):
+    """A change to a memory draft that the memory tier refused (ENOSPC: no
+    room can be made; EFBIG: larger than the tier), raised instead of the
+    refusal where the draft may spill (an SSD tier, no passthrough): the
+    request's `_with_room` moves the draft to a spill file and runs again,
+    or refuses as `_native_call` would have (`_memory_refused`).  `node`
+    and `span`: the draft and the bytes the change would have written
+    (set by files.py `_draft_call`/`_draft_for`), noted as refused if it
+    is refused after all.  A NeedRoom, so that a fast twin declines it."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.node: Optional[Slot] = None
+        self.span: tuple[int, int] = (0, 1)
 
 
 class Refused(pyfuse3.FUSEError):
@@ -479,18 +499,40 @@ class OpsCore:
         memory tier holds), then fn runs again.  ENOSPC after ROOM_WAIT_S
         (ROOM_DEAD_WAIT_S when only pinned replaced versions would free
         room, ROOM_HELD_WAIT_S when only other writers' drafts and readers'
-        pins would); `node` then has the bytes `span` of its draft refused."""
+        pins would); `node` then has the bytes `span` of its draft refused.
+        Where node's draft may spill (an SSD tier, no passthrough: files.py
+        `_may_spill`), it spills instead (`_spill_draft`) and fn runs again:
+        after SPILL_HELD_WAIT_S when only other writers' drafts and readers'
+        pins would make room, at the limits above otherwise, and at once
+        when memory refuses the draft's change outright (NoMemory)."""
         waited = dead = held = 0.0
         while True:
             self._room_ok = True
+            nomem: Optional[NoMemory] = None
             try:
                 return fn(*args)
+            except NoMemory as e:
+                nomem = e
             except NeedRoom:
                 pass
             finally:
                 self._room_ok = False
             if self._running_now:
                 raise NeedRoom()        # (from a fast twin: its handler runs it)
+            if nomem is not None:
+                # memory refused the draft's change outright: it continues in
+                # a spill file (and the change runs again), or is refused
+                where = nomem.node if nomem.node is not None else node
+                if self._spill_draft(where, nomem.span if nomem.node is not None else span):
+                    continue
+                raise self._memory_refused(nomem)
+            spills = node is not None and self._may_spill(node)
+            if spills and (held >= SPILL_HELD_WAIT_S or waited >= ROOM_WAIT_S
+                           or dead >= ROOM_DEAD_WAIT_S):
+                # only other writers' drafts and readers' pins would make
+                # room (or nothing did in time): the draft spills
+                if self._spill_draft(node, span):
+                    continue
             if waited >= ROOM_WAIT_S or dead >= ROOM_DEAD_WAIT_S or held >= ROOM_HELD_WAIT_S:
                 self._refused += 1
                 e = refuse(errno.ENOSPC, "%s (no room after %.1f s of waiting for "
@@ -513,10 +555,12 @@ class OpsCore:
             elif why == 0:
                 await trio.sleep(0)     # the room came meanwhile: try again now
 
-    def _native_call(self, fn, *args):
+    def _native_call(self, fn, *args, memory: bool = False):
         """Call into the store; its OSErrors become the caller's errno.  In a
         section that can run again (`_answer`, `_with_room`) an allocation
-        that would wait for room raises NeedRoom instead."""
+        that would wait for room raises NeedRoom instead, and with `memory`
+        (fn changes a memory draft) one that memory refuses raises NoMemory
+        where drafts may spill (`_may_spill`)."""
         nowait = self._room_ok
         if nowait:
             was = _native.set_nowait(True)
@@ -525,6 +569,9 @@ class OpsCore:
         except OSError as e:
             if nowait and isinstance(e, BlockingIOError):
                 raise NeedRoom() from None
+            if nowait and memory and e.errno in (errno.ENOSPC, errno.EFBIG) \
+                    and self._may_spill(None):
+                raise NoMemory(e) from None
             self._refused += 1
             raise refuse(e.errno or errno.EIO, "%s", self._said(e),
                          level=logging.WARNING) from None
@@ -534,6 +581,27 @@ class OpsCore:
         finally:
             if nowait:
                 _native.set_nowait(was)
+
+    def _memory_refused(self, e: NoMemory) -> "Refused":
+        """The refusal `_native_call` would have raised for e's memory error,
+        e's span of its draft noted as refused (a draft that did not spill)."""
+        self._refused += 1
+        r = refuse(e.cause.errno or errno.EIO, "%s", self._said(e.cause), level=logging.WARNING)
+        if e.node is not None:
+            e.node.refused.note(e.span[0], e.span[1], r.errno, r.bare)
+            e.node.trunc_only = False
+            e.node.pages_trusted = False
+        return r
+
+    def _may_spill(self, node: Optional[Slot]) -> bool:
+        """Whether node's draft could move to a spill file (None: whether any
+        could; files.py overrides it)."""
+        return False
+
+    def _spill_draft(self, node: Optional[Slot], span: tuple[int, int]) -> bool:
+        """Move node's draft to a spill file (files.py overrides it); False
+        when it cannot spill."""
+        return False
 
     async def _off_loop(self, fn, *args):
         """Run blocking store work (SSD I/O) in a worker thread while the loop
@@ -574,5 +642,5 @@ class OpsCore:
                 "still being written back)")
 
 
-__all__ = ["OpsCore", "Refused", "refuse", "tgid_of", "physical_memory", "log", "FastCtx",
+__all__ = ["OpsCore", "Refused", "NoMemory", "refuse", "tgid_of", "physical_memory", "log", "FastCtx",
            "SUBJECT", "subject_text", "flush_folded"]

@@ -10,12 +10,22 @@ returns a page-cache push that is run here.  A write to a control-plane
 file is applied at once (`_write_pseudo`: EINVAL for a bad value, with the
 reason logged).
 
-Owns: the handlers above, the writers' drafts (`_ensure_draft`,
-`_draft_from`, `_release_base`), the writers' fair share (`_fair_share`:
-EDQUOT), and the notes memosfs._fuseshim sends before a write or a flush
-(`_write_note`, `_flush_note`).
+A draft the memory tier has no room for (`_with_room` gives up waiting,
+or memory refuses it outright: ENOSPC, EFBIG) spills, on a mount with an
+SSD tier and without passthrough: `_spill_draft` moves its bytes to a file
+in the SSD directory's spill/ folder (memosfs/store/spill.py, a SpillDraft
+that quacks like a memory draft) and frees its memory; every later change,
+read and size of it goes to that file, and its publish makes the file the
+SSD tier's version.  Refused there (the disk, ssd_capacity), the write is
+refused as a memory refusal was.
 
-May call: the store (draft, publish, load, persist, sync_namespace),
+Owns: the handlers above, the writers' drafts (`_ensure_draft`,
+`_draft_from`, `_release_base`, `_may_spill`, `_spill_draft`), the
+writers' fair share (`_fair_share`: EDQUOT), and the notes
+memosfs._fuseshim sends before a write or a flush (`_write_note`,
+`_flush_note`).
+
+May call: the store (draft, spill, publish, load, persist, sync_namespace),
 coherence (upgrade, release), tenants, publish.py (`_publish`,
 `_published`, `_maybe_quantize`, `_logical`, `_settle_quota`), notify.py
 (`_invalidate_pages`, `_forget_attrs`, `_forget_entry`), the pusher, the
@@ -34,7 +44,7 @@ import trio
 
 from memosfs import _native
 from memosfs.knobs import KnobError
-from memosfs.fuse.core import NeedRoom, OpsCore, log, refuse, tgid_of
+from memosfs.fuse.core import NeedRoom, NoMemory, OpsCore, log, refuse, tgid_of
 from memosfs.fuse.nodes import PUSH_LOCK, Handle, Pseudo, Slot, now_ns
 from memosfs.fuse.tenants import OverLimit
 
@@ -165,7 +175,8 @@ class FileOps(OpsCore):
         """Before a draft grows to end bytes: the writer's uid stays within
         hold_max_per_uid and the agent within its quota (making room from
         its own slots first).  EDQUOT otherwise; nothing changes.  ENOSPC
-        while the SSD tier takes nothing under ssd_full=refuse."""
+        while the SSD tier takes nothing under ssd_full=refuse.  A spilled
+        draft holds no memory: only the SSD tier's bounds apply to it."""
         if end <= d.size:
             return
         ssd = self.store.ssd
@@ -175,6 +186,8 @@ class FileOps(OpsCore):
             self._refused += 1
             raise refuse(errno.ENOSPC, "%s; new writes are refused until there is room",
                          ssd.trouble, level=logging.WARNING)
+        if getattr(d, "spilled", False):
+            return                      # (a spilled draft holds no memory: spill.py)
         self.tenants.draft_started(h.uid, node)
         try:
             self.tenants.check_draft(h.uid, node, end)
@@ -279,9 +292,14 @@ class FileOps(OpsCore):
         """A change to the draft's bytes `span`; refused, it changes nothing
         (the C core leaves a draft as it was when a write or truncate fails),
         and the draft is not published until those bytes are there
-        (`Slot.refused`)."""
+        (`Slot.refused`).  One the memory tier refuses raises NoMemory where
+        the draft may spill (`_with_room` moves it to a spill file)."""
         try:
-            return self._native_call(fn, *args)
+            return self._native_call(fn, *args, memory=node.draft is None
+                                     or not getattr(node.draft, "spilled", False))
+        except NoMemory as e:
+            e.node, e.span = node, span
+            raise
         except pyfuse3.FUSEError as e:
             self._refused_span(node, span[0], span[1], e)
             raise
@@ -296,6 +314,9 @@ class FileOps(OpsCore):
         cannot be made (memory is full) refuses that change (`Slot.refused`)."""
         try:
             return self._ensure_draft(node)
+        except NoMemory as e:
+            e.node, e.span = node, (start, end)
+            raise
         except pyfuse3.FUSEError as e:
             self._refused_span(node, start, end, e)
             raise
@@ -320,14 +341,57 @@ class FileOps(OpsCore):
         if decoded is None and base is not None and not isinstance(base, _native.Ref):
             decoded = base.read(0, base.size)          # a version read from its file
         if decoded is None:
-            return self._native_call(self.store.draft, base)
+            return self._native_call(self.store.draft, base, memory=True)
         d = self._native_call(self.store.draft)
         try:
-            self._native_call(d.write, 0, decoded)
+            self._native_call(d.write, 0, decoded, memory=True)
         except BaseException:
             d.free()
             raise
         return d
+
+    # ---- spilled drafts (memosfs/store/spill.py) ----
+
+    def _may_spill(self, node: Optional[Slot]) -> bool:
+        """Whether node's draft may move to a spill file when the memory tier
+        has no room for it: a mount with an SSD tier and without
+        passthrough (its writers' files have their own room), a draft that
+        is not spilled already (None: whether any draft may)."""
+        if self.store.ssd is None or self.pt is not None:
+            return False
+        if node is None:
+            return True
+        return isinstance(node, Slot) and node.pt_draft is None \
+            and not getattr(node.draft, "spilled", False)
+
+    def _spill_draft(self, node: Optional[Slot], span: tuple[int, int]) -> bool:
+        """Move node's draft -- or, before its first change, the version it
+        would start from -- to a spill file in the SSD directory (its bytes
+        copied, its memory freed: other writers get the room), where every
+        later change, read and size of it goes.  False when it may not
+        spill; a spill the SSD directory refuses (its disk is full, the
+        draft is beyond ssd_capacity) refuses the change `span` instead."""
+        if node is None or not self._may_spill(node):
+            return False
+        d = node.draft
+        try:
+            if d is not None:
+                sp = self._native_call(self.store.spill, node.key, d)
+            elif node.base_decoded is not None:
+                sp = self._native_call(self.store.spill, node.key, None, node.base_decoded)
+            else:
+                sp = self._native_call(self.store.spill, node.key, node.base)
+        except pyfuse3.FUSEError as e:
+            self._refused_span(node, span[0], span[1], e)
+            raise
+        if d is not None:
+            d.free()                    # the room goes to the other writers
+        node.draft = sp
+        self._release_base(node)
+        log.info("%s: the memory tier has no room for its draft (%d bytes): it continues "
+                 "in a spill file of the SSD directory", node.key.decode("utf-8", "replace"),
+                 sp.size)
+        return True
 
     async def _truncate(self, node: Slot, size: int, fh: Optional[int], ctx) -> None:
         """ftruncate, or truncate(2) by a process writing the slot: the shared

@@ -90,8 +90,15 @@ class PublishOps(OpsCore):
                 src.draft = d
             raise
         key = node.key
+        mtime_ns = src.draft_mtime_ns or now_ns()
         try:
-            ref = self._native_call(self.store.publish, d, key)
+            if getattr(d, "spilled", False):
+                # a spilled draft goes straight to the SSD tier, which keeps
+                # the slot's metadata as this publish makes it
+                meta = dict(node.meta(), logical_size=d.size, mtime_ns=mtime_ns)
+                ref = self._native_call(self.store.publish, d, key, meta)
+            else:
+                ref = self._native_call(self.store.publish, d, key)
         except BaseException:
             # nothing changes: the writers keep their draft
             if pt:
@@ -121,7 +128,7 @@ class PublishOps(OpsCore):
                 parent.children[node.name] = node
                 current = node
         target = current if isinstance(current, Slot) else node
-        job = self._published(target, ref, src.draft_mtime_ns or now_ns(), logical,
+        job = self._published(target, ref, mtime_ns, logical,
                               own=target is src)
         if target is src and src.version == ref.version and logical is None:
             src.pages_version = ref.version     # its writers' pages hold this version
@@ -251,7 +258,11 @@ class PublishOps(OpsCore):
 
     def _maybe_quantize(self, d: "_native.Draft") -> tuple["_native.Draft", Optional[bytes]]:
         """With `quantize` on, a safetensors draft becomes its quantized
-        container; returns (draft to publish, logical bytes or None)."""
+        container; returns (draft to publish, logical bytes or None).  A
+        spilled draft (the memory tier had no room for it) is published as
+        written."""
+        if getattr(d, "spilled", False):
+            return d, None
         try:
             return self.store.quantize(d, self.knobs["quantize"], self.knobs["quant_error_max"])
         except OSError as e:

@@ -222,8 +222,8 @@ class Tenants:
         for node in list(nodes):
             if node.draft is None:
                 nodes.discard(node)
-            else:
-                total += node.draft.size
+            elif not getattr(node.draft, "spilled", False):    # (a spilled draft
+                total += node.draft.size                        # holds no memory)
         if not nodes:
             self._drafts.pop(uid, None)
         return total

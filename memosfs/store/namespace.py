@@ -13,7 +13,8 @@ sync_namespace, save_metadata, namespace_changed, restore.  Uses the state
 Store.__init__ creates (cache, ssd, lock, _meta_lock, _order, _recency,
 _dirty_since, _meta_pending, _renamed_unsaved, _recency_dirty, _namespace_dirty,
 _drop_listeners, namespace_of).  Calls, through self, _write_back
-(writeback.py); imports common.  Lock order: _meta_lock, then self.lock.
+(writeback.py); imports common and spill (its leftover files go at mount).  Lock
+order: _meta_lock, then self.lock.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import collections
 import logging
 
+from memosfs.store import spill
 from memosfs.store.common import _session_of
 
 log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
@@ -127,6 +129,7 @@ class NamespaceMixin:
         namespace saved last time and the SSD entries."""
         if self.ssd is None:
             return []
+        spill.clear(self.ssd.root)      # drafts a crash left unpublished (spill.py)
         entries = self.ssd.scan()
         saved = [k.encode("utf-8", "surrogateescape")
                  for k in self.ssd.read_json("order.json", [])]

@@ -75,6 +75,11 @@ Slots smaller than `ssd_pack_below` are not files but records appended to
 segment files (memosfs/store/segments.py, `self.segs`, PackedEntry in the
 index); the hooks here hand those entries to it.
 
+A writers' draft the memory tier had no room for lives in a spill file of
+`spill/` (memosfs/store/spill.py); `put_file` makes such a file a slot's
+version: finished and renamed into place like a write-back's temporary
+file, never copied.
+
 The tier interface is small — put, load, remove, rename, keys, sizes — so
 that another tier (a shared remote one) can stand beside it.
 """
@@ -540,6 +545,75 @@ class SSDTier:
             with self.lock:
                 self._dirty_dirs.add(sdir)
         return entry
+
+    def put_file(self, key: bytes, fd: int, path: str, size: int, meta: dict[str, Any],
+                 version: int, durable: bool, crc: int) -> SSDEntry:
+        """Make the file at `path`, open at `fd` and holding bytes [0, size)
+        (a spilled draft: memosfs/store/spill.py), key's version `version`
+        without copying it: finished as _write_locked finishes its temporary
+        file (`_finish_file`), fsync'd under the same rule, renamed into the
+        slot's place (same file system) with the index, used bytes, policy
+        and unsynced bookkeeping of _write_locked.  Below ssd_pack_below it
+        is appended as a packed record instead (the file stays at `path`
+        for the caller to remove).  SSDFull when ssd_capacity has no room
+        for it (the caller makes room or refuses); other OSErrors leave the
+        file at `path` as it was (its bytes, no trailer), the previous
+        version in place and the index unchanged."""
+        self._check_room(key, size + _trailer_bound(key, meta))
+        with self.write_lock:
+            if self.segs.packs(size):
+                return self.segs.put(_FileVersion(fd, size, version), key, meta, durable, crc)
+            stamped = self.segs.stamp(meta)
+            sdir, final = self._path_of(key)
+            with self.lock:
+                old = self.index.get(key)
+            sync_now = durable or (old is not None and old.synced is not False)
+            try:
+                self._shard_dir(sdir)
+                try:
+                    total, bare = self._finish_file(fd, key, version, size, crc, stamped)
+                    if sync_now:
+                        os.fsync(fd)
+                    ino = os.fstat(fd).st_ino
+                    entry = SSDEntry(key, version, size, crc, final, total, dict(meta),
+                                     synced=sync_now, ino=ino, bare=bare)
+                    with self.lock:
+                        os.rename(path, final)
+                        self._hook("renamed")
+                        old = self.index.get(key)
+                        self.used_bytes += total - (old.file_bytes if old else 0)
+                        self.index[key] = entry
+                        self.policy.written(key)
+                        self.writes += 1
+                        self.write_bytes += size
+                        if sync_now:
+                            self._unsynced.pop(key, None)
+                        else:
+                            self._unsynced[key] = entry
+                            self.unsynced_writes += 1
+                except BaseException:
+                    # the draft goes on as it was: its bytes alone
+                    try:
+                        os.ftruncate(fd, size)
+                        os.removexattr(fd, XATTR)
+                    except OSError:
+                        pass
+                    raise
+            except OSError as e:
+                with self.lock:
+                    self.write_errors += 1
+                if e.errno is None:
+                    raise
+                said = self.disk_trouble(e.errno)
+                self.trouble = said
+                raise OSError(e.errno, said) from e
+            self.trouble = None
+            if durable:
+                _fsync_dir(sdir)
+            else:
+                with self.lock:
+                    self._dirty_dirs.add(sdir)
+            return entry
 
     def _finish_file(self, fd: int, key: bytes, version: int, size: int, crc: int,
                      meta: dict[str, Any]) -> tuple[int, bool]:
@@ -1206,6 +1280,18 @@ class SSDReader:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+class _FileVersion:
+    """A version's bytes in an open file, as segments.put reads a Ref's
+    (SSDTier.put_file of a small spilled draft)."""
+
+    def __init__(self, fd: int, size: int, version: int) -> None:
+        self.fd, self.size, self.version = fd, size, version
+
+    def read(self, off: int, n: int) -> bytes:
+        n = max(0, min(n, self.size - off))
+        return os.pread(self.fd, n, off) if n else b""
 
 
 class SSDFull(OSError):

@@ -58,6 +58,12 @@ class StoreStats(Record):
                              "the SSD tier)")
     ring_slots: int = gauge("setting: slots a session keeps before it recycles (0: no ring)")
     direct_reads: int = counter("reads served straight from an SSD file")
+    spills: int = counter("writers' drafts moved to a spill file of the SSD directory because "
+                          "the memory tier had no room for them")
+    spill_bytes: int = counter("bytes written into spill files (the drafts' bytes copied "
+                               "there, and the writes that followed)")
+    spill_publishes: int = counter("versions published straight to the SSD tier from a spill "
+                                   "file (counted in publishes too)")
     quant_tensors: int = counter("tensors stored quantized")
     quant_fallbacks: int = counter("tensors stored unquantized (quantization refused)")
     quant_saved_bytes: int = counter("bytes quantization saved")

@@ -302,6 +302,8 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
             ring_recycles=c["ring_recycles"], resets=c["resets"], flushes=c["flushes"],
             moved_out=c["moved_out"],
             ring_slots=self.ring_slots, direct_reads=c["direct_reads"],
+            spills=c["spills"], spill_bytes=c["spill_bytes"],
+            spill_publishes=c["spill_publishes"],
             **self.quant.statistics())
 
     def _writeback_queue(self) -> int:

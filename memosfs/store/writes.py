@@ -7,28 +7,36 @@ tier.  remove, ring recycling and reset_session remove the slot from every
 tier (a remote tombstone).  rename moves the slot in every tier under the
 SSD writer lock, so that no write-back of the old key lands in between.
 
-Owns (as WriteMixin, one of Store's bases): draft, publish, mark_dirty,
+Owns (as WriteMixin, one of Store's bases): draft, spill, publish, mark_dirty,
 remove, rename, session_keys, reset_session and their helpers (_recycle,
 _remove_everywhere, _rename_tiers).  Uses the state Store.__init__ creates
 (cache, ssd, remote, lock, _order, _recency, _dirty_since, _meta_pending,
 _meta_seq, _renamed_unsaved, _c, trace, prefetch, ring_slots, meta_of,
-_wake).  Calls, through self, _promote_remote and _remote_source
-(remoteglue.py), _touch, _forget and _dropped (namespace.py); imports
-common.  Lock order: ssd.write_lock, then self.lock.
+_wake, ssd_full).  Calls, through self, _promote_remote and _remote_source
+(remoteglue.py), _touch, _forget and _dropped (namespace.py),
+_make_ssd_room (writeback.py); imports common, spill, ssd (SSDFull).  Lock
+order: ssd.write_lock, then self.lock.
+
+Spilled drafts (spill.py): `spill` makes a draft in a file of the SSD
+directory for a writer the memory tier has no room for, and `publish` of
+such a draft makes it the SSD tier's version directly (`_publish_spilled`:
+the file renamed into place, memory's older version removed).
 """
 
 from __future__ import annotations
 
 import collections
+import errno
 import logging
+import os
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
+from memosfs import _native
 from memosfs.store.common import _k, _session_of, make_key
+from memosfs.store.spill import SpilledRef, SpillDraft
+from memosfs.store.ssd import SSDFull
 from memosfs.store.writeback import CLEAN_AHEAD_WAKE
-
-if TYPE_CHECKING:
-    from memosfs import _native
 
 log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
 
@@ -41,8 +49,36 @@ class WriteMixin:
     def draft(self, base: Optional["_native.Ref"] = None) -> "_native.Draft":
         return self.cache.draft(base)
 
-    def publish(self, draft: "_native.Draft", key: bytes) -> "_native.Ref":
-        """Make `draft` the slot's new version (dirty); returns a pinned reference."""
+    def spill(self, key: bytes, source=None, data: Optional[bytes] = None) -> SpillDraft:
+        """A draft in a spill file of the SSD directory (spill.py) holding the
+        bytes of `source` (a memory draft, a pinned version in memory or one
+        read from its file, or None) or `data`: for a draft the memory tier
+        has no room for.  OSError (a full disk, ssd_capacity) leaves no file."""
+        ssd = self.ssd
+        assert ssd is not None
+        sp = SpillDraft(ssd.root, lambda: ssd.capacity, ssd.disk_trouble, self._c)
+        try:
+            if data is not None:
+                sp.fill(lambda off, n: data[off:off + n], len(data))
+            elif isinstance(source, _native.Ref):
+                sp.fill_ref(source)
+            elif source is not None:
+                sp.fill(source.read, source.size)
+        except BaseException:
+            sp.free()
+            raise
+        self._c["spills"] += 1
+        self.trace.emit("SPILL", key=_k(key), bytes=sp.size)
+        return sp
+
+    def publish(self, draft: "_native.Draft", key: bytes,
+                meta: Optional[dict] = None) -> "_native.Ref":
+        """Make `draft` the slot's new version (dirty); returns a pinned
+        reference.  A spilled draft becomes the SSD tier's version instead
+        (`_publish_spilled`), with `meta` beside it (default: meta_of(key);
+        the namespace gives the metadata the publish makes)."""
+        if isinstance(draft, SpillDraft):
+            return self._publish_spilled(draft, key, meta)
         with self.lock:
             # versions only grow, whichever tier holds the newest
             on_ssd = self.ssd.get(key) if self.ssd is not None else None
@@ -67,6 +103,85 @@ class WriteMixin:
         if self.remote is not None:
             self.remote.put_async(key, lambda: self._remote_source(key))
         return ref
+
+    def _publish_spilled(self, sp: SpillDraft, key: bytes,
+                         meta: Optional[dict] = None) -> SpilledRef:
+        """Make a spilled draft the slot's new version on the SSD tier, with
+        no memory: its file is renamed into place (SSDTier.put_file; version
+        one past the newest any tier holds), memory's older version goes so
+        that readers find this one, and the rest is publish's (the ring and
+        order, the trace, the upload).  Returns the version read from the
+        same file; `sp` is consumed.  OSError (ENOSPC: the disk, or
+        ssd_capacity under ssd_full=refuse or with nothing left to evict)
+        changes nothing: the writers keep their draft."""
+        ssd = self.ssd
+        with self.lock:
+            seq = self._meta_pending.get(key)   # the metadata change meta includes
+        if meta is None:
+            meta = self.meta_of(key)
+        crc = sp.crc32c()
+        size = sp.size
+        try:
+            entry = self._put_spilled(sp, key, meta, crc)
+        except SSDFull as full:
+            if self.ssd_full == "refuse":
+                self._c["ssd_full_refusals"] += 1
+                said = (f"the SSD tier reached its ssd_capacity ({ssd.capacity} bytes) "
+                        f"and ssd_full=refuse keeps the slots it holds")
+                ssd.trouble = said
+                raise OSError(errno.ENOSPC, said) from None
+            self._make_ssd_room(full.excess, keep=key)
+            try:
+                entry = self._put_spilled(sp, key, meta, crc)
+            except SSDFull:
+                raise OSError(errno.ENOSPC, f"the SSD tier has no room for the slot "
+                              f"({size} bytes) within its ssd_capacity ({ssd.capacity} "
+                              f"bytes)") from None
+        fd, path = sp.take(), sp.path
+        if entry.path != path:                  # (packed: the record is a copy)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        with self.lock:
+            self._dirty_since.pop(key, None)
+            self._renamed_unsaved.discard(key)
+            if self._meta_pending.get(key) == seq:
+                self._meta_pending.pop(key, None)
+            self._c["publishes"] += 1
+            self._c["spill_publishes"] += 1
+            sess = _session_of(key)
+            order = self._order.setdefault(sess, collections.OrderedDict())
+            new_key = key not in order
+            order[key] = order.get(key)
+        self._touch(key)
+        if new_key:
+            self._recycle(sess, keep=key)
+        self.trace.emit("PUBLISH", key=_k(key), bytes=size, version=entry.version,
+                        tier="ssd")
+        if self.remote is not None:
+            self.remote.put_async(key, lambda: self._remote_source(key))
+        return SpilledRef(key, entry.version, size, entry.file_bytes, fd)
+
+    def _put_spilled(self, sp: SpillDraft, key: bytes, meta: dict, crc: int):
+        """The SSD tier's part of _publish_spilled, under its writer lock (no
+        write-back of key lands in between): the version number, the file
+        into place, memory's older version gone."""
+        ssd = self.ssd
+        with ssd.write_lock:
+            with self.lock:
+                on_ssd = ssd.get(key)
+                cur = self.cache.peek(key)
+                newest = max(on_ssd.version if on_ssd else 0, cur.version if cur else 0,
+                             self.remote.known_version(key) if self.remote is not None
+                             else 0)
+                if cur is not None:
+                    cur.release()
+            entry = ssd.put_file(key, sp.fd, sp.path, sp.size, meta, newest + 1,
+                                 durable=False, crc=crc)
+            with self.lock:
+                self.cache.remove(key)          # readers find the SSD tier's version
+        return entry
 
     def mark_dirty(self, key: bytes) -> None:
         """The slot's metadata (owner, mode, times, xattrs) changed: the SSD
