@@ -71,6 +71,21 @@ typedef struct extent {
     arena_run run;   /* the pages */
 } extent;
 
+/* What a draft (and the version it becomes) changed since the last version
+ * of its lineage that was clean (written back): that version's bytes [0, cut),
+ * zeros to the size, then the pages set in bits written by this lineage.  The
+ * SSD tier writes only those pages when it holds exactly base_version
+ * (memos_entry_changes).  Unknown (NULL) whenever in doubt: the version is then
+ * written whole.  Costs a pointer per entry; the struct and its bitmap (a bit
+ * per 4 KiB page) exist only for drafts made from a base and what they become. */
+typedef struct changes {
+    uint64_t  base_version;   /* the clean version this lineage started from */
+    uint64_t  base_size;      /* its size */
+    uint64_t  cut;            /* the smallest size since (<= base_size) */
+    uint64_t *bits;           /* pages written, nwords words (NULL: none yet) */
+    uint32_t  nwords;
+} changes;
+
 struct memos_entry {
     index_node   inode;       /* key copy, klen, hash; key NULL for drafts (lock) */
     policy_node  pnode;       /* policy links (lock) */
@@ -96,6 +111,7 @@ struct memos_entry {
     uint8_t      busy;        /* draft inside an unlocked write phase (lock) */
     uint8_t      prefetched;  /* prefetched, unread: passes left before it may be a victim (lock) */
     uint16_t     tenant;      /* live: 1 + index of its agent's tenant, 0 = none (lock) */
+    changes     *chg;         /* what changed since an older version, NULL = unknown (lock) */
 };
 
 /* A tenant: an agent (the key's first component) with a byte quota.  Its
@@ -163,6 +179,9 @@ static int      draft_fill(memos_cache *c, memos_entry *d, uint64_t off,
                            const void *src, size_t n, int set_size);
 static void     entry_copy_in(memos_entry *e, uint64_t off, const void *src, size_t n);
 static void     entry_zero(memos_entry *e, uint64_t off, uint64_t n);
+static void     changes_free(memos_entry *e);
+static void     changes_start(memos_entry *d, const memos_entry *base);
+static void     changes_note(memos_entry *d, uint64_t off, uint64_t n, uint64_t new_size);
 static uint64_t pages_for(uint64_t size);
 static extent   make_extent(memos_cache *c, arena_run r);
 
@@ -223,6 +242,7 @@ void memos_cache_free(memos_cache *c)
         memos_entry *next = e->all_next;
         free((void *)e->inode.key);
         free(e->ext);
+        changes_free(e);
         free(e);
         e = next;
     }
@@ -433,6 +453,7 @@ int memos_draft_new(memos_cache *c, memos_entry *base, memos_entry **out)
     assert(d->moving.run.npages == 0 && d->next == base->next);
     d->size = base->size;
     c->st.bytes_draft += d->size;
+    changes_start(d, base);
     d->busy = 1;
     unlock(c);
     /* Same size, same layout: copy extent by extent, without the lock. */
@@ -936,6 +957,7 @@ static void entry_destroy(memos_cache *c, memos_entry *e)
     e->all_next->all_prev = e->all_prev;
     free((void *)e->inode.key);
     free(e->ext);
+    changes_free(e);
     free(e);
 }
 
@@ -1214,6 +1236,7 @@ static int draft_fill(memos_cache *c, memos_entry *d, uint64_t off,
     uint64_t new_size = set_size ? off : (off + n > old_size ? off + n : old_size);
     if (set_size && new_size <= old_size) {
         draft_shrink(c, d, new_size);
+        changes_note(d, 0, 0, new_size);
         unlock(c);
         return MEMOS_OK;
     }
@@ -1242,6 +1265,7 @@ static int draft_fill(memos_cache *c, memos_entry *d, uint64_t off,
     }
     c->st.bytes_draft += new_size - d->size;
     d->size = new_size;
+    changes_note(d, off, set_size ? 0 : n, new_size);
     d->busy = 0;
     unlock(c);
     return MEMOS_OK;
@@ -1274,6 +1298,129 @@ static void entry_zero(memos_entry *e, uint64_t off, uint64_t n)
         memset(e->ext[at / MEMOS_BLOCK_SIZE].ptr + o, 0, (size_t)chunk);
         done += chunk;
     }
+}
+
+/* ---- what a lineage of drafts changed (lock held) ---- */
+
+static void changes_free(memos_entry *e)
+{
+    if (e->chg) {
+        free(e->chg->bits);
+        free(e->chg);
+        e->chg = NULL;
+    }
+}
+
+/* d: a new draft copying base.  A clean base is the start of a lineage; a
+ * dirty one passes on what its lineage changed (its versions in between were
+ * never written back).  Otherwise unknown. */
+static void changes_start(memos_entry *d, const memos_entry *base)
+{
+    changes_free(d);
+    if (base->draft || !base->version || (base->dirty && !base->chg))
+        return;                                 /* unknown: written whole */
+    changes *g = malloc(sizeof *g);
+    if (!g)
+        return;
+    if (!base->dirty) {
+        *g = (changes){ base->version, base->size, base->size, NULL, 0 };
+    } else {
+        *g = *base->chg;
+        g->bits = NULL;
+        if (g->nwords) {
+            g->bits = malloc((size_t)g->nwords * sizeof *g->bits);
+            if (!g->bits) {
+                free(g);
+                return;
+            }
+            memcpy(g->bits, base->chg->bits, (size_t)g->nwords * sizeof *g->bits);
+        }
+    }
+    d->chg = g;
+}
+
+/* Bytes [off, off+n) were written (n may be 0) and the size is new_size:
+ * those pages are marked, and cut follows the size down. */
+static void changes_note(memos_entry *d, uint64_t off, uint64_t n, uint64_t new_size)
+{
+    changes *g = d->chg;
+    if (!g)
+        return;
+    if (new_size < g->cut)
+        g->cut = new_size;
+    if (!n)
+        return;
+    uint64_t first = off / MEMOS_PAGE_SIZE, last = (off + n - 1) / MEMOS_PAGE_SIZE;
+    uint64_t need = last / 64 + 1;
+    if (need > UINT32_MAX) {
+        changes_free(d);
+        return;
+    }
+    if (need > g->nwords) {
+        uint64_t grow = need < 2 * (uint64_t)g->nwords ? 2 * (uint64_t)g->nwords : need;
+        if (grow > UINT32_MAX)
+            grow = need;
+        uint64_t *b = realloc(g->bits, (size_t)grow * sizeof *b);
+        if (!b) {
+            changes_free(d);
+            return;
+        }
+        memset(b + g->nwords, 0, (size_t)(grow - g->nwords) * sizeof *b);
+        g->bits = b;
+        g->nwords = (uint32_t)grow;
+    }
+    for (uint64_t p = first; p <= last; ) {
+        if (p % 64 == 0 && last - p >= 63) {
+            g->bits[p / 64] = ~(uint64_t)0;
+            p += 64;
+        } else {
+            g->bits[p / 64] |= (uint64_t)1 << (p % 64);
+            p++;
+        }
+    }
+}
+
+int memos_entry_changes(memos_cache *c, const memos_entry *e, memos_changes *out,
+                        uint64_t *runs, size_t max_runs)
+{
+    lock(c);
+    const changes *g = e->chg;
+    if (!g || e->draft) {
+        unlock(c);
+        return -1;
+    }
+    out->base_version = g->base_version;
+    out->base_size = g->base_size;
+    out->cut = g->cut < e->size ? g->cut : e->size;
+    out->runs = 0;
+    out->bytes = 0;
+    uint64_t pages = (e->size + MEMOS_PAGE_SIZE - 1) / MEMOS_PAGE_SIZE;
+    uint64_t limit = (uint64_t)g->nwords * 64 < pages ? (uint64_t)g->nwords * 64 : pages;
+    uint64_t p = 0;
+    while (p < limit) {
+        uint64_t w = g->bits[p / 64] >> (p % 64);
+        if (!w) {
+            p = (p / 64 + 1) * 64;
+            continue;
+        }
+        p += (uint64_t)__builtin_ctzll(w);
+        if (p >= limit)
+            break;
+        uint64_t start = p;
+        while (p < limit && (g->bits[p / 64] >> (p % 64) & 1))
+            p++;
+        uint64_t off = start * MEMOS_PAGE_SIZE, end = p * MEMOS_PAGE_SIZE;
+        if (end > e->size)
+            end = e->size;
+        if (out->runs < max_runs && runs) {
+            runs[2 * out->runs] = off;
+            runs[2 * out->runs + 1] = end - off;
+        }
+        out->runs++;
+        out->bytes += end - off;
+    }
+    unlock(c);
+    return 0;
 }
 
 /* ---- debugging ---- */

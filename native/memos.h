@@ -246,6 +246,23 @@ size_t   memos_entry_read(const memos_entry *e, uint64_t off, void *dst, size_t 
 int      memos_entry_iov(const memos_entry *e, uint64_t off, size_t n,
                          struct iovec *iov, int max);
 
+/* What a version changed since an older version of its key: its bytes are
+ * version base_version's (base_size bytes long) cut to `cut`, zero-filled to
+ * its size, then overwritten at each run (offset, length: 4 KiB aligned,
+ * sorted, disjoint, within its size).  base_version is the last version of
+ * its lineage that was clean (written back) when a draft copied it. */
+typedef struct memos_changes {
+    uint64_t base_version;
+    uint64_t base_size;
+    uint64_t cut;
+    uint64_t runs;             /* runs in all (more than max_runs: call again) */
+    uint64_t bytes;            /* bytes the runs cover */
+} memos_changes;
+/* Fill *out and up to max_runs pairs (offset, length) into runs; 0, or -1
+ * when unknown (the version must be written whole).  e is pinned. */
+int      memos_entry_changes(memos_cache *c, const memos_entry *e, memos_changes *out,
+                             uint64_t *runs, size_t max_runs);
+
 /* ---- checksums ---- */
 
 /* CRC-32C (Castagnoli) of n bytes, continuing from a previous result `crc`

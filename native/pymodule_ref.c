@@ -312,6 +312,49 @@ static PyObject *Ref_crc32c(RefObject *self, PyObject *args, PyObject *kw)
     return out;
 }
 
+/* changes() -> None | (base_version, base_size, cut, [(off, len), ...]):
+ * memos_entry_changes, the runs as a list of pairs. */
+static PyObject *Ref_changes(RefObject *self, PyObject *noargs)
+{
+    if (ref_usable(self) < 0)
+        return NULL;
+    memos_changes ch;
+    uint64_t small[2 * 16];
+    uint64_t *runs = small;
+    size_t max = 16;
+    for (;;) {
+        if (memos_entry_changes(self->cache->c, self->e, &ch, runs, max) != 0) {
+            if (runs != small)
+                PyMem_Free(runs);
+            Py_RETURN_NONE;
+        }
+        if (ch.runs <= max)
+            break;
+        if (runs != small)
+            PyMem_Free(runs);
+        max = (size_t)ch.runs + 16;     /* it may have grown meanwhile: room to spare */
+        runs = PyMem_Malloc(2 * max * sizeof *runs);
+        if (!runs)
+            return PyErr_NoMemory();
+    }
+    PyObject *list = PyList_New((Py_ssize_t)ch.runs);
+    for (uint64_t i = 0; list && i < ch.runs; i++) {
+        PyObject *pair = Py_BuildValue("(KK)", (unsigned long long)runs[2 * i],
+                                       (unsigned long long)runs[2 * i + 1]);
+        if (!pair) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, pair);
+    }
+    if (runs != small)
+        PyMem_Free(runs);
+    if (!list)
+        return NULL;
+    return Py_BuildValue("(KKKN)", (unsigned long long)ch.base_version,
+                         (unsigned long long)ch.base_size, (unsigned long long)ch.cut, list);
+}
+
 static PyObject *ref_key(RefObject *self, void *c)
 {
     if (ref_usable(self) < 0)
@@ -368,6 +411,10 @@ static PyMethodDef Ref_methods[] = {
     { "view", (PyCFunction)Ref_view, METH_VARARGS,
       "view(off, max) -> memoryview: the contiguous bytes at off (at most max), no copy; "
       "the pin lasts while the view does" },
+    { "changes", (PyCFunction)Ref_changes, METH_NOARGS,
+      "changes() -> None | (base_version, base_size, cut, runs): this version is version "
+      "base_version's bytes [0, cut), zeros to its size, then its own bytes at each "
+      "(offset, length) of runs; None: unknown (write it whole)" },
     { "release", (PyCFunction)Ref_release, METH_NOARGS, "release(): drop the pin" },
     { "__enter__", (PyCFunction)Ref_enter, METH_NOARGS, NULL },
     { "__exit__", (PyCFunction)Ref_exit, METH_VARARGS, NULL },

@@ -329,6 +329,52 @@ static void test_draft_ops(void)
     memos_cache_free(c);
 }
 
+/* memos_entry_changes: the pages a lineage wrote since its last clean version. */
+static void test_changes(void)
+{
+    memos_cache *c = memos_cache_new(8 * MiB, 16, NULL, NULL);
+    memos_entry *d, *r, *r2;
+    memos_changes ch;
+    uint64_t runs[8];
+    static unsigned char buf[MiB];
+    pattern(buf, sizeof buf, 5, 0);
+    memos_draft_new(c, NULL, &d);
+    memos_draft_write(c, d, 0, buf, sizeof buf);
+    CHECK_EQ(memos_entry_changes(c, d, &ch, runs, 4), -1);      /* a draft */
+    CHECK_EQ(memos_publish(c, d, "k", 1, 0, 1), MEMOS_OK);
+    r = d;
+    CHECK_EQ(memos_entry_changes(c, r, &ch, runs, 4), -1);      /* no clean base */
+    memos_set_dirty(c, r, 0);
+    memos_draft_new(c, r, &d);
+    memos_draft_write(c, d, 4095, "ab", 2);                    /* pages 0 and 1 */
+    memos_draft_write(c, d, 20 * 4096, "c", 1);                /* page 20 */
+    memos_draft_truncate(c, d, 30 * 4096 + 7);
+    CHECK_EQ(memos_publish(c, d, "k", 1, 0, 1), MEMOS_OK);
+    r2 = d;
+    CHECK_EQ(memos_entry_changes(c, r2, &ch, runs, 1), 0);
+    CHECK_EQ(ch.base_version, 1);
+    CHECK_EQ(ch.base_size, MiB);
+    CHECK_EQ(ch.cut, 30 * 4096 + 7);
+    CHECK_EQ(ch.runs, 2);                                       /* more than max_runs */
+    CHECK_EQ(ch.bytes, 3 * 4096);
+    CHECK_EQ(runs[0], 0);
+    CHECK_EQ(runs[1], 2 * 4096);
+    CHECK_EQ(memos_entry_changes(c, r2, &ch, runs, 4), 0);
+    CHECK_EQ(runs[2], 20 * 4096);
+    CHECK_EQ(runs[3], 4096);
+    /* a base that is still a draft: unknown */
+    memos_draft_new(c, NULL, &d);
+    memos_draft_write(c, d, 0, "x", 1);
+    memos_entry *d2;
+    memos_draft_new(c, d, &d2);
+    memos_draft_write(c, d2, 0, "y", 1);
+    CHECK_EQ(memos_publish(c, d2, "j", 1, 0, 1), MEMOS_OK);
+    CHECK_EQ(memos_entry_changes(c, d2, &ch, runs, 4), -1);
+    memos_draft_free(c, d);
+    check_ok(c);
+    memos_cache_free(c);
+}
+
 static void test_eviction_callback(void)
 {
     evctx x = { 0 };
@@ -662,6 +708,7 @@ int main(void)
     RUN(test_pin_remove);
     RUN(test_replace_while_pinned);
     RUN(test_rename);
+    RUN(test_changes);
     RUN(test_draft_ops);
     RUN(test_eviction_callback);
     RUN(test_refusing_callback);
