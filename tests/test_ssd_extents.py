@@ -443,3 +443,106 @@ def test_extents_model():
             out += (bytes(e - s) if where == extentlog.ZERO else
                     base[so:so + e - s] if where == extentlog.BASE else logbuf[so:so + e - s])
         assert bytes(out) == bytes(cur)
+
+
+# ---------------------------------------------------------------- mounted
+
+needs_changes = pytest.mark.skipif(not hasattr(_native.Ref, "changes"),
+                                   reason="the C core has no Ref.changes")
+
+
+def _session(m):
+    m.p("agent").mkdir(exist_ok=True)
+    m.p("agent", "s1").mkdir(exist_ok=True)
+    return m.p("agent", "s1")
+
+
+def _stats(m) -> dict:
+    import json
+    return json.loads(m.ctl("stats.json").read_text())
+
+
+def _proc_write_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+@needs_changes
+def test_mounted_64m_slot_changed_in_place_50_times(make_mount):
+    m = make_mount(capacity="256M", writeback_delay_ms=3600000)
+    s = _session(m)
+    size, n, page = 64 * MiB, 50, 4096
+    data = bytearray(os.urandom(size))
+    path = s / "big"
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    first = _stats(m)["ssd_write_bytes"]
+    io0 = _proc_write_bytes(m.proc.pid)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        for i in range(n):
+            off = (i * 7919 % (size // page)) * page
+            piece = os.urandom(page)
+            os.pwrite(fd, piece, off)
+            data[off:off + page] = piece
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    st = _stats(m)
+    changed = n * page
+    wrote = st["ssd_write_bytes"]
+    assert st["ssd_log_appends"] >= n - 1, st
+    assert wrote <= 2 * (size + changed), (first, wrote)
+    assert wrote - first <= 4 * changed
+    assert _proc_write_bytes(m.proc.pid) - io0 <= 2 * (size + changed)
+    assert path.read_bytes() == bytes(data)
+    # out of memory, read back from the SSD (file and log)
+    m.ctl("evict").write_text("agent/s1/big\n")
+    assert os.getxattr(path, "user.memos.tier") == b"ssd"
+    assert path.read_bytes() == bytes(data)
+    m.stop()
+    assert m.proc.returncode == 0
+    m2 = make_mount(ssd=str(m.ssd), capacity="256M")
+    assert m2.p("agent", "s1", "big").read_bytes() == bytes(data)
+
+
+@needs_changes
+def test_mounted_truncate_rename_unlink_and_remount(make_mount):
+    m = make_mount(capacity="64M", writeback_delay_ms=3600000)
+    s = _session(m)
+    data = bytearray(os.urandom(4 * MiB))
+    (s / "a").write_bytes(data)
+    with open(s / "a", "r+b") as f:
+        os.fsync(f.fileno())
+        f.truncate(1_000_003)
+        f.truncate(3 * MiB)
+        f.seek(2 * MiB)
+        f.write(b"w" * 10000)
+        f.flush()
+        os.fsync(f.fileno())
+    want = bytearray(data[:1_000_003]) + bytearray(3 * MiB - 1_000_003)
+    want[2 * MiB:2 * MiB + 10000] = b"w" * 10000
+    assert _stats(m)["ssd_log_appends"] >= 1
+    assert (s / "a").read_bytes() == bytes(want)
+    (s / "b").write_bytes(b"b" * MiB)
+    with open(s / "b", "r+b") as f:
+        os.fsync(f.fileno())
+        f.seek(4096)
+        f.write(b"x" * 4096)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(s / "a", s / "c")
+    os.unlink(s / "b")
+    m.ctl("flush").write_text("1\n")
+    assert sorted((m.ssd / "slots").glob("*/*.log")) == []
+    m.stop()
+    assert m.proc.returncode == 0
+    m2 = make_mount(ssd=str(m.ssd), capacity="64M")
+    s2 = m2.p("agent", "s1")
+    assert sorted(os.listdir(s2)) == ["c"]
+    assert (s2 / "c").read_bytes() == bytes(want)

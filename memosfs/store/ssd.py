@@ -287,7 +287,7 @@ class SSDStats(Record):
     ssd_writes: int = counter("slot files written")
     ssd_writes_unsynced: int = counter("of those, written back without an fsync (no one had "
                                        "acknowledged the version; fsync'd by the next sync)")
-    ssd_write_bytes: int = counter("bytes written to slot files")
+    ssd_write_bytes: int = counter("bytes written to slot files and extent logs")
     ssd_write_errors: int = counter("slot file writes that failed")
     ssd_reads: int = counter("slot files read back into memory")
     ssd_read_bytes: int = counter("bytes read back from slot files")
@@ -1115,12 +1115,16 @@ class SSDTier:
     def _unlink_locked(self, path: str) -> None:
         if self.segs.holds(path):
             return                              # a packed record's segment: not the slot's
-        if path.endswith(".slot"):
-            _discard(_extentlog.log_path_of(path))      # its extent log, if any
         try:
             os.unlink(path)
         except FileNotFoundError:
             return
+        finally:
+            # its extent log, if any, after it (a crash between leaves a log
+            # without its file: removed at mount)
+            lpath = _extentlog.log_path_of(path) if path.endswith(".slot") else ""
+            if lpath and os.path.lexists(lpath):
+                _discard(lpath)
         with self.lock:
             self._dirty_dirs.add(os.path.dirname(path))
 
