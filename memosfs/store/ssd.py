@@ -71,6 +71,14 @@ explicitly whatever the umask; a folder with looser modes (an older memosfs
 made it 0755, its JSON files 0644) is tightened when the tier opens, with a
 WARNING in the log (memosfs/private.py).
 
+A large slot's write-back that changed a few extents of the version its
+file holds (`Ref.changes()`) appends them to the slot's extent log beside
+the file (`<name>.log`, `SSDEntry.log`; memosfs/store/extentlog.py) instead
+of writing a new file; the log is folded (the whole version written as
+above, then the log unlinked) when it grows.  The file is never changed in
+place, so a crash leaves the log ending before the new record or inside it
+(cut at mount): the version before or the new one.
+
 Slots smaller than `ssd_pack_below` are not files but records appended to
 segment files (memosfs/store/segments.py, `self.segs`, PackedEntry in the
 index); the hooks here hand those entries to it.
@@ -287,7 +295,8 @@ class SSDStats(Record):
     ssd_writes: int = counter("slot files written")
     ssd_writes_unsynced: int = counter("of those, written back without an fsync (no one had "
                                        "acknowledged the version; fsync'd by the next sync)")
-    ssd_write_bytes: int = counter("bytes written to slot files and extent logs")
+    ssd_write_bytes: int = counter("bytes written to slot files (their holes not) and "
+                                   "extent logs")
     ssd_write_errors: int = counter("slot file writes that failed")
     ssd_reads: int = counter("slot files read back into memory")
     ssd_read_bytes: int = counter("bytes read back from slot files")
@@ -758,10 +767,13 @@ class SSDTier:
         try:
             fd = open_private(tmp, os.O_WRONLY | os.O_EXCL)
             try:
+                data_bytes = 0
                 if size:
                     written = ref.write_to_fd(fd, sparse=True)   # holes stay holes
                     if written != size:
                         raise OSError(errno.EIO, f"short write ({written} of {size})")
+                    # what was written: the payload's bytes, its holes not
+                    data_bytes = min(size, os.fstat(fd).st_blocks * 512)
                 total, bare = self._finish_file(fd, key, ref.version, size, crc, stamped)
                 if sync_now:
                     os.fsync(fd)
@@ -786,7 +798,7 @@ class SSDTier:
                 self.index[key] = entry
                 self.policy.written(key)
                 self.writes += 1
-                self.write_bytes += size
+                self.write_bytes += data_bytes
                 if sync_now:
                     self._unsynced.pop(key, None)
                 else:
