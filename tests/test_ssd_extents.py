@@ -546,3 +546,24 @@ def test_mounted_truncate_rename_unlink_and_remount(make_mount):
     s2 = m2.p("agent", "s1")
     assert sorted(os.listdir(s2)) == ["c"]
     assert (s2 / "c").read_bytes() == bytes(want)
+
+
+def test_a_fold_over_an_unsynced_append_is_fsynced_before_its_rename(tmp_path, tier,
+                                                                     monkeypatch):
+    """The base and the first records may be durable (acknowledged) even when
+    the last append is not: the whole version replacing them is fsync'd
+    before it is renamed over the base."""
+    s = Slot(b"a/s/fold", os.urandom(1 * MiB))
+    put(tier, s)                                   # durable
+    s.pwrite(0, b"a" * 4096)
+    put(tier, s, durable=False)
+    assert tier.get(s.key).synced is False
+    monkeypatch.setattr(extentlog, "LOG_MAX_RECORDS", 1)
+    order = []
+    real_fsync, real_rename = os.fsync, os.rename
+    monkeypatch.setattr(os, "fsync", lambda fd: (order.append("fsync"), real_fsync(fd)))
+    monkeypatch.setattr(os, "rename", lambda a, b: (order.append("rename"),
+                                                    real_rename(a, b)))
+    s.pwrite(8192, b"b" * 4096)
+    put(tier, s, durable=False)
+    assert order[:2] == ["fsync", "rename"] and tier.statistics().ssd_folds == 1

@@ -174,6 +174,14 @@ class SSDEntry:
     log: Optional[_extentlog.SlotLog] = None
 
     @property
+    def maybe_durable(self) -> bool:
+        """Whether the file may hold a version an fsync made durable: then a
+        write replacing it is fsync'd first.  A slot file with an extent log
+        may, whatever its last record (synced False says only that the last
+        appends wait for an fsync)."""
+        return self.synced is not False or self.log is not None
+
+    @property
     def file_size(self) -> int:
         """The length of the slot's file: the payload alone when bare."""
         if self.log is not None:
@@ -763,7 +771,7 @@ class SSDTier:
         # nobody acknowledged may be lost, never served torn).
         with self.lock:
             old = self.index.get(key)
-        sync_now = durable or (old is not None and old.synced is not False)
+        sync_now = durable or (old is not None and old.maybe_durable)
         try:
             fd = open_private(tmp, os.O_WRONLY | os.O_EXCL)
             try:
@@ -1254,7 +1262,7 @@ class SSDTier:
                 self._check_room(key, bound)
             sdir, final = self._path_of(key)
             tmp = self._tmp_path(sdir, key)
-            sync_now = entry.synced is not False    # (as _write_locked decides)
+            sync_now = entry.maybe_durable          # (as _write_locked decides)
             try:
                 try:
                     src = open_entry(entry)
