@@ -303,8 +303,9 @@ class SSDStats(Record):
     ssd_writes: int = counter("slot files written")
     ssd_writes_unsynced: int = counter("of those, written back without an fsync (no one had "
                                        "acknowledged the version; fsync'd by the next sync)")
-    ssd_write_bytes: int = counter("bytes written to slot files (their holes not) and "
-                                   "extent logs")
+    ssd_write_bytes: int = counter("bytes written to slot files (their holes not; "
+                                   "copies for renames and metadata changes included) "
+                                   "and extent logs")
     ssd_write_errors: int = counter("slot file writes that failed")
     ssd_reads: int = counter("slot files read back into memory")
     ssd_read_bytes: int = counter("bytes read back from slot files")
@@ -1192,6 +1193,7 @@ class SSDTier:
                             self._materialize(entry, src, dst)
                         else:
                             _copy_range(src, dst, entry.size)
+                        copied = min(entry.size, os.fstat(dst).st_blocks * 512)
                         total, bare = self._finish_file(dst, new, entry.version, entry.size,
                                                         entry.crc, stamped)
                         os.fsync(dst)
@@ -1207,6 +1209,7 @@ class SSDTier:
                     # the file and both index entries change together
                     os.rename(tmp, final)
                     self._hook("renamed")
+                    self.write_bytes += copied
                     replaced = self.index.pop(new, None)
                     if replaced is not None and replaced.log is not None:
                         _discard(replaced.log.path)     # (an old log: removed at mount)
@@ -1272,6 +1275,7 @@ class SSDTier:
                     dst = open_private(tmp, os.O_WRONLY | os.O_EXCL)
                     try:
                         self._materialize(entry, src, dst)      # (a log folded in)
+                        copied = min(entry.size, os.fstat(dst).st_blocks * 512)
                         total, bare = self._finish_file(dst, key, entry.version, entry.size,
                                                         entry.crc, stamped)
                         if sync_now:
@@ -1291,6 +1295,7 @@ class SSDTier:
                         self._hook("folded")
                         _discard(entry.log.path)
                         self.folds += 1
+                    self.write_bytes += copied
                     self.index[key] = new
                     self.used_bytes += total - entry.file_bytes
                     self._dirty_dirs.add(sdir)
