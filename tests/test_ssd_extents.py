@@ -567,3 +567,23 @@ def test_a_fold_over_an_unsynced_append_is_fsynced_before_its_rename(tmp_path, t
     s.pwrite(8192, b"b" * 4096)
     put(tier, s, durable=False)
     assert order[:2] == ["fsync", "rename"] and tier.statistics().ssd_folds == 1
+
+
+def test_a_metadata_change_of_a_logged_slot_folds_on_a_passthrough_mount(tmp_path, tier):
+    s = Slot(b"a/s/chown", os.urandom(2 * MiB))
+    put(tier, s)
+    s.pwrite(0, b"a" * 4096)
+    put(tier, s)
+    written = tier.statistics().ssd_write_bytes
+    for uid in range(3):
+        e = tier.rewrite_meta(s.key, {"mode": 0o600, "uid": uid})
+    assert e.log is not None and len(e.log.records) == 4
+    assert tier.statistics().ssd_write_bytes - written < 4096
+    tier.write_bare = True                      # a passthrough mount: the log folds
+    e = tier.rewrite_meta(s.key, {"mode": 0o600, "uid": 9})
+    assert e.log is None and tier.statistics().ssd_folds == 1 and not logs(tmp_path)
+    fd, _entry = tier.open_backing(s.key)
+    os.close(fd)
+    again = rescan(tmp_path)
+    assert again.get(s.key).meta == {"mode": 0o600, "uid": 9}
+    assert content(again, s.key) == bytes(s.data)

@@ -1253,8 +1253,12 @@ class SSDTier:
             if isinstance(entry, _segments.PackedEntry):
                 return self.segs.rewrite_meta(entry, meta)     # a packed slot: a new record
             lg = entry.log
-            if lg is not None and len(lg.records) < _extentlog.LOG_MAX_RECORDS:
-                # a record with no runs: the same version, the new metadata
+            # a slot with a log: a record with no runs (the same version, the
+            # new metadata) rather than a copy of the slot, unless the kernel
+            # reads the files itself (passthrough: a slot with a log is not
+            # handed to it, so the log is folded)
+            if lg is not None and self.write_bare is not True \
+                    and len(lg.records) < _extentlog.LOG_MAX_RECORDS:
                 same = _SameVersion(entry)
                 return self._append_locked(same, entry, meta, entry.synced is not False,
                                            entry.crc, entry.size, [], b"")
