@@ -31,6 +31,20 @@ The baseline: the same bytes as --slots files in one folder on $TMPDIR's
 filesystem, `cat` the same way, once in the page cache (ext4_warm_s) and
 once after dropping it (ext4_cold_s); *_ratio = memosfs time / ext4's.
 
+    memosfs bench ssd --case inplace [--slot-size 64M] [--changes 50] [--json]
+
+A large slot changed in place (--case slots, many small slots, is the
+default): one slot of --slot-size (64 MiB unless given) written and
+fsync'd through a mount, then --changes times a 4 KiB pwrite at a page
+spread over the slot and an fsync.  Prints what reached the SSD after the
+first write-back: ssd_write_bytes (the stat: slot files and extent logs),
+proc_write_bytes (the daemon's /proc/PID/io write_bytes delta), the extent
+log's appends and folds, each over (the slot + the changed bytes)
+(*_ratio); beside the same pwrite+fsync loop on a file in $TMPDIR
+(ext4_write_bytes: this process's /proc/self/io write_bytes delta).  The
+bytes read back through the mount, after an `evict` and after a remount,
+are compared with what was written (content_ok).
+
 May call: memosfs.bench.common (mounts, dropping caches) and the standard
 library.
 """
@@ -66,6 +80,11 @@ def add_parsers(bsub) -> None:
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of each format; each time and CPU figure is the best")
     p.add_argument("--json", action="store_true", help="print JSON only")
+    p.add_argument("--case", choices=("slots", "inplace"), default="slots",
+                   help="slots (default): many small slots; inplace: one large slot "
+                   "changed in place, 4 KiB pwrite + fsync at a time")
+    p.add_argument("--changes", type=int, default=50,
+                   help="--case inplace: the pwrite+fsync changes (default 50)")
     p.set_defaults(fn=cmd_bench_ssd)
 
 
@@ -221,14 +240,119 @@ def bench_ssd(slots: int, size: int, formats: list[str], repeat: int = 1,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _io_write_bytes(pid: object = "self") -> int:
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def bench_inplace(size: int, changes: int, progress=None) -> dict[str, object]:
+    """--case inplace (the module docstring)."""
+    say = progress or (lambda msg: None)
+    page = 4096
+    tmp = tempfile.mkdtemp(prefix="memosfs-bench-inplace-")
+    data = bytearray(os.urandom(size))
+    pages = max(1, size // page)
+    offs = [(i * 7919 % pages) * page for i in range(changes)]
+    pieces = [os.urandom(page) for _ in range(changes)]
+    changed = len(set(offs)) * page
+    out: dict[str, object] = {"bench": "ssd", "case": "inplace", "slot_bytes": size,
+                              "changes": changes, "change_bytes": page,
+                              "changed_bytes": changed}
+    d = None
+    try:
+        say("ext4: the same changes on a file in $TMPDIR")
+        raw = os.path.join(tmp, "raw")
+        with open(raw, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        io0 = _io_write_bytes()
+        fd = os.open(raw, os.O_WRONLY)
+        try:
+            for off, piece in zip(offs, pieces):
+                os.pwrite(fd, piece, off)
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        out["ext4_write_bytes"] = _io_write_bytes() - io0
+        os.unlink(raw)
+        say(f"memosfs: a {size}-byte slot, {changes} x 4 KiB pwrite + fsync")
+        ssd = os.path.join(tmp, "ssd")
+        d = Daemon(os.path.join(tmp, "mnt"), ssd, os.path.join(tmp, "mnt.log"),
+                   {"capacity": max(256 << 20, 2 * size), "warmup_ratio": 0,
+                    "writeback_delay_ms": 3_600_000}, timeout=120, stop_timeout=300)
+        sess = d.p("bench", "ssd")
+        os.makedirs(sess)
+        path = os.path.join(sess, "big")
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        st0 = d.stats()
+        io0 = _io_write_bytes(d.proc.pid)
+        t0 = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            for off, piece in zip(offs, pieces):
+                os.pwrite(fd, piece, off)
+                data[off:off + page] = piece
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        out["changes_s"] = round(time.perf_counter() - t0, 3)
+        st = d.stats()
+        out["first_write_bytes"] = st0.get("ssd_write_bytes", 0)
+        out["ssd_write_bytes"] = st.get("ssd_write_bytes", 0) - out["first_write_bytes"]
+        out["proc_write_bytes"] = _io_write_bytes(d.proc.pid) - io0
+        for k in ("ssd_log_appends", "ssd_folds", "ssd_log_bytes"):
+            out[k] = st.get(k, 0)
+        whole = size + changed
+        out["ssd_write_ratio"] = round((out["first_write_bytes"] + out["ssd_write_bytes"])
+                                       / whole, 4)
+        out["proc_write_ratio"] = round(out["proc_write_bytes"] / whole, 4)
+        out["ssd_write_after_first_ratio"] = round(out["ssd_write_bytes"] / whole, 4)
+        out["ext4_write_ratio"] = round(out["ext4_write_bytes"] / whole, 4)
+        ok = _read(path) == data
+        with open(d.ctl("evict"), "w") as f:
+            f.write("bench/ssd/big\n")
+        ok = ok and _read(path) == data
+        d.stop()
+        d = Daemon(os.path.join(tmp, "mnt"), ssd, os.path.join(tmp, "mnt2.log"),
+                   {"capacity": max(256 << 20, 2 * size), "warmup_ratio": 0},
+                   timeout=120, stop_timeout=300)
+        out["content_ok"] = ok and _read(path) == data
+        return out
+    finally:
+        if d is not None:
+            d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def cmd_bench_ssd(args: argparse.Namespace) -> int:
+    say = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if args.case == "inplace":
+        size = parse_size(args.slot_size) if args.slot_size != "4K" else 64 << 20
+        if size < 4096 or args.changes < 1:
+            print("memosfs bench ssd --case inplace: need --slot-size >= 4K, --changes >= 1",
+                  file=sys.stderr)
+            return 2
+        result = bench_inplace(size, args.changes, progress=say)
+        print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+        return 0
     size = parse_size(args.slot_size)
     formats = [f for f in args.formats.split(",") if f]
     if args.slots < 1 or size < 1 or not formats or any(f not in FORMATS for f in formats):
         print("memosfs bench ssd: need --slots >= 1, --slot-size >= 1, --formats of "
               f"{', '.join(FORMATS)}", file=sys.stderr)
         return 2
-    say = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     result = bench_ssd(args.slots, size, formats, max(1, args.repeat), progress=say)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0

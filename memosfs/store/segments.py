@@ -363,7 +363,7 @@ class SegmentStore:
             old = tier.index.get(key)
         # a slot file that may be durable is unlinked below: the record first
         sync_now = durable or (old is not None and not isinstance(old, PackedEntry)
-                               and old.synced is not False)
+                               and old.maybe_durable)
         seq = self.seq
         head = encode(KIND_SLOT, key, m, seq, ref.version, size, crc)
         try:

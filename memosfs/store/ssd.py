@@ -71,6 +71,14 @@ explicitly whatever the umask; a folder with looser modes (an older memosfs
 made it 0755, its JSON files 0644) is tightened when the tier opens, with a
 WARNING in the log (memosfs/private.py).
 
+A large slot's write-back that changed a few extents of the version its
+file holds (`Ref.changes()`) appends them to the slot's extent log beside
+the file (`<name>.log`, `SSDEntry.log`; memosfs/store/extentlog.py) instead
+of writing a new file; the log is folded (the whole version written as
+above, then the log unlinked) when it grows.  The file is never changed in
+place, so a crash leaves the log ending before the new record or inside it
+(cut at mount): the version before or the new one.
+
 Slots smaller than `ssd_pack_below` are not files but records appended to
 segment files (memosfs/store/segments.py, `self.segs`, PackedEntry in the
 index); the hooks here hand those entries to it.
@@ -86,6 +94,7 @@ that another tier (a shared remote one) can stand beside it.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import itertools
@@ -104,6 +113,7 @@ from typing import Any, Iterable, Optional
 from memosfs import _native
 from memosfs.private import open_private, private_dir, private_makedirs, tighten_tree
 from memosfs.stats import Record, counter, gauge
+from memosfs.store import extentlog as _extentlog
 from memosfs.store.ssdpolicy import STATE_NAME, SSDPolicy
 
 log = logging.getLogger("memosfs.store.ssd")
@@ -159,10 +169,28 @@ class SSDEntry:
     # the file holds the payload alone, its trailer in the XATTR attribute
     # (a passthrough backing file: open_backing); False: the trailer layout
     bare: bool = False
+    # the seq in the file's trailer (0: not known, or a file of an older
+    # memosfs): an extent log names its base file by it
+    fseq: int = 0
+    # the version is the file's (the base) changed by the records of its
+    # extent log (memosfs/store/extentlog.py); None: the file alone.  Then
+    # file_bytes counts the base and the log, and version, size and crc are
+    # the last record's
+    log: Optional[_extentlog.SlotLog] = None
+
+    @property
+    def maybe_durable(self) -> bool:
+        """Whether the file may hold a version an fsync made durable: then a
+        write replacing it is fsync'd first.  A slot file with an extent log
+        may, whatever its last record (synced False says only that the last
+        appends wait for an fsync)."""
+        return self.synced is not False or self.log is not None
 
     @property
     def file_size(self) -> int:
         """The length of the slot's file: the payload alone when bare."""
+        if self.log is not None:
+            return self.log.base[1] if self.log.base_bare else self.log.base_bytes
         return self.size if self.bare else self.file_bytes
 
 
@@ -280,7 +308,9 @@ class SSDStats(Record):
     ssd_writes: int = counter("slot files written")
     ssd_writes_unsynced: int = counter("of those, written back without an fsync (no one had "
                                        "acknowledged the version; fsync'd by the next sync)")
-    ssd_write_bytes: int = counter("bytes written to slot files")
+    ssd_write_bytes: int = counter("bytes written to slot files (their holes not; "
+                                   "copies for renames and metadata changes included) "
+                                   "and extent logs")
     ssd_write_errors: int = counter("slot file writes that failed")
     ssd_reads: int = counter("slot files read back into memory")
     ssd_read_bytes: int = counter("bytes read back from slot files")
@@ -292,6 +322,11 @@ class SSDStats(Record):
     ssd_segment_bytes: int = gauge("bytes of the segment files, dead records included")
     ssd_tombstones: int = counter("tombstone records written (removals of packed slots)")
     ssd_compactions: int = counter("segment files compacted away")
+    ssd_log_appends: int = counter("write-backs appended to a slot's extent log (the changed "
+                                   "extents only) instead of a whole slot file")
+    ssd_log_bytes: int = gauge("bytes of the slots' extent logs (within ssd_bytes)")
+    ssd_logs: int = gauge("slots whose file has an extent log")
+    ssd_folds: int = counter("extent logs folded: the slot written whole, the log removed")
 
 
 class SSDTier:
@@ -345,12 +380,15 @@ class SSDTier:
         # open_backing: files whose payload was checked, by (st_dev, st_ino,
         # version, size, mtime_ns, crc), least recent first (lock)
         self._verified: OrderedDict[tuple[int, ...], None] = OrderedDict()
+        self.log_appends = 0                    # records appended to extent logs
+        self.folds = 0                          # extent logs folded away
 
     # ---- mount ----
 
     def scan(self) -> list[SSDEntry]:
         """Rebuild the index from the files; returns the entries found."""
         found: dict[bytes, SSDEntry] = {}
+        logs: list[str] = []                    # extent logs, read after their slot files
         for name in os.listdir(self.root):
             if name.endswith(".tmp"):           # a metadata file a crash cut short
                 _discard(os.path.join(self.root, name))
@@ -362,6 +400,9 @@ class SSDTier:
                 path = os.path.join(sdir, name)
                 if name.startswith("."):
                     os.unlink(path)                 # a write a crash cut short
+                    continue
+                if name.endswith(".log"):
+                    logs.append(path)
                     continue
                 try:
                     fd = os.open(path, os.O_RDONLY)
@@ -377,9 +418,14 @@ class SSDTier:
                 except OSError as e:
                     log.error("ssd: cannot read %s: %s", path, e)
                     continue
+                entry.fseq = _int(entry.meta.get("seq", 0))
                 found[entry.key] = entry
+        with_log = self._attach_logs(found, logs)
         self.segs.scan(found)                   # packed slots; newest of each key wins
         self._complete_renames(found)
+        for entry in with_log:                  # a slot file a record replaced: its log too
+            if found.get(entry.key) is not entry:
+                _discard(entry.log.path)
         with self.lock:
             self.index = found
             self.used_bytes = sum(e.file_bytes for e in found.values())
@@ -417,8 +463,90 @@ class SSDTier:
             except OSError as e:
                 log.error("ssd: cannot remove %s (%s)", src.path, e)
                 continue
+            if src.log is not None:
+                _discard(src.log.path)
             del found[src.key]
             self._dirty_dirs.add(os.path.dirname(src.path))
+
+    def _attach_logs(self, found: dict[bytes, SSDEntry], logs: list[str]) -> list[SSDEntry]:
+        """At mount: each extent log with its slot file (found entries change
+        to the version the log's records make); a log without its slot file,
+        or an old one (its records name another base file or version: a crash
+        between a fold's rename and the log's unlink), is removed; a torn tail
+        (an append a crash cut short) is cut off; a record that fails its
+        checks is copied into corrupt/ (ssd_corrupt) and cut off with all that
+        follows, so the slot is the version before it.  Returns the entries
+        with a log."""
+        by_path = {e.path: e for e in found.values()}
+        out = []
+        for lpath in logs:
+            base = by_path.get(lpath[:-4] + ".slot")
+            if base is None or not base.fseq:
+                log.info("ssd: %s: an extent log without its slot file; removed", lpath)
+                _discard(lpath)
+                self._dirty_dirs.add(os.path.dirname(lpath))
+                continue
+            try:
+                entry = self._read_log(base, lpath)
+            except OSError as e:
+                log.error("ssd: cannot read %s (%s); the slot is its file alone", lpath, e)
+                continue
+            if entry is not base:
+                found[entry.key] = entry
+                out.append(entry)
+        return out
+
+    def _read_log(self, base: SSDEntry, lpath: str) -> SSDEntry:
+        """base's entry with the records of its log (see _attach_logs)."""
+        fd = os.open(lpath, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            with os.fdopen(os.dup(fd), "rb") as f:
+                buf = f.read()
+            recs, end, bad = _extentlog.scan_log(buf, base.fseq,
+                                                 (base.version, base.size, base.crc))
+            if recs is None:
+                log.info("ssd: %s: an old extent log (its records are not of the slot "
+                         "file beside it: a fold a crash interrupted); removed", lpath)
+                recs, end = [], 0
+            elif bad is not None and bad.torn:
+                log.info("ssd: %s: %d bytes at its end are not a whole record (an append "
+                         "a crash cut short): %s; cut off", lpath, len(buf) - end, bad)
+            elif bad is not None:
+                self._set_aside_bytes(f"{os.path.basename(lpath)}@{end}", buf[end:],
+                                      f"{lpath}@{end}: {bad} (the slot is the version "
+                                      f"before it)")
+            if not recs:
+                _discard(lpath)
+                self._dirty_dirs.add(os.path.dirname(lpath))
+                return base
+            if end < len(buf):
+                os.ftruncate(fd, end)
+        finally:
+            os.close(fd)
+        last = recs[-1]
+        meta = dict(last.meta)
+        slog = _extentlog.SlotLog(lpath, st.st_ino, end, (base.version, base.size, base.crc),
+                                  base.fseq, base.file_bytes, base.bare, tuple(recs))
+        return SSDEntry(base.key, last.version, last.size, last.crc, base.path,
+                        base.file_bytes + end, meta, ino=base.ino, bare=base.bare,
+                        fseq=base.fseq, log=slog)
+
+    def _set_aside_bytes(self, name: str, data: bytes, why: str) -> None:
+        """Copy bytes that failed their checks into corrupt/name (counted once:
+        a copy already there is not counted again)."""
+        dest = os.path.join(self.corrupt_dir, name)
+        log.error("ssd: corrupt bytes set aside: %s", why)
+        if os.path.exists(dest):
+            return
+        with self.lock:
+            self.corrupt += 1
+        try:
+            private_dir(self.corrupt_dir)
+            with open(open_private(dest, os.O_WRONLY | os.O_EXCL), "wb") as f:
+                f.write(data)
+        except OSError as e:
+            log.error("ssd: cannot copy them into %s (%s)", dest, e)
 
     def _set_aside(self, path: str, why: str) -> None:
         """Move a file that failed its checks into corrupt/ (counted once per
@@ -469,7 +597,160 @@ class SSDTier:
             if not ref.live or ref.key != key \
                     or (current is not None and current.version > ref.version):
                 return None
+            plan = self._log_plan(ref, current)
+            if plan is not None:
+                return self._append_locked(ref, current, meta, durable, crc, *plan)
             return self._write_locked(ref, key, meta, durable, crc)
+
+    # ---- extent logs (memosfs/store/extentlog.py) ----
+
+    def _log_plan(self, ref: "_native.Ref", current: Optional[SSDEntry]
+                  ) -> Optional[tuple[int, list[tuple[int, int]]]]:
+        """(cut, runs) when ref's version is best written back as a record
+        appended to current's extent log: the C core knows how it differs
+        from the version the tier holds (Ref.changes), that version is a slot
+        file of this daemon's (not packed, its seq known), the new version is
+        not packed either, and the changed bytes and the log stay small
+        (extentlog.LOG_*).  None: write it whole (folding a log away)."""
+        changes = getattr(ref, "changes", None)
+        if changes is None or current is None or isinstance(current, _segments.PackedEntry) \
+                or not current.fseq or self.segs.packs(ref.size):
+            return None
+        ch = changes()
+        if ch is None:
+            return None
+        base_version, base_size, cut, runs = ch
+        if (current.version, current.size) != (base_version, base_size):
+            return None
+        runs = [(int(o), int(n)) for o, n in runs if n > 0]
+        changed = sum(n for _o, n in runs)
+        if changed > ref.size * _extentlog.LOG_RUN_SHARE:
+            return None
+        lg = current.log
+        grown = (lg.length if lg else _extentlog.LOG_HEAD) + _extentlog.REC_HEAD \
+            + 16 * len(runs) + changed
+        if (lg is not None and len(lg.records) >= _extentlog.LOG_MAX_RECORDS) \
+                or grown > ref.size * _extentlog.LOG_FOLD_SHARE:
+            return None
+        return cut, runs
+
+    def _append_locked(self, ref: Any, current: SSDEntry, meta: dict[str, Any],
+                       durable: bool, crc: int, cut: int, runs: list[tuple[int, int]],
+                       payload: Optional[bytes] = None) -> SSDEntry:
+        """Append a record making ref's version (ref.version, ref.size, crc:
+        current's bytes cut to `cut`, zeros to ref.size, then `runs` of ref)
+        to current's extent log, creating the log if current has none
+        (writer lock held).  The slot file is not touched: a crash leaves the
+        log ending before the record, or inside it (cut off at mount), so the
+        key has current's version or the new one.  durable: the log (and the
+        slot file, if it may not be yet) fsync'd before this returns."""
+        key = current.key
+        if payload is None:
+            payload = b"".join(ref.read(o, n) for o, n in runs)
+        if len(payload) != sum(n for _o, n in runs):
+            raise OSError(errno.EIO, f"short read of {key!r}")
+        stamped = self.segs.stamp(meta)
+        lg = current.log
+        rec = _extentlog.encode(current.fseq, (current.version, current.size, current.crc),
+                                ref.version, ref.size, crc, cut, runs, payload, stamped)
+        fresh = lg is None
+        lpath = _extentlog.log_path_of(current.path)
+        start = lg.length if lg else 0
+        data = (_extentlog.header() if fresh else b"") + rec
+        self._check_room(key, current.file_bytes + len(data))
+        sdir = os.path.dirname(current.path)
+        try:
+            if fresh:
+                _discard(lpath)                 # (a leftover no entry names)
+                fd = open_private(lpath, os.O_WRONLY | os.O_EXCL)
+            else:
+                fd = os.open(lpath, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                if not fresh and os.fstat(fd).st_ino != lg.ino:
+                    raise OSError(errno.ESTALE, f"{lpath}: not the log the index names")
+                try:
+                    _pwrite_all(fd, data, start)
+                    self._hook("appended")
+                    if durable:
+                        os.fsync(fd)
+                        if current.synced is not True:
+                            self._fsync_path(current.path)
+                except BaseException:
+                    try:                        # take the append back
+                        if fresh:
+                            _discard(lpath)
+                        else:
+                            os.ftruncate(fd, start)
+                    except OSError as e:
+                        log.error("ssd: cannot take back a failed append to %s (%s)",
+                                  lpath, e)
+                    raise
+                ino = os.fstat(fd).st_ino
+            finally:
+                os.close(fd)
+        except OSError as e:
+            with self.lock:
+                self.write_errors += 1
+            if e.errno is None:
+                raise
+            said = self.disk_trouble(e.errno)
+            self.trouble = said
+            raise OSError(e.errno, said) from e
+        self.trouble = None
+        off = start + (_extentlog.LOG_HEAD if fresh else 0)
+        r = _extentlog.parse(rec, 0, check_payload=False)
+        r = dataclasses.replace(r, off=off, data_off=off + r.data_off)
+        slog = _extentlog.SlotLog(
+            lpath, ino, off + len(rec),
+            lg.base if lg else (current.version, current.size, current.crc), current.fseq,
+            lg.base_bytes if lg else current.file_bytes, current.bare,
+            (lg.records if lg else ()) + (r,))
+        synced = durable
+        entry = SSDEntry(key, ref.version, ref.size, crc, current.path,
+                         current.file_bytes + len(data), dict(meta), synced=synced,
+                         ino=current.ino, bare=current.bare, fseq=current.fseq, log=slog)
+        with self.lock:
+            self.index[key] = entry
+            self.used_bytes += len(data)
+            self.policy.written(key)
+            self.writes += 1
+            self.write_bytes += len(data)
+            self.log_appends += 1
+            if synced:
+                self._unsynced.pop(key, None)
+            else:
+                self._unsynced[key] = entry
+                self.unsynced_writes += 1
+        if fresh:
+            if durable:
+                _fsync_dir(sdir)
+            else:
+                with self.lock:
+                    self._dirty_dirs.add(sdir)
+        return entry
+
+    def _fsync_path(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _materialize(self, entry: SSDEntry, src: int, dst: int) -> None:
+        """entry's version into dst at offset 0 (holes kept), from its slot
+        file (src) and its extent log; dst is entry.size long afterwards."""
+        lg = entry.log
+        if lg is None:
+            _copy_sparse(src, dst, entry.size)
+            return
+        lfd = _open_log(lg)
+        try:
+            for s, e, where, so in lg.extents():
+                if where != _extentlog.ZERO:
+                    _copy_between(src if where == _extentlog.BASE else lfd, dst, so, s, e - s)
+        finally:
+            os.close(lfd)
+        os.ftruncate(dst, entry.size)
 
     def _write_locked(self, ref: "_native.Ref", key: bytes, meta: dict[str, Any],
                       durable: bool, crc: Optional[int] = None) -> SSDEntry:
@@ -496,14 +777,17 @@ class SSDTier:
         # nobody acknowledged may be lost, never served torn).
         with self.lock:
             old = self.index.get(key)
-        sync_now = durable or (old is not None and old.synced is not False)
+        sync_now = durable or (old is not None and old.maybe_durable)
         try:
             fd = open_private(tmp, os.O_WRONLY | os.O_EXCL)
             try:
+                data_bytes = 0
                 if size:
                     written = ref.write_to_fd(fd, sparse=True)   # holes stay holes
                     if written != size:
                         raise OSError(errno.EIO, f"short write ({written} of {size})")
+                    # what was written: the payload's bytes, its holes not
+                    data_bytes = min(size, os.fstat(fd).st_blocks * 512)
                 total, bare = self._finish_file(fd, key, ref.version, size, crc, stamped)
                 if sync_now:
                     os.fsync(fd)
@@ -511,18 +795,24 @@ class SSDTier:
             finally:
                 os.close(fd)
             entry = SSDEntry(key, ref.version, size, crc, final, total, dict(meta),
-                             synced=sync_now, ino=ino, bare=bare)
+                             synced=sync_now, ino=ino, bare=bare, fseq=stamped["seq"])
             with self.lock:
                 # the file and the index entry change together (see the
                 # module docstring: a reader never pairs one with the other's)
                 os.rename(tmp, final)
                 self._hook("renamed")
                 old = self.index.get(key)
+                if old is not None and old.log is not None:
+                    # the fold: the log goes once the whole version is in place
+                    # (a crash before leaves an old log, removed at mount)
+                    self._hook("folded")
+                    _discard(old.log.path)
+                    self.folds += 1
                 self.used_bytes += total - (old.file_bytes if old else 0)
                 self.index[key] = entry
                 self.policy.written(key)
                 self.writes += 1
-                self.write_bytes += size
+                self.write_bytes += data_bytes
                 if sync_now:
                     self._unsynced.pop(key, None)
                 else:
@@ -711,7 +1001,9 @@ class SSDTier:
         try:
             if os.fstat(fd).st_size != entry.file_size:
                 raise CorruptSlot(f"{entry.path}: size changed on disk")
-            if entry.size:
+            if entry.log is not None:
+                _load_logged(entry, fd, draft)
+            elif entry.size:
                 # MAP_POPULATE reads the file in with full readahead up front,
                 # far faster than faulting it in page by page from a cold cache
                 with mmap.mmap(fd, entry.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
@@ -739,6 +1031,17 @@ class SSDTier:
             pass
         finally:
             os.close(fd)
+        if entry.log is not None:
+            try:
+                lfd = os.open(entry.log.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return
+            try:
+                os.posix_fadvise(lfd, 0, entry.log.length, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(lfd)
 
     def open_backing(self, key: bytes) -> Optional[tuple[int, SSDEntry]]:
         """For the FUSE passthrough reader: (an O_RDONLY descriptor, the
@@ -760,7 +1063,8 @@ class SSDTier:
         the file directly afterwards, unchecked: docs/ssd-format.md."""
         for _ in range(3):
             entry = self.get(key)
-            if entry is None or isinstance(entry, _segments.PackedEntry) or not entry.bare:
+            if entry is None or isinstance(entry, _segments.PackedEntry) or not entry.bare \
+                    or entry.log is not None:   # (its file alone is an older version)
                 return None
             try:
                 fd = open_entry(entry)
@@ -807,6 +1111,8 @@ class SSDTier:
             with self.lock:
                 if self.index.get(entry.key) is not entry:
                     return False
+            if entry.log is not None:
+                return self._report_corrupt_logged(entry, why)
             try:
                 fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
@@ -842,6 +1148,35 @@ class SSDTier:
             self._forget(entry)
             self._set_aside(entry.path, why)
             return True
+
+    def _report_corrupt_logged(self, entry: SSDEntry, why: str) -> bool:
+        """report_corrupt of a version with an extent log (writer lock held,
+        the index still points at entry): its slot file and log are read
+        again, by the base's trailer, the records and the whole version's
+        crc32c; if they fail, both are set aside."""
+        try:
+            try:
+                fd = open_entry(entry)
+            except StaleEntry:
+                log.error("ssd: %s: the file of %r vanished (%s)", entry.path, entry.key, why)
+                self._forget(entry)
+                return False
+            try:
+                _check_logged(entry, fd)
+            finally:
+                os.close(fd)
+            log.warning("ssd: %s checks out when read again (%s before)", entry.path, why)
+            return False
+        except (CorruptSlot, OSError) as e:
+            why = str(e)
+        self._forget(entry)
+        self._set_aside(entry.path, why)
+        try:
+            os.replace(entry.log.path, os.path.join(self.corrupt_dir,
+                                                    os.path.basename(entry.log.path)))
+        except OSError:
+            _discard(entry.log.path)
+        return True
 
     def _forget(self, entry: SSDEntry) -> None:
         with self.lock:
@@ -879,6 +1214,12 @@ class SSDTier:
             os.unlink(path)
         except FileNotFoundError:
             return
+        finally:
+            # its extent log, if any, after it (a crash between leaves a log
+            # without its file: removed at mount)
+            lpath = _extentlog.log_path_of(path) if path.endswith(".slot") else ""
+            if lpath and os.path.lexists(lpath):
+                _discard(lpath)
         with self.lock:
             self._dirty_dirs.add(os.path.dirname(path))
 
@@ -922,7 +1263,11 @@ class SSDTier:
                 try:
                     dst = open_private(tmp, os.O_WRONLY | os.O_EXCL)
                     try:
-                        _copy_range(src, dst, entry.size)
+                        if entry.log is not None:     # the log folded into the copy
+                            self._materialize(entry, src, dst)
+                        else:
+                            _copy_range(src, dst, entry.size)
+                        copied = min(entry.size, os.fstat(dst).st_blocks * 512)
                         total, bare = self._finish_file(dst, new, entry.version, entry.size,
                                                         entry.crc, stamped)
                         os.fsync(dst)
@@ -932,12 +1277,17 @@ class SSDTier:
                 finally:
                     os.close(src)
                 moved = SSDEntry(new, entry.version, entry.size, entry.crc, final, total,
-                                 dict(meta), synced=True, ino=ino, bare=bare)
+                                 dict(meta), synced=True, ino=ino, bare=bare,
+                                 fseq=stamped["seq"])
                 with self.lock:
                     # the file and both index entries change together
                     os.rename(tmp, final)
                     self._hook("renamed")
+                    self.write_bytes += copied
                     replaced = self.index.pop(new, None)
+                    if replaced is not None and replaced.log is not None:
+                        _discard(replaced.log.path)     # (an old log: removed at mount)
+                        self._dirty_dirs.add(sdir)
                     if replaced is not None:
                         self.used_bytes -= replaced.file_bytes
                         self._unsynced.pop(new, None)
@@ -976,6 +1326,16 @@ class SSDTier:
                 return entry
             if isinstance(entry, _segments.PackedEntry):
                 return self.segs.rewrite_meta(entry, meta)     # a packed slot: a new record
+            lg = entry.log
+            # a slot with a log: a record with no runs (the same version, the
+            # new metadata) rather than a copy of the slot, unless the kernel
+            # reads the files itself (passthrough: a slot with a log is not
+            # handed to it, so the log is folded)
+            if lg is not None and self.write_bare is not True \
+                    and len(lg.records) < _extentlog.LOG_MAX_RECORDS:
+                same = _SameVersion(entry)
+                return self._append_locked(same, entry, meta, entry.synced is not False,
+                                           entry.crc, entry.size, [], b"")
             # (a seq newer than any packed record of the key: segments.py)
             stamped = self.segs.stamp(meta)
             bound = entry.size + _trailer_bound(key, stamped)
@@ -983,7 +1343,7 @@ class SSDTier:
                 self._check_room(key, bound)
             sdir, final = self._path_of(key)
             tmp = self._tmp_path(sdir, key)
-            sync_now = entry.synced is not False    # (as _write_locked decides)
+            sync_now = entry.maybe_durable          # (as _write_locked decides)
             try:
                 try:
                     src = open_entry(entry)
@@ -992,7 +1352,8 @@ class SSDTier:
                 try:
                     dst = open_private(tmp, os.O_WRONLY | os.O_EXCL)
                     try:
-                        _copy_sparse(src, dst, entry.size)
+                        self._materialize(entry, src, dst)      # (a log folded in)
+                        copied = min(entry.size, os.fstat(dst).st_blocks * 512)
                         total, bare = self._finish_file(dst, key, entry.version, entry.size,
                                                         entry.crc, stamped)
                         if sync_now:
@@ -1003,10 +1364,16 @@ class SSDTier:
                 finally:
                     os.close(src)
                 new = SSDEntry(key, entry.version, entry.size, entry.crc, final, total,
-                               dict(meta), synced=sync_now, ino=ino, bare=bare)
+                               dict(meta), synced=sync_now, ino=ino, bare=bare,
+                               fseq=stamped["seq"])
                 with self.lock:
                     os.rename(tmp, final)
                     self._hook("renamed")
+                    if entry.log is not None:
+                        self._hook("folded")
+                        _discard(entry.log.path)
+                        self.folds += 1
+                    self.write_bytes += copied
                     self.index[key] = new
                     self.used_bytes += total - entry.file_bytes
                     self._dirty_dirs.add(sdir)
@@ -1036,7 +1403,7 @@ class SSDTier:
                 sdir = os.path.join(self.slots_dir, shard)
                 if os.path.isdir(sdir):
                     files |= {os.path.join(sdir, n) for n in os.listdir(sdir)
-                              if n.endswith(".slot")}
+                              if n.endswith((".slot", ".log"))}
             self.segs.check(index)
             for key, e in index.items():
                 assert e.key == key, f"ssd: entry of {key!r} says {e.key!r}"
@@ -1049,6 +1416,9 @@ class SSDTier:
                         from None
                 try:
                     found = read_trailer(fd, e.path)
+                    if e.log is not None:
+                        found = _check_log_file(e, found)
+                        files.discard(e.log.path)
                 except CorruptSlot as c:
                     raise AssertionError(f"ssd: {key!r}: {c}") from None
                 finally:
@@ -1060,7 +1430,7 @@ class SSDTier:
                     f"ssd: {key!r}: the file says version {found.version} of {found.key!r}, " \
                     f"the index version {e.version}"
                 files.discard(e.path)
-            assert not files, f"ssd: slot files no entry names: {sorted(files)[:5]}"
+            assert not files, f"ssd: slot files or logs no entry names: {sorted(files)[:5]}"
             assert used == sum(e.file_bytes for e in index.values()), \
                 f"ssd: used_bytes {used}, the entries {sum(e.file_bytes for e in index.values())}"
             tracked = set(self.policy.keys())
@@ -1094,6 +1464,11 @@ class SSDTier:
             os.fsync(fd)
         finally:
             os.close(fd)
+        if entry.log is not None:               # the records appended since
+            try:
+                self._fsync_path(entry.log.path)
+            except FileNotFoundError:
+                return                          # folded or removed meanwhile
         entry.synced = True
 
     def sync(self) -> None:
@@ -1171,6 +1546,10 @@ class SSDTier:
                 ssd_capacity=self.capacity, ssd_corrupt=self.corrupt, ssd_writes=self.writes, ssd_writes_unsynced=self.unsynced_writes,
                 ssd_write_bytes=self.write_bytes, ssd_write_errors=self.write_errors,
                 ssd_reads=self.reads, ssd_read_bytes=self.read_bytes,
+                ssd_log_appends=self.log_appends, ssd_folds=self.folds,
+                ssd_logs=sum(1 for e in self.index.values() if e.log is not None),
+                ssd_log_bytes=sum(e.log.length for e in self.index.values()
+                                  if e.log is not None),
                 **self.segs.stats(self.index))
 
     # ---- the eviction order (ssdpolicy.py) ----
@@ -1256,13 +1635,23 @@ class SSDReader:
         self.size = entry.size
         self.stored = entry.file_bytes
         self._data: Optional[bytes] = None
+        self._lfd: Optional[int] = None
+        self._ext: Optional[list] = None
         if isinstance(entry, _segments.PackedEntry):    # small: its checked bytes
             self._data = _segments.read_checked(entry)
             self._fd: Optional[int] = None
             return
         self._fd = open_entry(entry)     # StaleEntry: look again
         try:
-            _check_payload(self._fd, entry)
+            if entry.log is not None:       # the file and its extent log
+                self._lfd = _open_log(entry.log)
+                self._ext = entry.log.extents()
+                if _extentlog.crc_extents(self._ext, self._fd, self._lfd,
+                                          entry.size) != entry.crc:
+                    raise CorruptSlot(f"{entry.path}: payload checksum mismatch (with "
+                                      f"its extent log)")
+            else:
+                _check_payload(self._fd, entry)
         except BaseException:
             self.release()
             raise
@@ -1273,13 +1662,20 @@ class SSDReader:
         if self._fd is None:
             raise ValueError("reference was released")
         n = max(0, min(n, self.size - off))
-        return os.pread(self._fd, n, off) if n else b""
+        if not n:
+            return b""
+        if self._ext is not None:
+            return _extentlog.read_extents(self._ext, self._fd, self._lfd, off, n)
+        return os.pread(self._fd, n, off)
 
     def release(self) -> None:
         self._data = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._lfd is not None:
+            os.close(self._lfd)
+            self._lfd = None
 
 
 class _FileVersion:
@@ -1313,6 +1709,119 @@ def _check_payload(fd: int, entry: SSDEntry) -> None:
         off += len(chunk)
     if off != entry.size or crc != entry.crc:
         raise CorruptSlot(f"{entry.path}: payload checksum mismatch")
+
+
+class _SameVersion:
+    """A record of entry's very version (rewrite_meta appends one, runs
+    none, to give a logged version new metadata)."""
+
+    def __init__(self, entry: SSDEntry) -> None:
+        self.version, self.size = entry.version, entry.size
+
+
+def _int(v: Any) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _open_log(lg: "_extentlog.SlotLog") -> int:
+    """A read-only descriptor of the log an entry names (StaleEntry: folded,
+    removed or replaced since; CorruptSlot: shorter than its records)."""
+    try:
+        fd = os.open(lg.path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise StaleEntry(f"{lg.path}: gone") from None
+    st = os.fstat(fd)
+    if st.st_ino != lg.ino:
+        os.close(fd)
+        raise StaleEntry(f"{lg.path}: replaced by another log")
+    if st.st_size < lg.length:
+        os.close(fd)
+        raise CorruptSlot(f"{lg.path}: shorter than its records ({st.st_size} of "
+                          f"{lg.length} bytes)")
+    return fd
+
+
+def _load_logged(entry: SSDEntry, fd: int, draft: "_native.Draft") -> None:
+    """load_into of a version with an extent log: the slot file's bytes and
+    the records' runs into the draft, by the version's extents."""
+    lg = entry.log
+    lfd = _open_log(lg)
+    try:
+        draft.truncate(entry.size)
+        mm = None
+        if lg.base[1]:
+            mm = mmap.mmap(fd, lg.base[1], flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                           prot=mmap.PROT_READ)
+        try:
+            for s, e, where, so in lg.extents():
+                if where == _extentlog.BASE:
+                    with memoryview(mm) as mv:
+                        draft.write(s, mv[so:so + (e - s)])
+                elif where == _extentlog.LOG:
+                    data = os.pread(lfd, e - s, so)
+                    if len(data) != e - s:
+                        raise CorruptSlot(f"{lg.path}: short read")
+                    draft.write(s, data)
+        finally:
+            if mm is not None:
+                mm.close()
+    finally:
+        os.close(lfd)
+
+
+def _check_log_file(entry: SSDEntry, base: SSDEntry) -> SSDEntry:
+    """check(): entry's slot file (base, its trailer read) and log agree with
+    the entry; returns what they describe, as an entry to compare."""
+    lg = entry.log
+    if (base.version, base.size, base.crc, base.file_bytes) != \
+            (*lg.base, lg.base_bytes):
+        raise CorruptSlot(f"{entry.path}: the file is version {base.version}, its log "
+                          f"applies to {lg.base[0]}")
+    with open(lg.path, "rb") as f:
+        buf = f.read(lg.length)
+    recs, end, bad = _extentlog.scan_log(buf, lg.base_seq, lg.base)
+    if recs is None or bad is not None or end != lg.length or tuple(recs) != lg.records:
+        raise CorruptSlot(f"{lg.path}: its records are not the index's ({bad})")
+    last = recs[-1]
+    return SSDEntry(base.key, last.version, last.size, last.crc, base.path,
+                    base.file_bytes + end, ino=base.ino, bare=base.bare)
+
+
+def _check_logged(entry: SSDEntry, fd: int) -> None:
+    """CorruptSlot unless entry's file and log check out whole: the file's
+    trailer, the records and the whole version's crc32c."""
+    base = read_trailer(fd, entry.path)
+    _check_log_file(entry, base)
+    lfd = _open_log(entry.log)
+    try:
+        if _extentlog.crc_extents(entry.log.extents(), fd, lfd, entry.size) != entry.crc:
+            raise CorruptSlot(f"{entry.path}: payload checksum mismatch (with its "
+                              f"extent log)")
+    finally:
+        os.close(lfd)
+
+
+def _copy_between(src: int, dst: int, src_off: int, dst_off: int, n: int) -> None:
+    """Bytes [src_off, src_off+n) of src to dst at dst_off."""
+    while n > 0:
+        try:
+            done = os.copy_file_range(src, dst, n, src_off, dst_off)
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            done = 0
+        if done == 0:
+            chunk = os.pread(src, min(n, 1 << 20), src_off)
+            if not chunk:
+                raise OSError(errno.EIO, "source file shorter than its index entry says")
+            _pwrite_all(dst, chunk, dst_off)
+            done = len(chunk)
+        src_off += done
+        dst_off += done
+        n -= done
 
 
 def _verify_payload(fd: int, entry: SSDEntry) -> None:
