@@ -245,3 +245,31 @@ def test_a_spill_under_the_writeback_cache(make_mount):
         f.write(want)
     assert (d / "wb").read_bytes() == want
     assert m.stats()["spill_publishes"] == 1
+
+
+def test_a_spilled_rewrite_of_a_slot_with_an_extent_log_replaces_it_and_its_log(make_mount):
+    """A large slot changed in place has an extent log beside its file; a
+    whole rewrite larger than memory spills, and its publish puts a new file
+    in place: the log goes with the version it belonged to, and after a
+    remount the name reads the spilled version."""
+    m, d = _mount(make_mount, capacity="16M")
+    first = _pattern(3, 8 * MiB)
+    (d / "big").write_bytes(first)
+    fd = os.open(d / "big", os.O_WRONLY)
+    try:
+        os.fsync(fd)                            # written whole
+        os.pwrite(fd, b"x" * 4096, 4 * MiB)
+        os.fsync(fd)                            # a record of the log
+    finally:
+        os.close(fd)
+    assert m.stats()["ssd_log_appends"] >= 1
+    logs = [p for p in Path(m.ssd, "slots").rglob("*.log")]
+    assert logs
+    second = _pattern(4, 24 * MiB)              # more than the memory tier
+    with open(d / "big", "wb") as f:
+        f.write(second)
+    assert m.stats()["spill_publishes"] >= 1
+    assert not [p for p in Path(m.ssd, "slots").rglob("*.log")]
+    m.stop()
+    m2 = make_mount(ssd=str(m.ssd), capacity="16M")
+    assert (m2.p("a", "s", "big")).read_bytes() == second

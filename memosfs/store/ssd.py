@@ -857,7 +857,7 @@ class SSDTier:
             sdir, final = self._path_of(key)
             with self.lock:
                 old = self.index.get(key)
-            sync_now = durable or (old is not None and old.synced is not False)
+            sync_now = durable or (old is not None and old.maybe_durable)
             try:
                 self._shard_dir(sdir)
                 try:
@@ -866,11 +866,16 @@ class SSDTier:
                         os.fsync(fd)
                     ino = os.fstat(fd).st_ino
                     entry = SSDEntry(key, version, size, crc, final, total, dict(meta),
-                                     synced=sync_now, ino=ino, bare=bare)
+                                     synced=sync_now, ino=ino, bare=bare,
+                                     fseq=stamped["seq"])
                     with self.lock:
                         os.rename(path, final)
                         self._hook("renamed")
                         old = self.index.get(key)
+                        if old is not None and old.log is not None:
+                            # the log of the version this replaces (a crash
+                            # before leaves an old log, removed at mount)
+                            _discard(old.log.path)
                         self.used_bytes += total - (old.file_bytes if old else 0)
                         self.index[key] = entry
                         self.policy.written(key)
