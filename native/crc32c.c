@@ -224,3 +224,53 @@ uint32_t memos_crc32c(uint32_t crc, const void *buf, size_t n)
     tables_ready();
     return have_hw ? crc32c_hw(crc, buf, n) : crc32c_sw(crc, buf, n);
 }
+
+/* ---- zeros ---- */
+
+/* The CRC register is linear over GF(2) in zero input: one zero bit maps
+ * reg to (reg >> 1) ^ (reg & 1 ? POLY : 0).  A matrix of 32 columns (the
+ * images of the basis vectors) applies it; squaring doubles the bits, so n
+ * zero bytes cost O(log n) squarings (the technique of zlib's
+ * crc32_combine). */
+static uint32_t gf2_times(const uint32_t *mat, uint32_t vec)
+{
+    uint32_t sum = 0;
+    for (int i = 0; vec; i++, vec >>= 1)
+        if (vec & 1)
+            sum ^= mat[i];
+    return sum;
+}
+
+static void gf2_square(uint32_t *sq, const uint32_t *mat)
+{
+    for (int i = 0; i < 32; i++)
+        sq[i] = gf2_times(mat, mat[i]);
+}
+
+uint32_t memos_crc32c_zeros(uint32_t crc, uint64_t n)
+{
+    if (n == 0)
+        return crc;
+    uint32_t odd[32], even[32];
+    odd[0] = 0x82F63B78u;                   /* one zero bit */
+    for (int i = 1; i < 32; i++)
+        odd[i] = 1u << (i - 1);
+    gf2_square(even, odd);                  /* two */
+    gf2_square(odd, even);                  /* four */
+    uint32_t reg = ~crc;
+    for (;;) {
+        gf2_square(even, odd);              /* 8, 32, 128, ... bits */
+        if (n & 1)
+            reg = gf2_times(even, reg);
+        n >>= 1;
+        if (!n)
+            break;
+        gf2_square(odd, even);              /* 16, 64, ... bits */
+        if (n & 1)
+            reg = gf2_times(odd, reg);
+        n >>= 1;
+        if (!n)
+            break;
+    }
+    return ~reg;
+}

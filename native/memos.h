@@ -270,6 +270,8 @@ int      memos_entry_changes(memos_cache *c, const memos_entry *e, memos_changes
  * followed by b; memos_crc32c(0, "123456789", 9) == 0xE3069283.  Uses the
  * SSE4.2 crc32 instruction when the CPU has it.  Thread-safe, no lock. */
 uint32_t memos_crc32c(uint32_t crc, const void *buf, size_t n);
+/* memos_crc32c of n zero bytes after `crc`, in O(log n) (a file's holes). */
+uint32_t memos_crc32c_zeros(uint32_t crc, uint64_t n);
 
 /* ---- testing ---- */
 

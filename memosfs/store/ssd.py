@@ -864,7 +864,9 @@ class SSDTier:
                     total, bare = self._finish_file(fd, key, version, size, crc, stamped)
                     if sync_now:
                         os.fsync(fd)
-                    ino = os.fstat(fd).st_ino
+                    st = os.fstat(fd)
+                    ino = st.st_ino
+                    written = min(size, st.st_blocks * 512)     # (its holes: none)
                     entry = SSDEntry(key, version, size, crc, final, total, dict(meta),
                                      synced=sync_now, ino=ino, bare=bare,
                                      fseq=stamped["seq"])
@@ -880,7 +882,7 @@ class SSDTier:
                         self.index[key] = entry
                         self.policy.written(key)
                         self.writes += 1
-                        self.write_bytes += size
+                        self.write_bytes += written
                         if sync_now:
                             self._unsynced.pop(key, None)
                         else:
@@ -1705,14 +1707,14 @@ class SSDFull(OSError):
 
 def _check_payload(fd: int, entry: SSDEntry) -> None:
     """CorruptSlot unless the first entry.size bytes of fd have entry's crc32c."""
-    crc, off = 0, 0
-    while off < entry.size:
-        chunk = os.pread(fd, min(4 << 20, entry.size - off), off)
-        if not chunk:
-            break
-        crc = _native.crc32c(chunk, crc)
-        off += len(chunk)
-    if off != entry.size or crc != entry.crc:
+    # (without the GIL; a sparse slot's holes are not read)
+    try:
+        crc = _native.crc32c_file(fd, 0, entry.size)
+    except OSError as e:
+        if e.errno != errno.EIO:
+            raise
+        raise CorruptSlot(f"{entry.path}: shorter than its payload") from None
+    if crc != entry.crc:
         raise CorruptSlot(f"{entry.path}: payload checksum mismatch")
 
 

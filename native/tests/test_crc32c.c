@@ -128,6 +128,18 @@ static void test_paths_agree(void)
 }
 
 /* A flipped bit anywhere changes the sum. */
+/* memos_crc32c_zeros agrees with the CRC of that many zero bytes. */
+static void test_zeros(void)
+{
+    static unsigned char zeros[300000];
+    const size_t ns[] = { 0, 1, 2, 3, 4, 5, 8, 15, 16, 17, 255, 256, 4096, 65536, 299999 };
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+        for (uint32_t seed = 0; seed < 3; seed++) {
+            uint32_t crc = seed * 0x9E3779B9u;
+            CHECK_EQ(memos_crc32c_zeros(crc, ns[i]), memos_crc32c(crc, zeros, ns[i]));
+        }
+}
+
 static void test_detects_flips(void)
 {
     size_t n = 30000;
@@ -151,5 +163,6 @@ int main(void)
     RUN(test_chaining);
     RUN(test_paths_agree);
     RUN(test_detects_flips);
+    RUN(test_zeros);
     return DONE("test_crc32c");
 }
