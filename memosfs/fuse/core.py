@@ -116,7 +116,7 @@ ROOM_WAIT_S = 30.0              # how long a request waits for other threads' wr
 ROOM_DEAD_WAIT_S = 1.0          # ... for replaced versions that readers still pin
 ROOM_HELD_WAIT_S = 5.0          # ... for other writers' drafts and readers' pins
 ROOM_POLL_MS = 50               # one wait for room, in a worker thread
-SPILL_HELD_WAIT_S = 0.5         # a writer whose draft can spill waits this long (not
+SPILL_HELD_WAIT_S = 0.1         # a writer whose draft can spill waits this long (not
                                 # ROOM_HELD_WAIT_S) for other writers' drafts and
                                 # readers' pins, then continues in a spill file
 
