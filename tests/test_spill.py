@@ -273,3 +273,49 @@ def test_a_spilled_rewrite_of_a_slot_with_an_extent_log_replaces_it_and_its_log(
     m.stop()
     m2 = make_mount(ssd=str(m.ssd), capacity="16M")
     assert (m2.p("a", "s", "big")).read_bytes() == second
+
+
+def test_a_change_to_a_sparse_slot_larger_than_memory_stays_sparse(make_mount):
+    """A 1 GiB sparse slot on a 16M tier: a change that keeps its content
+    starts its draft in a spill file copied from the SSD file's data extents
+    (its holes stay holes, nothing read whole into memory), and the slot
+    reads back as written, after a remount too."""
+    m, d = _mount(make_mount, capacity="16M")
+    big = 1 << 30
+    with open(d / "sparse", "wb") as f:
+        f.truncate(big)
+        f.seek(512 * MiB)
+        f.write(b"middle")
+    def rchar() -> int:                         # bytes the daemon's reads returned
+        for line in open(f"/proc/{m.proc.pid}/io"):
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+        raise AssertionError("no rchar")
+
+    before = rchar()
+    fd = os.open(d / "sparse", os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"early", 100 * MiB)
+        os.pwrite(fd, b"end", big - 3)
+    finally:
+        os.close(fd)
+    assert m.stats()["spill_publishes"] >= 2
+    assert rchar() - before < 64 * MiB         # its data, not its 1 GiB of holes
+
+    def check(path):
+        assert os.stat(path).st_size == big
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert os.pread(fd, 5, 100 * MiB) == b"early"
+            assert os.pread(fd, 6, 512 * MiB) == b"middle"
+            assert os.pread(fd, 3, big - 3) == b"end"
+            assert os.pread(fd, 4096, 300 * MiB) == bytes(4096)
+        finally:
+            os.close(fd)
+
+    check(d / "sparse")
+    files = [p for p in Path(m.ssd, "slots").rglob("*") if p.is_file()]
+    assert files and max(p.stat().st_blocks * 512 for p in files) < 64 * MiB
+    m.stop()
+    m2 = make_mount(ssd=str(m.ssd), capacity="16M")
+    check(m2.p("a", "s", "sparse"))

@@ -339,6 +339,13 @@ class FileOps(OpsCore):
                     decoded: Optional[bytes]) -> "_native.Draft":
         """A draft holding a version's logical bytes."""
         if decoded is None and base is not None and not isinstance(base, _native.Ref):
+            if self._room_ok and self._may_spill(None) \
+                    and base.size > self.store.cache.capacity // 2:
+                # a version memory could not take at its open, half the memory
+                # tier or more: its draft starts in a spill file (copied from
+                # the SSD file's data extents), not read whole into memory first
+                raise NoMemory(OSError(errno.EFBIG, f"a version of {base.size} bytes, read "
+                                       f"from the SSD: larger than half the memory tier"))
             decoded = base.read(0, base.size)          # a version read from its file
         if decoded is None:
             return self._native_call(self.store.draft, base, memory=True)

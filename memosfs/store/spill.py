@@ -113,6 +113,37 @@ class SpillDraft:
             raise self._said(e) from None
         self._size = size
 
+    def fill_file(self, src: int, size: int) -> None:
+        """Copy bytes [0, size) of the file open at `src` in: its data
+        extents only (SEEK_DATA / SEEK_HOLE), copied by the kernel
+        (copy_file_range, no bytes through Python); its holes stay holes."""
+        self._room(size)
+        dst = self._fd()
+        try:
+            off = 0
+            while off < size:
+                try:
+                    data = os.lseek(src, off, os.SEEK_DATA)
+                except OSError as e:
+                    if e.errno == errno.ENXIO:
+                        break                   # a hole to the end
+                    raise
+                if data >= size:
+                    break
+                hole = min(os.lseek(src, data, os.SEEK_HOLE), size)
+                pos = data
+                while pos < hole:
+                    n = os.copy_file_range(src, dst, hole - pos, pos, pos)
+                    if n <= 0:
+                        raise OSError(errno.EIO, f"short copy while spilling ({pos} of {size})")
+                    pos += n
+                    self._counts["spill_bytes"] += n
+                off = hole
+            os.ftruncate(dst, size)
+        except OSError as e:
+            raise self._said(e) from None
+        self._size = size
+
     def fill_ref(self, ref: "_native.Ref") -> None:
         """Copy a pinned memory version in (holes stay holes)."""
         self._room(ref.size)

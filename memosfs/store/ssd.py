@@ -1675,6 +1675,11 @@ class SSDReader:
             return _extentlog.read_extents(self._ext, self._fd, self._lfd, off, n)
         return os.pread(self._fd, n, off)
 
+    def plain_fd(self) -> Optional[int]:
+        """The descriptor of this version's file when its bytes [0, size)
+        are the version (no extent log, not packed), else None."""
+        return self._fd if self._ext is None and self._data is None else None
+
     def release(self) -> None:
         self._data = None
         if self._fd is not None:

@@ -63,7 +63,11 @@ class WriteMixin:
             elif isinstance(source, _native.Ref):
                 sp.fill_ref(source)
             elif source is not None:
-                sp.fill(source.read, source.size)
+                fd = source.plain_fd() if hasattr(source, "plain_fd") else None
+                if fd is not None:
+                    sp.fill_file(fd, source.size)   # its data extents, in the kernel
+                else:
+                    sp.fill(source.read, source.size)
         except BaseException:
             sp.free()
             raise
