@@ -319,3 +319,22 @@ def test_a_change_to_a_sparse_slot_larger_than_memory_stays_sparse(make_mount):
     m.stop()
     m2 = make_mount(ssd=str(m.ssd), capacity="16M")
     check(m2.p("a", "s", "sparse"))
+
+
+def test_truncate_by_path_beyond_memory_spills(make_mount):
+    """truncate(2) of a slot nobody has open makes its new version at once:
+    one larger than the memory tier is made in a spill file, not refused
+    (EFBIG before), and keeps the bytes below the old size."""
+    m, d = _mount(make_mount, capacity="16M")
+    (d / "t").write_bytes(b"keep" * 1024)
+    os.truncate(d / "t", 100 * MiB)
+    assert os.stat(d / "t").st_size == 100 * MiB
+    with open(d / "t", "rb") as f:
+        assert f.read(4096) == b"keep" * 1024
+        f.seek(50 * MiB)
+        assert f.read(4096) == bytes(4096)
+    os.truncate(d / "t", 8)                     # and back below memory's half
+    assert (d / "t").read_bytes() == b"keepkeep"
+    m.stop()
+    m2 = make_mount(ssd=str(m.ssd), capacity="16M")
+    assert m2.p("a", "s", "t").read_bytes() == b"keepkeep"

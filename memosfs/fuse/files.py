@@ -420,15 +420,34 @@ class FileOps(OpsCore):
             return
         base = self._native_call(self.store.load, node.key) if node.version else None
         try:
-            d = self._draft_from(base, self._logical(base))
+            logical = self._logical(base) if base is not None else None
+            d = None
+            big = max(size, base.size if base is not None else 0) \
+                > self.store.cache.capacity // 2
+            if not (big and self._may_spill(node)):
+                try:
+                    d = self._draft_from(base, logical)
+                    self._native_call(d.truncate, size)
+                except pyfuse3.FUSEError as e:
+                    if d is not None:
+                        d.free()
+                        d = None
+                    if e.errno not in (errno.ENOSPC, errno.EFBIG) or not self._may_spill(node):
+                        raise
+            if d is None:
+                # the memory tier has no room for the new version: it is made
+                # in a spill file and published on the SSD tier (as a
+                # writer's draft that spills, docs/semantics.md)
+                d = self._native_call(self.store.spill, node.key,
+                                      base if logical is None else None, logical)
+                try:
+                    self._native_call(d.truncate, size)
+                except BaseException:
+                    d.free()
+                    raise
         finally:
             if base is not None:
                 base.release()
-        try:
-            self._native_call(d.truncate, size)
-        except BaseException:
-            d.free()
-            raise
         d, logical = self._maybe_quantize(d)
         ref = self._native_call(self.store.publish, d, node.key)
         job = self._published(node, ref, now_ns(), logical)
