@@ -275,6 +275,22 @@ static PyObject *mod_crc32c_file(PyObject *m, PyObject *args, PyObject *kw)
     return PyLong_FromUnsignedLong(c);
 }
 
+/* crc32c_zeros(n, crc=0): memos_crc32c of n zero bytes, continuing from crc
+ * (arithmetic: no bytes are made). */
+static PyObject *mod_crc32c_zeros(PyObject *m, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "n", "crc", NULL };
+    unsigned long long n;
+    unsigned long crc = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "K|k:crc32c_zeros", kwlist, &n, &crc))
+        return NULL;
+    if (crc > 0xFFFFFFFFul) {
+        PyErr_SetString(PyExc_ValueError, "crc32c_zeros: crc must be in 0..2**32-1");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(memos_crc32c_zeros((uint32_t)crc, (uint64_t)n));
+}
+
 /* policy_simulate(name, keys, capacity, evict_batch=1): replay a buffer of
  * uint64 block ids through the C policy over unit-size blocks (policy.c). */
 static PyObject *mod_policy_simulate(PyObject *m, PyObject *args, PyObject *kw)
@@ -333,6 +349,9 @@ static PyMethodDef module_methods[] = {
       METH_VARARGS | METH_KEYWORDS,
       "crc32c_file(fd, off, n, crc=0) -> int: CRC-32C of a file's bytes [off, off+n) "
       "without the GIL, its holes not read; OSError(EIO) if the file is shorter" },
+    { "crc32c_zeros", (PyCFunction)(void (*)(void))mod_crc32c_zeros,
+      METH_VARARGS | METH_KEYWORDS,
+      "crc32c_zeros(n, crc=0) -> int: CRC-32C of n zero bytes, continuing from crc" },
     { "set_nowait", mod_set_nowait, METH_O,
       "set_nowait(on) -> bool: whether the calling thread's allocations raise "
       "BlockingIOError where they would wait for room (previous setting)" },

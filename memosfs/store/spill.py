@@ -18,15 +18,30 @@ file into the SSD tier as the slot's new version (`SSDTier.put_file`), with
 no copy and no memory; what it returns is a `SpilledRef`, the published
 version read from the same open file (like ssd.SSDReader).
 
+A draft that starts from a version the SSD tier holds in a slot file (a
+version memory could not take, read from its file: `overlay_base`) copies
+nothing: it is an *overlay*.  Its spill file holds only the bytes written
+since (`_dirty`, the runs; elsewhere a hole), `_cut` is the shortest size a
+truncate gave it, and every other byte is read from the base version's
+file (and its extent log), kept open.  Published, an overlay whose base is
+still the tier's version becomes one record of the slot's extent log
+(SSDTier.put_overlay: the base cut to `_cut`, zeros to the size, then the
+runs), so what a change of a large slot writes is what changed; otherwise
+(the base was replaced, the runs are too large) the base's bytes are
+copied into the spill file by the kernel first (`materialize`) and it is
+published whole as above.
+
 A spill file is never a published version: one left by a crash (its writers
 never had it acknowledged) is removed at mount (`clear`).
 
-Owns: SpillDraft, SpilledRef, clear, SPILL_DIR.  May call: memosfs._native
-(crc32c), memosfs.private.  Nothing else of the package.
+Owns: SpillDraft, SpilledRef, BaseView, clear, SPILL_DIR.  May call:
+memosfs._native (crc32c), memosfs.private, memosfs.store.extentlog (its
+extent codes).  Nothing else of the package.
 """
 
 from __future__ import annotations
 
+import bisect
 import errno
 import itertools
 import logging
@@ -35,15 +50,141 @@ from typing import Any, Callable, Optional
 
 from memosfs import _native
 from memosfs.private import open_private, private_dir
+from memosfs.store.extentlog import BASE, ZERO
 
 log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
 
-__all__ = ["SpillDraft", "SpilledRef", "clear", "SPILL_DIR"]
+__all__ = ["SpillDraft", "SpilledRef", "BaseView", "clear", "SPILL_DIR"]
 
 SPILL_DIR = "spill"             # under the SSD directory
 COPY_CHUNK = 4 << 20            # bytes a copy or a checksum reads at a time
 _ZEROS = bytes(COPY_CHUNK)
 _seq = itertools.count(1)
+OWN = -1                        # an overlay's extent code for its own spill file
+
+
+class BaseView:
+    """A published version's bytes as an overlay's base: `ident` (the SSD
+    entry's fseq, version, size, crc32c: which version of which slot file),
+    `ext` its extents (start, end, source code, offset there), sorted and
+    covering [0, size), and `fds` the open descriptors of the sources
+    (ZERO needs none), owned by this view."""
+
+    def __init__(self, ident: tuple[int, int, int, int], fds: dict[int, int],
+                 ext: list[tuple[int, int, int, int]]) -> None:
+        self.ident = ident
+        self.fds = fds
+        self.ext = ext
+
+    @property
+    def size(self) -> int:
+        return self.ident[2]
+
+    def close(self) -> None:
+        fds, self.fds = self.fds, {}
+        for fd in fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def dup_view(ident: tuple[int, int, int, int], fds: dict[int, int],
+             ext: list[tuple[int, int, int, int]]) -> BaseView:
+    """A BaseView over duplicates of fds (the caller keeps its own); an
+    overlay's own file among them (OWN: a version an overlay published)
+    gets a code of its own, so that the next overlay's OWN is its file."""
+    fresh = max([c for c in fds if c != OWN] + [ZERO, BASE]) + 1
+    mine: dict[int, int] = {}
+    try:
+        for code, fd in fds.items():
+            mine[fresh if code == OWN else code] = os.dup(fd)
+    except OSError:
+        for fd in mine.values():
+            os.close(fd)
+        raise
+    return BaseView(ident, mine, [(s, e, fresh if src == OWN else src, so)
+                                  for s, e, src, so in ext])
+
+
+def _at(src: int, so: int, d: int) -> int:
+    return 0 if src == ZERO else so + d
+
+
+def combine(base: list[tuple[int, int, int, int]], cut: int, size: int,
+            starts: list[int], ends: list[int]) -> list[tuple[int, int, int, int]]:
+    """An overlay's extents: base's cut to `cut`, zeros to `size`, the
+    runs [starts[i], ends[i]) (sorted, disjoint, within size) from its own
+    file (OWN, same offsets)."""
+    under: list[tuple[int, int, int, int]] = []
+    for s, e, src, so in base:
+        if s >= cut:
+            break
+        under.append((s, min(e, cut), src, so))
+    if size > cut:
+        under.append((cut, size, ZERO, 0))
+    out: list[tuple[int, int, int, int]] = []
+    j, nd = 0, len(starts)
+    for s, e, src, so in under:
+        pos = s
+        while j < nd and ends[j] <= pos:
+            j += 1
+        k = j
+        while pos < e:
+            if k < nd and starts[k] < e:
+                a, b = starts[k], ends[k]
+                if a > pos:
+                    out.append((pos, a, src, _at(src, so, pos - s)))
+                pos = min(max(pos, b), e)
+                if b <= e:
+                    k += 1
+            else:
+                out.append((pos, e, src, _at(src, so, pos - s)))
+                pos = e
+    out.extend((a, b, OWN, a) for a, b in zip(starts, ends))
+    out.sort()
+    return out
+
+
+def read_view(ext: list[tuple[int, int, int, int]], fds: dict[int, int],
+              off: int, n: int) -> bytes:
+    """Bytes [off, off+n) of a version by its extents (sources in fds)."""
+    out = bytearray()
+    end = off + n
+    i = bisect.bisect_right(ext, (off, 1 << 63)) - 1
+    for s, e, src, so in ext[max(i, 0):]:
+        if e <= off:
+            continue
+        if s >= end:
+            break
+        a, b = max(s, off), min(e, end)
+        if src == ZERO:
+            out += bytes(b - a)
+            continue
+        want = b - a
+        got = os.pread(fds[src], want, so + (a - s))
+        if len(got) != want:
+            raise OSError(errno.EIO, f"short read ({len(got)} of {want})")
+        out += got
+    return bytes(out)
+
+
+def crc_view(ext: list[tuple[int, int, int, int]], fds: dict[int, int],
+             off: int, end: int) -> int:
+    """The crc32c of bytes [off, end) by extents: file pieces in C without
+    the GIL (their holes not read), zeros arithmetically."""
+    crc = 0
+    for s, e, src, so in ext:
+        if e <= off:
+            continue
+        if s >= end:
+            break
+        a, b = max(s, off), min(e, end)
+        if src == ZERO:
+            crc = _native.crc32c_zeros(b - a, crc)
+        else:
+            crc = _native.crc32c_file(fds[src], so + (a - s), b - a, crc)
+    return crc
 
 
 def clear(root: str) -> int:
@@ -91,8 +232,101 @@ class SpillDraft:
         except OSError as e:
             raise self._said(e) from None
         self._size = 0
+        self._base: Optional[BaseView] = None   # an overlay's base (module docstring)
+        self._cut = 0
+        self._starts: list[int] = []            # its runs, sorted and disjoint
+        self._ends: list[int] = []
+        self._ext: Optional[list] = None        # its extents (combine), while unchanged
+        self._adopted: Optional[tuple[list, dict[int, int]]] = None     # (adopt)
 
     # ---- filling it ----
+
+    def overlay(self, base: BaseView) -> None:
+        """Start as base's version without copying it (an overlay: the
+        module docstring); this draft owns base from now on."""
+        try:
+            self._room(base.size)
+            os.ftruncate(self._fd(), base.size)     # a hole: nothing written
+        except OSError as e:
+            base.close()
+            raise self._said(e) from None
+        self._base = base
+        self._cut = self._size = base.size
+        self._starts, self._ends, self._ext = [], [], None
+
+    @property
+    def overlaid(self) -> bool:
+        return self._base is not None
+
+    @property
+    def base_ident(self) -> Optional[tuple[int, int, int, int]]:
+        return self._base.ident if self._base is not None else None
+
+    @property
+    def cut(self) -> int:
+        """An overlay's shortest size since its base: base bytes from here
+        on are not the draft's."""
+        return self._cut
+
+    def runs(self) -> list[tuple[int, int]]:
+        """An overlay's bytes of its own: (offset, length), sorted."""
+        return [(a, b - a) for a, b in zip(self._starts, self._ends)]
+
+    def _view(self) -> tuple[list, dict[int, int]]:
+        base = self._base
+        assert base is not None
+        if self._ext is None:
+            self._ext = combine(base.ext, self._cut, self._size, self._starts, self._ends)
+        fds = dict(base.fds)
+        fds[OWN] = self._fd()
+        return self._ext, fds
+
+    def _mark(self, a: int, b: int) -> None:
+        """Bytes [a, b) are the overlay's own now."""
+        if a >= b:
+            return
+        st, en = self._starts, self._ends
+        i = bisect.bisect_left(en, a)               # the first run ending at a or later
+        j = bisect.bisect_right(st, b)              # past the last starting at b or before
+        if i < j:
+            a, b = min(a, st[i]), max(b, en[j - 1])
+        st[i:j] = [a]
+        en[i:j] = [b]
+        self._ext = None
+
+    def _clip(self, size: int) -> None:
+        """The overlay cut to size bytes."""
+        self._cut = min(self._cut, size)
+        k = bisect.bisect_left(self._starts, size)
+        del self._starts[k:], self._ends[k:]
+        if self._ends and self._ends[-1] > size:
+            self._ends[-1] = size
+        self._ext = None
+
+    def materialize(self) -> None:
+        """An overlay becomes a whole spill file: its base's bytes copied in
+        where they show (by the kernel, copy_file_range; holes stay holes),
+        the base closed.  Nothing changes if it fails."""
+        if self._base is None:
+            return
+        ext, fds = self._view()
+        dst = self._fd()
+        try:
+            for s, e, src, so in ext:
+                if src in (ZERO, OWN):
+                    continue
+                pos = s
+                while pos < e:
+                    n = os.copy_file_range(fds[src], dst, e - pos, so + (pos - s), pos)
+                    if n <= 0:
+                        raise OSError(errno.EIO, f"short copy while spilling ({pos} of {e})")
+                    pos += n
+                    self._counts["spill_bytes"] += n
+        except OSError as e:
+            raise self._said(e) from None
+        base, self._base = self._base, None
+        base.close()
+        self._starts, self._ends, self._ext = [], [], None
 
     def fill(self, read: Callable[[int, int], bytes], size: int) -> None:
         """Copy a version's bytes [0, size) in (read(off, n) gives them):
@@ -180,18 +414,32 @@ class SpillDraft:
                     os.ftruncate(self._fd(), self._size)    # a refused write changes nothing
                 except OSError:
                     pass
+            if self._base is not None:
+                # what a partial write left is the file's: the overlay shows
+                # the file there, as a plain spill file would
+                self._mark(off, min(end, self._size))
             raise self._said(e) from None
         self._size = max(self._size, end)
+        if self._base is not None:
+            self._mark(off, end)
         return n
 
     def read(self, off: int, n: int) -> bytes:
         n = max(0, min(n, self._size - off))
-        return os.pread(self._fd(), n, off) if n else b""
+        if not n:
+            return b""
+        if self._base is not None:
+            ext, fds = self._view()
+            return read_view(ext, fds, off, n)
+        return os.pread(self._fd(), n, off)
 
     def crc32c(self, off: int = 0, n: int = -1) -> int:
         end = self._size if n < 0 else min(self._size, off + n)
         if off >= end:
             return 0
+        if self._base is not None:
+            ext, fds = self._view()
+            return crc_view(ext, fds, off, end)
         try:
             # without the GIL, the file's holes not read
             return _native.crc32c_file(self._fd(), off, end - off)
@@ -209,12 +457,22 @@ class SpillDraft:
             os.ftruncate(self._fd(), size)
         except OSError as e:
             raise self._said(e) from None
+        if self._base is not None and size < self._size:
+            self._clip(size)
         self._size = size
+        self._ext = None
 
     def free(self) -> None:
         """Abort the draft: its file goes."""
-        if self.fd is None:
-            return
+        view, self._adopted = getattr(self, "_adopted", None), None
+        if view is not None:
+            for fd in view[1].values():
+                os.close(fd)
+        if getattr(self, "_base", None) is not None:
+            base, self._base = self._base, None
+            base.close()
+        if getattr(self, "fd", None) is None:
+            return                      # (published, freed, or never opened)
         fd, self.fd = self.fd, None
         os.close(fd)
         try:
@@ -232,6 +490,33 @@ class SpillDraft:
         (`SpilledRef`): this draft is consumed."""
         fd, self.fd = self._fd(), None
         return fd
+
+    def adopt(self, view: tuple[list, dict[int, int]]) -> None:
+        """After an overlay's publish as a log record: the published version
+        is read by `view` (the slot's file and log: ssd.entry_view), not by
+        this draft's files, which go at `published`."""
+        self._adopted = view
+
+    def published(self, key: bytes, version: int, stored: int,
+                  ident: Optional[tuple[int, int, int, int]]) -> "SpilledRef":
+        """The version published from this draft, read from its file (and,
+        an overlay published as a log record, its base's files); ident: the
+        SSD entry's (fseq, version, size, crc) when it is a slot file whose
+        bytes are the file's or the overlay's (None: a packed record).  This
+        draft is consumed."""
+        size = self._size
+        if self._base is None:
+            return SpilledRef(key, version, size, stored, self.take(), ident)
+        view, self._adopted = self._adopted, None
+        if view is not None:
+            self.free()                         # (the spill file goes)
+            return SpilledRef(key, version, size, stored, next(iter(view[1].values())),
+                              ident, view)
+        ext, fds = self._view()
+        base, self._base = self._base, None
+        self.fd = None                          # (now fds[OWN], the ref's)
+        base.fds = {}
+        return SpilledRef(key, version, size, stored, fds[OWN], ident, (ext, fds))
 
     # ---- helpers ----
 
@@ -272,20 +557,46 @@ class SpilledRef:
     hits = 0
     sticky = False
 
-    def __init__(self, key: bytes, version: int, size: int, stored: int, fd: int) -> None:
+    def __init__(self, key: bytes, version: int, size: int, stored: int, fd: int,
+                 ident: Optional[tuple[int, int, int, int]] = None,
+                 view: Optional[tuple[list, dict[int, int]]] = None) -> None:
         self.key = key
         self.version = version
         self.size = size
         self.stored = stored
         self._fd: Optional[int] = fd
+        self._ident = ident                 # the SSD entry it is (overlay_base)
+        self._view = view                   # an overlay's (extents, descriptors): fd among them
 
     def read(self, off: int, n: int) -> bytes:
         if self._fd is None:
             raise ValueError("reference was released")
         n = max(0, min(n, self.size - off))
-        return os.pread(self._fd, n, off) if n else b""
+        if not n:
+            return b""
+        if self._view is not None:
+            return read_view(self._view[0], self._view[1], off, n)
+        return os.pread(self._fd, n, off)
+
+    def overlay_base(self) -> Optional[BaseView]:
+        """This version as the base of an overlay (spill.py), over
+        duplicated descriptors; None: not a slot file's version."""
+        if self._fd is None or self._ident is None or not self._ident[0]:
+            return None
+        if self._view is not None:
+            return dup_view(self._ident, self._view[1], self._view[0])
+        return dup_view(self._ident, {BASE: self._fd},
+                        [(0, self.size, BASE, 0)] if self.size else [])
 
     def release(self) -> None:
+        if self._view is not None:
+            fds, self._view = self._view[1], None
+            for fd in fds.values():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._fd = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -114,6 +114,7 @@ from memosfs import _native
 from memosfs.private import open_private, private_dir, private_makedirs, tighten_tree
 from memosfs.stats import Record, counter, gauge
 from memosfs.store import extentlog as _extentlog
+from memosfs.store import spill as _spill
 from memosfs.store.ssdpolicy import STATE_NAME, SSDPolicy
 
 log = logging.getLogger("memosfs.store.ssd")
@@ -137,6 +138,9 @@ _ATTR_REFUSED = frozenset((errno.ENOTSUP, errno.EOPNOTSUPP, errno.E2BIG, errno.E
                            errno.ERANGE))
 _ATTR_ABSENT = frozenset((errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP))
 VERIFIED_FILES = 8192                     # open_backing's cache of checked files
+# An overlay draft (spill.py) published as a log record reads its runs into
+# memory: at most this many bytes of them (more: published whole)
+OVERLAY_PAYLOAD_MAX = 64 << 20
 POLICY_SAVE_S = 10.0                      # background saves of policy.json, at most this often
 
 
@@ -912,6 +916,46 @@ class SSDTier:
                     self._dirty_dirs.add(sdir)
             return entry
 
+    def put_overlay(self, key: bytes, sp: "_spill.SpillDraft", meta: dict[str, Any],
+                    version: int, crc: int) -> Optional[SSDEntry]:
+        """An overlay draft (spill.py) published as key's version `version`
+        by one record appended to the slot's extent log: its base cut to
+        sp.cut, zeros to sp.size, then sp.runs() (the bytes written since),
+        like a write-back of a version whose changes the C core knows
+        (_log_plan's limits; its payload read into memory, so at most
+        OVERLAY_PAYLOAD_MAX).  None when it is not: the base is no longer
+        key's version here, or the runs or the log are too large (the
+        caller then publishes the draft whole).  SSDFull as put_file."""
+        with self.write_lock:
+            current = self.get(key)
+            size = sp.size
+            if current is None or isinstance(current, _segments.PackedEntry) \
+                    or not current.fseq or self.segs.packs(size) \
+                    or sp.base_ident != (current.fseq, current.version, current.size,
+                                         current.crc):
+                return None
+            runs = sp.runs()
+            changed = sum(n for _o, n in runs)
+            if changed > size * _extentlog.LOG_RUN_SHARE or changed > OVERLAY_PAYLOAD_MAX:
+                return None
+            lg = current.log
+            grown = (lg.length if lg else _extentlog.LOG_HEAD) + _extentlog.REC_HEAD \
+                + 16 * len(runs) + changed
+            if (lg is not None and len(lg.records) >= _extentlog.LOG_MAX_RECORDS) \
+                    or grown > size * _extentlog.LOG_FOLD_SHARE:
+                return None
+            payload = b"".join(sp.read(o, n) for o, n in runs)
+            entry = self._append_locked(_Made(key, version, size), current, meta, False, crc,
+                                        sp.cut, runs, payload)
+            # the version is read from the slot's files from now on (its
+            # spill file and its base's descriptors go: no chain of them)
+            try:
+                sp.adopt(entry_view(entry))
+            except OSError as e:
+                log.warning("ssd: %s: its new version is read from its spill file (%s)",
+                            entry.path, e)
+            return entry
+
     def _finish_file(self, fd: int, key: bytes, version: int, size: int, crc: int,
                      meta: dict[str, Any]) -> tuple[int, bool]:
         """Give a temporary slot file whose payload is written (bytes [0,
@@ -1641,6 +1685,7 @@ class SSDReader:
         self.version = entry.version
         self.size = entry.size
         self.stored = entry.file_bytes
+        self.entry = entry
         self._data: Optional[bytes] = None
         self._lfd: Optional[int] = None
         self._ext: Optional[list] = None
@@ -1675,6 +1720,21 @@ class SSDReader:
             return _extentlog.read_extents(self._ext, self._fd, self._lfd, off, n)
         return os.pread(self._fd, n, off)
 
+    def overlay_base(self) -> Optional["_spill.BaseView"]:
+        """This version as the base of an overlay draft (spill.py), over
+        duplicated descriptors; None for a packed record or a file of an
+        older memosfs (no seq: a log cannot name it)."""
+        if self._fd is None or self._data is not None or not self.entry.fseq:
+            return None
+        e = self.entry
+        ident = (e.fseq, e.version, e.size, e.crc)
+        if self._ext is not None:
+            assert self._lfd is not None
+            return _spill.dup_view(ident, {_extentlog.BASE: self._fd,
+                                           _extentlog.LOG: self._lfd}, self._ext)
+        return _spill.dup_view(ident, {_extentlog.BASE: self._fd},
+                               [(0, self.size, _extentlog.BASE, 0)] if self.size else [])
+
     def plain_fd(self) -> Optional[int]:
         """The descriptor of this version's file when its bytes [0, size)
         are the version (no extent log, not packed), else None."""
@@ -1688,6 +1748,15 @@ class SSDReader:
         if self._lfd is not None:
             os.close(self._lfd)
             self._lfd = None
+
+
+class _Made:
+    """The version an overlay's record makes, as _append_locked reads a Ref."""
+
+    live = True
+
+    def __init__(self, key: bytes, version: int, size: int) -> None:
+        self.key, self.version, self.size = key, version, size
 
 
 class _FileVersion:
@@ -1736,6 +1805,22 @@ def _int(v: Any) -> int:
         return int(v)
     except (TypeError, ValueError):
         return 0
+
+
+def entry_view(entry: SSDEntry) -> tuple[list, dict[int, int]]:
+    """(extents, descriptors) of a slot file's version, its log included,
+    for reading it as spill.read_view does (not checked: for the version
+    this daemon just wrote)."""
+    fd = open_entry(entry)
+    if entry.log is None:
+        return ([(0, entry.size, _extentlog.BASE, 0)] if entry.size else [],
+                {_extentlog.BASE: fd})
+    try:
+        lfd = _open_log(entry.log)
+    except BaseException:
+        os.close(fd)
+        raise
+    return entry.log.extents(), {_extentlog.BASE: fd, _extentlog.LOG: lfd}
 
 
 def _open_log(lg: "_extentlog.SlotLog") -> int:

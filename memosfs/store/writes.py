@@ -35,6 +35,7 @@ from typing import Optional
 from memosfs import _native
 from memosfs.store.common import _k, _session_of, make_key
 from memosfs.store.spill import SpilledRef, SpillDraft
+from memosfs.store.segments import PackedEntry
 from memosfs.store.ssd import SSDFull
 from memosfs.store.writeback import CLEAN_AHEAD_WAKE
 
@@ -63,8 +64,11 @@ class WriteMixin:
             elif isinstance(source, _native.Ref):
                 sp.fill_ref(source)
             elif source is not None:
+                base = source.overlay_base() if hasattr(source, "overlay_base") else None
                 fd = source.plain_fd() if hasattr(source, "plain_fd") else None
-                if fd is not None:
+                if base is not None:
+                    sp.overlay(base)                # nothing copied (spill.py)
+                elif fd is not None:
                     sp.fill_file(fd, source.size)   # its data extents, in the kernel
                 else:
                     sp.fill(source.read, source.size)
@@ -141,9 +145,12 @@ class WriteMixin:
                 raise OSError(errno.ENOSPC, f"the SSD tier has no room for the slot "
                               f"({size} bytes) within its ssd_capacity ({ssd.capacity} "
                               f"bytes)") from None
-        fd, path = sp.take(), sp.path
-        if entry.path != path:                  # (packed: the record is a copy)
-            try:
+        path = sp.path
+        packed = isinstance(entry, PackedEntry)
+        ref = sp.published(key, entry.version, entry.file_bytes, None if packed else
+                           (entry.fseq, entry.version, entry.size, entry.crc))
+        if entry.path != path:                  # (packed: the record is a copy; an
+            try:                                # overlay's record: its runs a copy)
                 os.unlink(path)
             except OSError:
                 pass
@@ -165,7 +172,7 @@ class WriteMixin:
                         tier="ssd")
         if self.remote is not None:
             self.remote.put_async(key, lambda: self._remote_source(key))
-        return SpilledRef(key, entry.version, size, entry.file_bytes, fd)
+        return ref
 
     def _put_spilled(self, sp: SpillDraft, key: bytes, meta: dict, crc: int):
         """The SSD tier's part of _publish_spilled, under its writer lock (no
@@ -181,8 +188,14 @@ class WriteMixin:
                              else 0)
                 if cur is not None:
                     cur.release()
-            entry = ssd.put_file(key, sp.fd, sp.path, sp.size, meta, newest + 1,
-                                 durable=False, crc=crc)
+            entry = None
+            if sp.overlaid:
+                # what changed, appended to the slot's extent log
+                entry = ssd.put_overlay(key, sp, meta, newest + 1, crc)
+            if entry is None:
+                sp.materialize()
+                entry = ssd.put_file(key, sp.fd, sp.path, sp.size, meta, newest + 1,
+                                     durable=False, crc=crc)
             with self.lock:
                 self.cache.remove(key)          # readers find the SSD tier's version
         return entry

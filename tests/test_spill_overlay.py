@@ -1,0 +1,233 @@
+"""Overlay drafts (memosfs/store/spill.py): a draft that starts from a
+version the SSD tier holds in a slot file, larger than the memory tier can
+take, copies nothing; its spill file holds the bytes written since, and its
+publish appends them to the slot's extent log (what changed is what is
+written), or, when the base was replaced meanwhile or the change is large,
+copies the base's bytes in first and publishes the slot whole."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from memosfs.store.store import Store
+from memosfs.store.ssd import SSDReader, SSDTier
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _bytes(seed: int, n: int) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+def _version(store: Store, key: bytes) -> bytes:
+    r = SSDReader(store.ssd.get(key))
+    try:
+        return r.read(0, r.size)
+    finally:
+        r.release()
+
+
+# ---- the store ----
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(16 * MiB, ssd=SSDTier(str(tmp_path)))
+    yield s
+    s.close()
+
+
+def _publish(store: Store, key: bytes, data: bytes):
+    d = store.spill(key, None, data)
+    return store.publish(d, key)
+
+
+def test_an_overlay_copies_nothing_and_publishes_a_log_record(store):
+    key = b"a/s/big"
+    base = _bytes(1, 24 * MiB)
+    ref = _publish(store, key, base)
+    spilled = store.statistics().spill_bytes
+    ov = store.spill(key, ref)
+    ref.release()
+    assert ov.overlaid
+    assert store.statistics().spill_bytes == spilled     # nothing copied
+    want = bytearray(base)
+    for off in (0, 5 * MiB + 7, 24 * MiB - 3):
+        chunk = _bytes(off, 4 * KiB)
+        ov.write(off, chunk)
+        want[off:off + len(chunk)] = chunk
+    assert ov.size == len(want)
+    assert ov.read(5 * MiB, 8 * KiB) == bytes(want[5 * MiB:5 * MiB + 8 * KiB])
+    appends = store.ssd.log_appends
+    written = store.ssd.write_bytes
+    ref2 = store.publish(ov, key)
+    assert store.ssd.log_appends == appends + 1
+    assert store.ssd.write_bytes - written < 64 * KiB    # the runs, not 24 MiB
+    assert ref2.read(0, ref2.size) == bytes(want)
+    assert _version(store, key) == bytes(want)
+    assert os.listdir(Path(store.ssd.root) / "spill") == []
+    # and again from the version the log made
+    ov2 = store.spill(key, ref2)
+    ref2.release()
+    assert ov2.overlaid
+    ov2.write(1 * MiB, b"second")
+    want[1 * MiB:1 * MiB + 6] = b"second"
+    store.publish(ov2, key).release()
+    assert store.ssd.log_appends == appends + 2
+    assert _version(store, key) == bytes(want)
+
+
+def test_cut_then_grow_shows_zeros_not_the_base(store):
+    key = b"a/s/cut"
+    base = _bytes(2, 20 * MiB)
+    ref = _publish(store, key, base)
+    ov = store.spill(key, ref)
+    ref.release()
+    ov.truncate(3 * MiB)
+    ov.write(4 * MiB, b"x" * 10)           # a hole [3, 4) MiB: zeros, not the base's
+    ov.truncate(18 * MiB)
+    want = bytearray(base[:3 * MiB]) + bytes(15 * MiB)
+    want[4 * MiB:4 * MiB + 10] = b"x" * 10
+    assert ov.read(0, ov.size) == bytes(want)
+    crc = ov.crc32c()
+    from memosfs import _native
+    assert crc == _native.crc32c(bytes(want))
+    store.publish(ov, key).release()
+    assert _version(store, key) == bytes(want)
+    assert store.ssd.get(key).log is not None
+
+
+def test_a_base_replaced_meanwhile_publishes_whole(store):
+    """Two overlays of one version (a writer's, and another made before the
+    first published): the second's base is no longer the slot's version, so
+    its bytes are copied in and it is published whole, its own change over
+    the base it started from."""
+    key = b"a/s/two"
+    base = _bytes(3, 20 * MiB)
+    ref = _publish(store, key, base)
+    ov1 = store.spill(key, ref)
+    ov2 = store.spill(key, ref)
+    ref.release()
+    ov1.write(0, b"one")
+    ov2.write(10, b"two")
+    store.publish(ov1, key).release()
+    appends = store.ssd.log_appends
+    r = store.publish(ov2, key)
+    assert store.ssd.log_appends == appends          # whole, not a record
+    want = bytearray(base)
+    want[10:13] = b"two"
+    assert r.read(0, r.size) == bytes(want)
+    r.release()
+    assert _version(store, key) == bytes(want)
+    assert store.ssd.get(key).log is None
+
+
+def test_a_large_change_publishes_whole(store):
+    key = b"a/s/large"
+    base = _bytes(4, 16 * MiB)
+    ref = _publish(store, key, base)
+    ov = store.spill(key, ref)
+    ref.release()
+    new = _bytes(5, 8 * MiB)                # half the slot: beyond LOG_RUN_SHARE
+    ov.write(2 * MiB, new)
+    appends = store.ssd.log_appends
+    store.publish(ov, key).release()
+    assert store.ssd.log_appends == appends
+    assert _version(store, key) == base[:2 * MiB] + new + base[10 * MiB:]
+
+
+def test_an_aborted_overlay_leaves_the_version_and_no_file(store):
+    key = b"a/s/abort"
+    base = _bytes(6, 12 * MiB)
+    ref = _publish(store, key, base)
+    ov = store.spill(key, ref)
+    ref.release()
+    ov.write(0, b"never")
+    ov.free()
+    assert _version(store, key) == base
+    assert os.listdir(Path(store.ssd.root) / "spill") == []
+
+
+def test_overlay_against_a_model(store):
+    """Random writes, cuts and growths over several publishes, each draft
+    read back against a model before and after its publish."""
+    rng = random.Random(7)
+    key = b"a/s/model"
+    want = bytearray(_bytes(8, 12 * MiB))
+    ref = _publish(store, key, bytes(want))
+    for round_ in range(12):
+        ov = store.spill(key, ref)
+        ref.release()
+        assert ov.overlaid
+        for _ in range(rng.randrange(1, 8)):
+            op = rng.random()
+            if op < 0.7:
+                off = rng.randrange(0, len(want) + 64 * KiB)
+                data = rng.randbytes(rng.choice((1, 100, 4096, 70000)))
+                ov.write(off, data)
+                if off > len(want):
+                    want += bytes(off - len(want))
+                want[off:off + len(data)] = data
+            else:
+                size = rng.randrange(len(want) // 2, len(want) + MiB)
+                ov.truncate(size)
+                if size < len(want):
+                    del want[size:]
+                else:
+                    want += bytes(size - len(want))
+            for _ in range(3):
+                off = rng.randrange(0, len(want))
+                n = rng.randrange(1, 300 * KiB)
+                assert ov.read(off, n) == bytes(want[off:off + n]), round_
+        ref = store.publish(ov, key)
+        assert ref.size == len(want)
+        assert ref.read(0, ref.size) == bytes(want), round_
+        assert _version(store, key) == bytes(want), round_
+    ref.release()
+    assert store.ssd.log_appends >= 3
+
+
+# ---- mounted ----
+
+def _mount(make_mount, **opts):
+    if os.environ.get("MEMOSFS_TEST_PASSTHROUGH") == "1":
+        opts.setdefault("passthrough", 0)       # (the default mode is what spills)
+    m = make_mount(**opts)
+    d = m.p("a", "s")
+    d.mkdir(parents=True)
+    return m, d
+
+
+def test_mounted_change_of_a_slot_larger_than_memory_writes_what_changed(make_mount):
+    """A 48 MiB slot on a 16M tier changed in place three times: each change
+    appends its bytes to the slot's log (nothing copied into a spill file),
+    and the slot reads back as changed, after a remount too."""
+    m, d = _mount(make_mount, capacity="16M")
+    want = bytearray(_bytes(9, 48 * MiB))
+    (d / "big").write_bytes(want)
+    st0 = m.stats()
+    for i, off in enumerate((0, 20 * MiB + 5, 48 * MiB - 4096)):
+        with open(d / "big", "r+b") as f:
+            f.seek(off)
+            chunk = _bytes(100 + i, 4096)
+            f.write(chunk)
+            want[off:off + 4096] = chunk
+    st = m.stats()
+    assert st["ssd_log_appends"] - st0["ssd_log_appends"] == 3, st
+    assert st["spill_bytes"] - st0["spill_bytes"] <= 3 * 4096, st
+    assert st["ssd_write_bytes"] - st0["ssd_write_bytes"] < MiB, st
+    assert (d / "big").read_bytes() == bytes(want)
+    with open(d / "big", "r+b") as f:           # a cut, and bytes beyond it
+        f.truncate(30 * MiB)
+        f.seek(31 * MiB)
+        f.write(b"tail")
+    want = want[:30 * MiB] + bytes(MiB) + b"tail"
+    assert (d / "big").read_bytes() == bytes(want)
+    assert not list(Path(m.ssd, "spill").glob("*"))
+    m.stop()
+    m2 = make_mount(ssd=str(m.ssd), capacity="16M")
+    assert m2.p("a", "s", "big").read_bytes() == bytes(want)
+    assert m2.stats()["ssd_corrupt"] == 0
