@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from memosfs import _native
 from memosfs.store.store import Store
 from memosfs.store.ssd import SSDReader, SSDTier
 
@@ -93,7 +94,6 @@ def test_cut_then_grow_shows_zeros_not_the_base(store):
     want[4 * MiB:4 * MiB + 10] = b"x" * 10
     assert ov.read(0, ov.size) == bytes(want)
     crc = ov.crc32c()
-    from memosfs import _native
     assert crc == _native.crc32c(bytes(want))
     store.publish(ov, key).release()
     assert _version(store, key) == bytes(want)
@@ -182,6 +182,7 @@ def test_overlay_against_a_model(store):
                 off = rng.randrange(0, len(want))
                 n = rng.randrange(1, 300 * KiB)
                 assert ov.read(off, n) == bytes(want[off:off + n]), round_
+        assert ov.crc32c() == _native.crc32c(bytes(want)), round_
         ref = store.publish(ov, key)
         assert ref.size == len(want)
         assert ref.read(0, ref.size) == bytes(want), round_
@@ -231,3 +232,39 @@ def test_mounted_change_of_a_slot_larger_than_memory_writes_what_changed(make_mo
     m2 = make_mount(ssd=str(m.ssd), capacity="16M")
     assert m2.p("a", "s", "big").read_bytes() == bytes(want)
     assert m2.stats()["ssd_corrupt"] == 0
+
+
+def test_an_overlays_crc_comes_from_its_runs_alone(store, monkeypatch):
+    """Writes and growth only: the version's crc32c is the base's combined
+    with the runs' (no other byte read); after a cut into the base every
+    byte is read."""
+    from memosfs.store import spill
+    key = b"a/s/crc"
+    base = _bytes(10, 20 * MiB)
+    ref = _publish(store, key, base)
+    ov = store.spill(key, ref)
+    ref.release()
+    want = bytearray(base)
+    rng = random.Random(3)
+    for _ in range(20):
+        off = rng.randrange(0, 21 * MiB)
+        data = rng.randbytes(rng.randrange(1, 20000))
+        ov.write(off, data)
+        if off > len(want):
+            want += bytes(off - len(want))
+        want[off:off + len(data)] = data
+    ov.truncate(len(want) + 12345)
+    want += bytes(12345)
+
+    def every_byte(*a):
+        raise AssertionError("read every byte")
+
+    monkeypatch.setattr(spill, "crc_view", every_byte)
+    assert ov.crc32c() == _native.crc32c(bytes(want))
+    ov.truncate(len(base) - 1)
+    with pytest.raises(AssertionError):
+        ov.crc32c()
+    monkeypatch.undo()
+    del want[len(base) - 1:]
+    assert ov.crc32c() == _native.crc32c(bytes(want))
+    ov.free()

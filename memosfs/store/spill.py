@@ -61,6 +61,7 @@ COPY_CHUNK = 4 << 20            # bytes a copy or a checksum reads at a time
 _ZEROS = bytes(COPY_CHUNK)
 _seq = itertools.count(1)
 OWN = -1                        # an overlay's extent code for its own spill file
+DELTA_CRC_MAX = 64 << 20        # an overlay's crc from its runs alone up to this many bytes
 
 
 class BaseView:
@@ -281,6 +282,37 @@ class SpillDraft:
         fds[OWN] = self._fd()
         return self._ext, fds
 
+    def _crc_by_delta(self) -> Optional[int]:
+        """An overlay's whole crc32c from its base's and its runs alone, no
+        other byte read: a CRC is affine over GF(2), so for messages of one
+        length crc(A ^ B) = crc(A) ^ crc(B) ^ crc(zeros).  A is the base
+        with zeros to the size (crc: the base's continued over the zeros),
+        B the runs' bytes XOR A's there (zeros elsewhere).  None where a
+        truncate cut into the base (its prefix's crc is not known) or the
+        runs are large (then every byte is read)."""
+        base = self._base
+        assert base is not None
+        bsize, size = base.size, self._size
+        if self._cut < bsize or sum(b - a for a, b in zip(self._starts, self._ends)) \
+                > DELTA_CRC_MAX:
+            return None
+        crc_a = _native.crc32c_zeros(size - bsize, base.ident[3])
+        crc_b, pos = 0, 0
+        fd = self._fd()
+        for a, b in zip(self._starts, self._ends):
+            crc_b = _native.crc32c_zeros(a - pos, crc_b)
+            new = os.pread(fd, b - a, a)
+            old = read_view(base.ext, base.fds, a, min(b, bsize) - a) if a < bsize else b""
+            if len(new) != b - a:
+                raise OSError(errno.EIO, f"{self.path}: shorter than its draft")
+            n = b - a
+            x = (int.from_bytes(old, "little") ^ int.from_bytes(new, "little")).to_bytes(
+                n, "little")
+            crc_b = _native.crc32c(x, crc_b)
+            pos = b
+        crc_b = _native.crc32c_zeros(size - pos, crc_b)
+        return crc_a ^ crc_b ^ _native.crc32c_zeros(size, 0)
+
     def _mark(self, a: int, b: int) -> None:
         """Bytes [a, b) are the overlay's own now."""
         if a >= b:
@@ -438,6 +470,10 @@ class SpillDraft:
         if off >= end:
             return 0
         if self._base is not None:
+            if off == 0 and end == self._size:
+                crc = self._crc_by_delta()
+                if crc is not None:
+                    return crc
             ext, fds = self._view()
             return crc_view(ext, fds, off, end)
         try:
