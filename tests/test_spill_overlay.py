@@ -268,3 +268,101 @@ def test_an_overlays_crc_comes_from_its_runs_alone(store, monkeypatch):
     del want[len(base) - 1:]
     assert ov.crc32c() == _native.crc32c(bytes(want))
     ov.free()
+
+
+def _spill_files(m) -> list[str]:
+    try:
+        return os.listdir(Path(m.ssd) / "spill")
+    except FileNotFoundError:
+        return []
+
+
+def _big(m, d, name: str, seed: int, size: int = 40 * MiB) -> bytearray:
+    want = bytearray(_bytes(seed, size))
+    (d / name).write_bytes(want)
+    return want
+
+
+def test_mounted_overlay_renamed_and_unlinked_while_written(make_mount):
+    m, d = _mount(make_mount, capacity="16M")
+    want = _big(m, d, "tmp", 11)
+    with open(d / "tmp", "r+b", buffering=0) as f:
+        f.seek(MiB)
+        f.write(b"one")
+        assert len(_spill_files(m)) == 1
+        os.rename(d / "tmp", d / "final")           # mid-write, as engines do
+        f.seek(30 * MiB)
+        f.write(b"two")
+    want[MiB:MiB + 3] = b"one"
+    want[30 * MiB:30 * MiB + 3] = b"two"
+    assert not (d / "tmp").exists()
+    assert (d / "final").read_bytes() == bytes(want)
+    gone = _big(m, d, "gone", 12)
+    with open(d / "gone", "r+b", buffering=0) as f:
+        f.write(b"x")
+        os.unlink(d / "gone")
+        f.write(b"y")
+    assert not (d / "gone").exists()
+    assert _spill_files(m) == []
+    del gone
+    m.stop()
+    m2 = make_mount(capacity="16M", ssd=m.ssd)
+    assert m2.p("a", "s", "final").read_bytes() == bytes(want)
+    assert m2.stats()["ssd_corrupt"] == 0
+
+
+def test_mounted_a_reader_keeps_its_version_while_an_overlay_publishes(make_mount):
+    m, d = _mount(make_mount, capacity="16M")
+    want = _big(m, d, "shared", 13)
+    before = bytes(want)
+    r = open(d / "shared", "rb")
+    try:
+        assert r.read(4096) == before[:4096]
+        for i in range(5):
+            with open(d / "shared", "r+b") as w:
+                w.seek(i * 8 * MiB)
+                w.write(b"new%d" % i)
+                w.flush()
+                os.fsync(w.fileno())
+            want[i * 8 * MiB:i * 8 * MiB + 4] = b"new%d" % i
+            r.seek(i * 8 * MiB)
+            assert r.read(4) == before[i * 8 * MiB:i * 8 * MiB + 4]     # its version
+    finally:
+        r.close()
+    assert (d / "shared").read_bytes() == bytes(want)
+    assert m.stats()["ssd_log_appends"] >= 5
+
+
+def test_mounted_overlay_fsync_survives_kill9_and_an_unsynced_one_leaves_the_version(make_mount):
+    m, d = _mount(make_mount, capacity="16M")
+    want = _big(m, d, "k", 14)
+    fd = os.open(d / "k", os.O_RDWR)
+    try:
+        os.pwrite(fd, b"durable", 5 * MiB)
+        os.fsync(fd)
+        want[5 * MiB:5 * MiB + 7] = b"durable"
+        os.pwrite(fd, b"lost", 6 * MiB)         # never published
+        assert len(_spill_files(m)) == 1
+        m.kill9()
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    m2 = make_mount(capacity="16M", ssd=m.ssd)
+    assert _spill_files(m2) == []
+    assert m2.p("a", "s", "k").read_bytes() == bytes(want)
+    assert m2.stats()["ssd_corrupt"] == 0
+
+
+def test_mounted_overlay_under_the_writeback_cache(make_mount):
+    m, d = _mount(make_mount, capacity="16M", writeback_cache=1)
+    want = _big(m, d, "wbc", 15)
+    with open(d / "wbc", "r+b") as f:
+        f.seek(3 * MiB)
+        f.write(b"cached")
+    want[3 * MiB:3 * MiB + 6] = b"cached"
+    assert (d / "wbc").read_bytes() == bytes(want)
+    m.stop()
+    m2 = make_mount(capacity="16M", ssd=m.ssd)
+    assert m2.p("a", "s", "wbc").read_bytes() == bytes(want)
