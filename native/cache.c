@@ -1380,12 +1380,12 @@ static void changes_note(memos_entry *d, uint64_t off, uint64_t n, uint64_t new_
     }
 }
 
-int memos_entry_changes(memos_cache *c, const memos_entry *e, memos_changes *out,
-                        uint64_t *runs, size_t max_runs)
+static int changes_of(memos_cache *c, const memos_entry *e, int draft, memos_changes *out,
+                      uint64_t *runs, size_t max_runs)
 {
     lock(c);
     const changes *g = e->chg;
-    if (!g || e->draft) {
+    if (!g || !e->draft != !draft) {
         unlock(c);
         return -1;
     }
@@ -1421,6 +1421,18 @@ int memos_entry_changes(memos_cache *c, const memos_entry *e, memos_changes *out
     }
     unlock(c);
     return 0;
+}
+
+int memos_entry_changes(memos_cache *c, const memos_entry *e, memos_changes *out,
+                        uint64_t *runs, size_t max_runs)
+{
+    return changes_of(c, e, 0, out, runs, max_runs);
+}
+
+int memos_draft_changes(memos_cache *c, const memos_entry *d, memos_changes *out,
+                        uint64_t *runs, size_t max_runs)
+{
+    return changes_of(c, d, 1, out, runs, max_runs);
 }
 
 /* ---- debugging ---- */

@@ -262,6 +262,10 @@ typedef struct memos_changes {
  * when unknown (the version must be written whole).  e is pinned. */
 int      memos_entry_changes(memos_cache *c, const memos_entry *e, memos_changes *out,
                              uint64_t *runs, size_t max_runs);
+/* The same for a draft d (not yet published): how it differs from the
+ * clean version its lineage started from, so far. */
+int      memos_draft_changes(memos_cache *c, const memos_entry *d, memos_changes *out,
+                             uint64_t *runs, size_t max_runs);
 
 /* ---- checksums ---- */
 

@@ -85,6 +85,9 @@ PyObject *entry_read_bytes(const memos_entry *e, long long off, long long n, int
 /* CRC-32C of bytes [off, off+n) (n < 0: to the end) as an int.  The caller
  * holds the entry and has raised its busy count. */
 PyObject *entry_crc32c(const memos_entry *e, long long off, long long n);
+/* None | (base_version, base_size, cut, [(off, len), ...]) of a version
+ * (draft 0: memos_entry_changes) or a draft (1: memos_draft_changes). */
+PyObject *changes_object(memos_cache *c, const memos_entry *e, int draft);
 
 /* ---- pymodule_cache.c ---- */
 

@@ -151,6 +151,16 @@ static PyObject *Draft_free(DraftObject *self, PyObject *noarg)
     Py_RETURN_NONE;
 }
 
+/* changes() -> None | (base_version, base_size, cut, runs): what this draft
+ * changed since the clean version its lineage started from (the pages
+ * written, the smallest size since); None when unknown. */
+static PyObject *Draft_changes(DraftObject *self, PyObject *noarg)
+{
+    if (draft_usable(self) < 0)
+        return NULL;
+    return changes_object(self->cache->c, self->d, 1);
+}
+
 static PyObject *draft_size(DraftObject *self, void *c)
 {
     if (!self->d || self->cache->closed)
@@ -166,6 +176,10 @@ static PyMethodDef Draft_methods[] = {
       "crc32c(off=0, n=-1) -> int: CRC-32C of bytes [off, off+n) (n < 0: to the end)" },
     { "truncate", (PyCFunction)Draft_truncate, METH_O, "truncate(size)" },
     { "free", (PyCFunction)Draft_free, METH_NOARGS, "free(): abort the draft" },
+    { "changes", (PyCFunction)Draft_changes, METH_NOARGS,
+      "changes() -> None | (base_version, base_size, cut, runs): this draft is version "
+      "base_version's bytes [0, cut), zeros to its size, then its own bytes at each run "
+      "(offset, length); None when not known" },
     { NULL }
 };
 

@@ -318,12 +318,18 @@ static PyObject *Ref_changes(RefObject *self, PyObject *noargs)
 {
     if (ref_usable(self) < 0)
         return NULL;
+    return changes_object(self->cache->c, self->e, 0);
+}
+
+PyObject *changes_object(memos_cache *c, const memos_entry *e, int draft)
+{
     memos_changes ch;
     uint64_t small[2 * 16];
     uint64_t *runs = small;
     size_t max = 16;
     for (;;) {
-        if (memos_entry_changes(self->cache->c, self->e, &ch, runs, max) != 0) {
+        if ((draft ? memos_draft_changes(c, e, &ch, runs, max)
+                   : memos_entry_changes(c, e, &ch, runs, max)) != 0) {
             if (runs != small)
                 PyMem_Free(runs);
             Py_RETURN_NONE;

@@ -366,3 +366,64 @@ def test_mounted_overlay_under_the_writeback_cache(make_mount):
     m.stop()
     m2 = make_mount(capacity="16M", ssd=m.ssd)
     assert m2.p("a", "s", "wbc").read_bytes() == bytes(want)
+
+
+def test_a_memory_draft_that_spills_writes_only_its_changed_pages(store):
+    """A draft in memory made from a version the SSD tier holds (written
+    back): spilled, only the pages the C core says it changed go to its
+    spill file, and its publish is a log record."""
+    key = b"a/s/mem"
+    base = _bytes(20, 8 * MiB)
+    d = store.draft()
+    d.write(0, base)
+    ref = store.publish(d, key)
+    store.flush()                                   # clean: the SSD holds it
+    d2 = store.draft(ref)
+    ref.release()
+    d2.write(5 * 4096 + 3, b"changed")
+    d2.truncate(7 * MiB)
+    d2.write(7 * MiB + 10, b"grown")
+    want = bytearray(base[:7 * MiB]) + bytes(10) + b"grown"
+    want[5 * 4096 + 3:5 * 4096 + 10] = b"changed"
+    spilled = store.statistics().spill_bytes
+    sp = store.spill(key, d2)
+    d2.free()
+    assert sp.overlaid
+    assert store.statistics().spill_bytes - spilled <= 2 * 4096
+    assert sp.read(0, sp.size) == bytes(want)
+    appends = store.ssd.log_appends
+    store.publish(sp, key).release()
+    assert store.ssd.log_appends == appends + 1
+    assert _version(store, key) == bytes(want)
+
+
+def test_a_clean_memory_version_spills_as_the_ssd_version_itself(store):
+    key = b"a/s/clean"
+    base = _bytes(21, 6 * MiB)
+    d = store.draft()
+    d.write(0, base)
+    ref = store.publish(d, key)
+    store.flush()
+    spilled = store.statistics().spill_bytes
+    sp = store.spill(key, ref)
+    ref.release()
+    assert sp.overlaid and store.statistics().spill_bytes == spilled
+    sp.write(100, b"z")
+    store.publish(sp, key).release()
+    assert _version(store, key) == base[:100] + b"z" + base[101:]
+
+
+def test_a_draft_of_a_version_never_written_back_spills_whole(store):
+    key = b"a/s/dirty"
+    base = _bytes(22, 6 * MiB)
+    d = store.draft()
+    d.write(0, base)
+    ref = store.publish(d, key)                     # dirty: the SSD holds nothing
+    d2 = store.draft(ref)
+    ref.release()
+    d2.write(0, b"q")
+    sp = store.spill(key, d2)
+    d2.free()
+    assert not sp.overlaid
+    store.publish(sp, key).release()
+    assert _version(store, key) == b"q" + base[1:]

@@ -36,7 +36,7 @@ from memosfs import _native
 from memosfs.store.common import _k, _session_of, make_key
 from memosfs.store.spill import SpilledRef, SpillDraft
 from memosfs.store.segments import PackedEntry
-from memosfs.store.ssd import SSDFull
+from memosfs.store.ssd import CorruptSlot, SSDFull, SSDReader, StaleEntry
 from memosfs.store.writeback import CLEAN_AHEAD_WAKE
 
 log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
@@ -59,7 +59,9 @@ class WriteMixin:
         assert ssd is not None
         sp = SpillDraft(ssd.root, lambda: ssd.capacity, ssd.disk_trouble, self._c)
         try:
-            if data is not None:
+            if source is not None and self._spill_as_overlay(key, source, sp):
+                pass                                # what differs from the SSD's version only
+            elif data is not None:
                 sp.fill(lambda off, n: data[off:off + n], len(data))
             elif isinstance(source, _native.Ref):
                 sp.fill_ref(source)
@@ -78,6 +80,49 @@ class WriteMixin:
         self._c["spills"] += 1
         self.trace.emit("SPILL", key=_k(key), bytes=sp.size)
         return sp
+
+    def _spill_as_overlay(self, key: bytes, source, sp: SpillDraft) -> bool:
+        """Fill sp as an overlay (spill.py) of the version the SSD tier holds
+        when source -- a memory draft or version -- is that version changed
+        in pages the C core knows (`changes()`: the base's bytes to a cut,
+        zeros to the size, its own pages), or is that version itself: only
+        those pages are written.  False (sp untouched) otherwise."""
+        ssd = self.ssd
+        changes = getattr(source, "changes", None)
+        if changes is None:
+            return False
+        ch = changes()
+        if ch is None:
+            if getattr(source, "dirty", True) or not getattr(source, "version", 0):
+                return False
+            ch = (source.version, source.size, source.size, [])    # clean: the SSD's own
+        bver, bsize, cut, runs = ch
+        entry = ssd.get(key)
+        if entry is None or isinstance(entry, PackedEntry) or not entry.fseq \
+                or (entry.version, entry.size) != (bver, bsize):
+            return False
+        try:
+            reader = SSDReader(entry)               # (its checksum checked)
+        except (OSError, StaleEntry, CorruptSlot):
+            return False
+        try:
+            base = reader.overlay_base()
+        finally:
+            reader.release()
+        if base is None:
+            return False
+        sp.overlay(base)
+        if cut < bsize:
+            sp.truncate(cut)
+        if source.size != sp.size:
+            sp.truncate(source.size)
+        for off, n in runs:
+            end = off + n
+            while off < end:
+                k = min(end - off, 4 << 20)
+                sp.write(off, source.read(off, k))
+                off += k
+        return True
 
     def publish(self, draft: "_native.Draft", key: bytes,
                 meta: Optional[dict] = None) -> "_native.Ref":

@@ -349,8 +349,16 @@ static void test_changes(void)
     memos_draft_write(c, d, 4095, "ab", 2);                    /* pages 0 and 1 */
     memos_draft_write(c, d, 20 * 4096, "c", 1);                /* page 20 */
     memos_draft_truncate(c, d, 30 * 4096 + 7);
+    /* the draft's own, before its publish (and only for a draft) */
+    CHECK_EQ(memos_entry_changes(c, d, &ch, runs, 4), -1);
+    CHECK_EQ(memos_draft_changes(c, d, &ch, runs, 4), 0);
+    CHECK_EQ(ch.base_version, 1);
+    CHECK_EQ(ch.cut, 30 * 4096 + 7);
+    CHECK_EQ(ch.runs, 2);
+    CHECK_EQ(runs[2], 20 * 4096);
     CHECK_EQ(memos_publish(c, d, "k", 1, 0, 1), MEMOS_OK);
     r2 = d;
+    CHECK_EQ(memos_draft_changes(c, r2, &ch, runs, 4), -1);     /* published */
     CHECK_EQ(memos_entry_changes(c, r2, &ch, runs, 1), 0);
     CHECK_EQ(ch.base_version, 1);
     CHECK_EQ(ch.base_size, MiB);
