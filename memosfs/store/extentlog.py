@@ -38,6 +38,7 @@ This module parses and encodes; memosfs/store/ssd.py owns the files.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import struct
@@ -234,9 +235,21 @@ def _overlay(ext: list, a: int, b: int, pos: int) -> list:
 
 def read_extents(ext: list, base_fd: int, log_fd: int, off: int, n: int) -> bytes:
     """Bytes [off, off+n) of a version by its extents."""
+    return read_view(ext, {BASE: base_fd, LOG: log_fd}, off, n)
+
+
+def crc_extents(ext: list, base_fd: int, log_fd: int, size: int) -> int:
+    """The crc32c of a whole version read by its extents."""
+    return crc_view(ext, {BASE: base_fd, LOG: log_fd}, 0, size)
+
+
+def read_view(ext: list[tuple[int, int, int, int]], fds: dict[int, int],
+              off: int, n: int) -> bytes:
+    """Bytes [off, off+n) of a version by its extents (sources in fds)."""
     out = bytearray()
     end = off + n
-    for s, e, src, so in ext:
+    i = bisect.bisect_right(ext, (off, 1 << 63)) - 1
+    for s, e, src, so in ext[max(i, 0):]:
         if e <= off:
             continue
         if s >= end:
@@ -244,34 +257,30 @@ def read_extents(ext: list, base_fd: int, log_fd: int, off: int, n: int) -> byte
         a, b = max(s, off), min(e, end)
         if src == ZERO:
             out += bytes(b - a)
-        else:
-            fd = base_fd if src == BASE else log_fd
-            want = b - a
-            got = os.pread(fd, want, so + (a - s))
-            if len(got) != want:
-                raise OSError(5, f"short read ({len(got)} of {want})")
-            out += got
+            continue
+        want = b - a
+        got = os.pread(fds[src], want, so + (a - s))
+        if len(got) != want:
+            raise OSError(5, f"short read ({len(got)} of {want})")
+        out += got
     return bytes(out)
 
 
-def crc_extents(ext: list, base_fd: int, log_fd: int, size: int) -> int:
-    """The crc32c of a whole version read by its extents: each file piece
-    in C without the GIL (a hole in the base file not read), zeros
-    arithmetically."""
+def crc_view(ext: list[tuple[int, int, int, int]], fds: dict[int, int],
+             off: int, end: int) -> int:
+    """The crc32c of bytes [off, end) by extents: file pieces in C without
+    the GIL (their holes not read), zeros arithmetically."""
     crc = 0
     for s, e, src, so in ext:
-        if s >= size:
+        if e <= off:
+            continue
+        if s >= end:
             break
-        e = min(e, size)
+        a, b = max(s, off), min(e, end)
         if src == ZERO:
-            crc = _native.crc32c_zeros(e - s, crc)
+            crc = _native.crc32c_zeros(b - a, crc)
         else:
-            try:
-                crc = _native.crc32c_file(base_fd if src == BASE else log_fd, so, e - s, crc)
-            except OSError as err:
-                if err.errno == 5:
-                    raise OSError(5, f"short read ({e - s} bytes at {so})") from None
-                raise
+            crc = _native.crc32c_file(fds[src], so + (a - s), b - a, crc)
     return crc
 
 

@@ -50,7 +50,7 @@ from typing import Any, Callable, Optional
 
 from memosfs import _native
 from memosfs.private import open_private, private_dir
-from memosfs.store.extentlog import BASE, ZERO
+from memosfs.store.extentlog import BASE, ZERO, crc_view, read_view
 
 log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
 
@@ -147,45 +147,6 @@ def combine(base: list[tuple[int, int, int, int]], cut: int, size: int,
     return out
 
 
-def read_view(ext: list[tuple[int, int, int, int]], fds: dict[int, int],
-              off: int, n: int) -> bytes:
-    """Bytes [off, off+n) of a version by its extents (sources in fds)."""
-    out = bytearray()
-    end = off + n
-    i = bisect.bisect_right(ext, (off, 1 << 63)) - 1
-    for s, e, src, so in ext[max(i, 0):]:
-        if e <= off:
-            continue
-        if s >= end:
-            break
-        a, b = max(s, off), min(e, end)
-        if src == ZERO:
-            out += bytes(b - a)
-            continue
-        want = b - a
-        got = os.pread(fds[src], want, so + (a - s))
-        if len(got) != want:
-            raise OSError(errno.EIO, f"short read ({len(got)} of {want})")
-        out += got
-    return bytes(out)
-
-
-def crc_view(ext: list[tuple[int, int, int, int]], fds: dict[int, int],
-             off: int, end: int) -> int:
-    """The crc32c of bytes [off, end) by extents: file pieces in C without
-    the GIL (their holes not read), zeros arithmetically."""
-    crc = 0
-    for s, e, src, so in ext:
-        if e <= off:
-            continue
-        if s >= end:
-            break
-        a, b = max(s, off), min(e, end)
-        if src == ZERO:
-            crc = _native.crc32c_zeros(b - a, crc)
-        else:
-            crc = _native.crc32c_file(fds[src], so + (a - s), b - a, crc)
-    return crc
 
 
 def clear(root: str) -> int:
