@@ -43,7 +43,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from memosfs import _native
 
@@ -282,6 +282,38 @@ def crc_view(ext: list[tuple[int, int, int, int]], fds: dict[int, int],
         else:
             crc = _native.crc32c_file(fds[src], so + (a - s), b - a, crc)
     return crc
+
+
+DELTA_CRC_MAX = 64 << 20        # crc_after_runs reads at most this many bytes of runs
+
+
+def crc_after_runs(base_crc: int, base_size: int, size: int, runs: list[tuple[int, int]],
+                   read_old: Callable[[int, int], bytes], read_new: Callable[[int, int], bytes]
+                   ) -> Optional[int]:
+    """The crc32c of a version that is a base version (base_crc over
+    base_size bytes, all kept: no cut) with zeros to `size` (>= base_size)
+    and then `runs` (offset, length; sorted, disjoint) of new bytes, from
+    the base's crc and the runs alone: a CRC is affine over GF(2), so for
+    messages of one length crc(A ^ B) = crc(A) ^ crc(B) ^ crc(zeros).  A is
+    the base with zeros to the size (its crc: the base's continued over the
+    zeros), B the runs' new bytes XOR A's there and zeros elsewhere.
+    read_old(off, n) gives the base's bytes (off + n <= base_size),
+    read_new(off, n) the new version's.  None when the runs are more than
+    DELTA_CRC_MAX bytes (reading the whole version is then as cheap)."""
+    if size < base_size or sum(n for _o, n in runs) > DELTA_CRC_MAX:
+        return None
+    crc_b, pos = 0, 0
+    for o, n in runs:
+        crc_b = _native.crc32c_zeros(o - pos, crc_b)
+        new = read_new(o, n)
+        old = read_old(o, min(o + n, base_size) - o) if o < base_size else b""
+        x = (int.from_bytes(old, "little") ^ int.from_bytes(new, "little")).to_bytes(
+            n, "little")
+        crc_b = _native.crc32c(x, crc_b)
+        pos = o + n
+    crc_b = _native.crc32c_zeros(size - pos, crc_b)
+    crc_a = _native.crc32c_zeros(size - base_size, base_crc)
+    return crc_a ^ crc_b ^ _native.crc32c_zeros(size, 0)
 
 
 def scan_log(buf: bytes, base_seq: int, base: tuple[int, int, int]

@@ -50,7 +50,7 @@ from typing import Any, Callable, Optional
 
 from memosfs import _native
 from memosfs.private import open_private, private_dir
-from memosfs.store.extentlog import BASE, ZERO, crc_view, read_view
+from memosfs.store.extentlog import BASE, ZERO, crc_after_runs, crc_view, read_view
 
 log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
 
@@ -61,7 +61,6 @@ COPY_CHUNK = 4 << 20            # bytes a copy or a checksum reads at a time
 _ZEROS = bytes(COPY_CHUNK)
 _seq = itertools.count(1)
 OWN = -1                        # an overlay's extent code for its own spill file
-DELTA_CRC_MAX = 64 << 20        # an overlay's crc from its runs alone up to this many bytes
 
 
 class BaseView:
@@ -244,35 +243,23 @@ class SpillDraft:
         return self._ext, fds
 
     def _crc_by_delta(self) -> Optional[int]:
-        """An overlay's whole crc32c from its base's and its runs alone, no
-        other byte read: a CRC is affine over GF(2), so for messages of one
-        length crc(A ^ B) = crc(A) ^ crc(B) ^ crc(zeros).  A is the base
-        with zeros to the size (crc: the base's continued over the zeros),
-        B the runs' bytes XOR A's there (zeros elsewhere).  None where a
-        truncate cut into the base (its prefix's crc is not known) or the
-        runs are large (then every byte is read)."""
+        """An overlay's whole crc32c from its base's and its runs alone
+        (extentlog.crc_after_runs); None where a truncate cut into the base
+        or the runs are large (then every byte is read)."""
         base = self._base
         assert base is not None
-        bsize, size = base.size, self._size
-        if self._cut < bsize or sum(b - a for a, b in zip(self._starts, self._ends)) \
-                > DELTA_CRC_MAX:
+        if self._cut < base.size:
             return None
-        crc_a = _native.crc32c_zeros(size - bsize, base.ident[3])
-        crc_b, pos = 0, 0
         fd = self._fd()
-        for a, b in zip(self._starts, self._ends):
-            crc_b = _native.crc32c_zeros(a - pos, crc_b)
-            new = os.pread(fd, b - a, a)
-            old = read_view(base.ext, base.fds, a, min(b, bsize) - a) if a < bsize else b""
-            if len(new) != b - a:
+
+        def new(o: int, n: int) -> bytes:
+            got = os.pread(fd, n, o)
+            if len(got) != n:
                 raise OSError(errno.EIO, f"{self.path}: shorter than its draft")
-            n = b - a
-            x = (int.from_bytes(old, "little") ^ int.from_bytes(new, "little")).to_bytes(
-                n, "little")
-            crc_b = _native.crc32c(x, crc_b)
-            pos = b
-        crc_b = _native.crc32c_zeros(size - pos, crc_b)
-        return crc_a ^ crc_b ^ _native.crc32c_zeros(size, 0)
+            return got
+
+        return crc_after_runs(base.ident[3], base.size, self._size, self.runs(),
+                              lambda o, n: read_view(base.ext, base.fds, o, n), new)
 
     def _mark(self, a: int, b: int) -> None:
         """Bytes [a, b) are the overlay's own now."""

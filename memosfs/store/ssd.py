@@ -593,7 +593,12 @@ class SSDTier:
         back a removed or renamed slot).  OSError (ENOSPC, EIO) leaves the
         previous version in place and the index unchanged."""
         key = ref.key
-        crc = ref.crc32c()
+        # (a version that will be a log record gets its checksum from the
+        # record's runs alone, under the lock; any other is read whole
+        # before it, as the lock is for the file operations)
+        crc: Optional[int] = None
+        if self._log_plan(ref, self.get(key)) is None:
+            crc = ref.crc32c()
         self._check_room(key, ref.size + _trailer_bound(key, meta))
         with self.write_lock:
             # checked under the writer lock, which remove() and rename() take too
@@ -603,8 +608,39 @@ class SSDTier:
                 return None
             plan = self._log_plan(ref, current)
             if plan is not None:
+                assert current is not None
+                if crc is None:
+                    crc = self._crc_after(current, ref, *plan)
+                if crc is None:
+                    crc = ref.crc32c()
                 return self._append_locked(ref, current, meta, durable, crc, *plan)
             return self._write_locked(ref, key, meta, durable, crc)
+
+    def _crc_after(self, current: SSDEntry, ref: Any, cut: int,
+                   runs: list[tuple[int, int]]) -> Optional[int]:
+        """ref's crc32c from current's (the version it changes, in its slot
+        file) and the record's runs (extentlog.crc_after_runs), reading only
+        the runs' bytes of both; None where a cut into current or a file
+        that cannot be opened leaves reading ref whole."""
+        if cut < current.size:
+            return None
+        try:
+            ext, fds = entry_view(current)
+        except (OSError, StaleEntry, CorruptSlot):
+            return None
+        try:
+            def new(o: int, n: int) -> bytes:
+                got = ref.read(o, n)
+                if len(got) != n:
+                    raise OSError(errno.EIO, f"short read of {ref.key!r}")
+                return got
+
+            return _extentlog.crc_after_runs(
+                current.crc, current.size, ref.size, runs,
+                lambda o, n: _extentlog.read_view(ext, fds, o, n), new)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
     # ---- extent logs (memosfs/store/extentlog.py) ----
 
