@@ -15,6 +15,7 @@ import collections
 import errno
 import os
 import subprocess
+import sys
 
 import pyfuse3
 import pytest
@@ -217,3 +218,28 @@ def test_an_opener_with_two_opens_publishes_at_the_first_close(make_mount):
         assert r.returncode == 0 and r.stdout.strip() == "0", r
     finally:
         os.close(b)
+
+
+def test_a_dup_d_close_after_the_roots_attributes_expired_does_not_hang(make_mount):
+    """The close of an O_TRUNC descriptor with nothing written while its
+    process holds a copy (the shell's `>`) makes the daemon look up its own
+    mount in /proc; it must never stat the mountpoint for that: from the
+    thread that serves requests, a stat the kernel sends to the mount (the
+    root's attributes expired, ATTR_TIMEOUT) would wait for itself (found
+    by fsx at its exit: the mount hung)."""
+    m, d = _tier(make_mount, 0)
+    script = ("import os, sys, time\n"
+              "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)\n"
+              "copy = os.dup(fd)\n"
+              "time.sleep(2.5)\n"                   # (past the root's attribute timeout)
+              "os.close(fd)\n"
+              "os.write(copy, b'after')\n"
+              "os.close(copy)\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", script, str(d / "late")], timeout=60,
+                           capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        m.kill9()
+        pytest.fail("the close hung: the daemon waited on a request to its own mount")
+    assert r.returncode == 0, r.stderr
+    assert (d / "late").read_bytes() == b"after"

@@ -568,7 +568,12 @@ class FileOps(OpsCore):
         where = getattr(self, "mountpoint", None)
         if not where:
             return None
-        where = os.path.realpath(where)
+        # The parent resolved, never the mountpoint itself: a stat of it is a
+        # request to this mount, which this thread (the one serving them)
+        # would wait for forever once the kernel's attributes of the root
+        # have expired.
+        where = os.path.abspath(where)
+        where = os.path.join(os.path.realpath(os.path.dirname(where)), os.path.basename(where))
         try:
             with open("/proc/self/mountinfo") as f:
                 for line in f:
