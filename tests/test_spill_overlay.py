@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from memosfs import _native
-from memosfs.store.store import Store
 from memosfs.store.ssd import SSDReader, SSDTier
+from memosfs.store.store import Store
+from test_spill import _mount, _spill_files
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -44,6 +45,15 @@ def store(tmp_path):
 def _publish(store: Store, key: bytes, data: bytes):
     d = store.spill(key, None, data)
     return store.publish(d, key)
+
+
+def _overlay(store: Store, key: bytes, seed: int, size: int):
+    """(an overlay draft of key's version on the SSD tier, that version's bytes)."""
+    base = _bytes(seed, size)
+    ref = _publish(store, key, base)
+    ov = store.spill(key, ref)
+    ref.release()
+    return ov, base
 
 
 def test_an_overlay_copies_nothing_and_publishes_a_log_record(store):
@@ -83,10 +93,7 @@ def test_an_overlay_copies_nothing_and_publishes_a_log_record(store):
 
 def test_cut_then_grow_shows_zeros_not_the_base(store):
     key = b"a/s/cut"
-    base = _bytes(2, 20 * MiB)
-    ref = _publish(store, key, base)
-    ov = store.spill(key, ref)
-    ref.release()
+    ov, base = _overlay(store, key, 2, 20 * MiB)
     ov.truncate(3 * MiB)
     ov.write(4 * MiB, b"x" * 10)           # a hole [3, 4) MiB: zeros, not the base's
     ov.truncate(18 * MiB)
@@ -127,10 +134,7 @@ def test_a_base_replaced_meanwhile_publishes_whole(store):
 
 def test_a_large_change_publishes_whole(store):
     key = b"a/s/large"
-    base = _bytes(4, 16 * MiB)
-    ref = _publish(store, key, base)
-    ov = store.spill(key, ref)
-    ref.release()
+    ov, base = _overlay(store, key, 4, 16 * MiB)
     new = _bytes(5, 8 * MiB)                # half the slot: beyond LOG_RUN_SHARE
     ov.write(2 * MiB, new)
     appends = store.ssd.log_appends
@@ -141,10 +145,7 @@ def test_a_large_change_publishes_whole(store):
 
 def test_an_aborted_overlay_leaves_the_version_and_no_file(store):
     key = b"a/s/abort"
-    base = _bytes(6, 12 * MiB)
-    ref = _publish(store, key, base)
-    ov = store.spill(key, ref)
-    ref.release()
+    ov, base = _overlay(store, key, 6, 12 * MiB)
     ov.write(0, b"never")
     ov.free()
     assert _version(store, key) == base
@@ -193,14 +194,6 @@ def test_overlay_against_a_model(store):
 
 # ---- mounted ----
 
-def _mount(make_mount, **opts):
-    if os.environ.get("MEMOSFS_TEST_PASSTHROUGH") == "1":
-        opts.setdefault("passthrough", 0)       # (the default mode is what spills)
-    m = make_mount(**opts)
-    d = m.p("a", "s")
-    d.mkdir(parents=True)
-    return m, d
-
 
 def test_mounted_change_of_a_slot_larger_than_memory_writes_what_changed(make_mount):
     """A 48 MiB slot on a 16M tier changed in place three times: each change
@@ -240,10 +233,7 @@ def test_an_overlays_crc_comes_from_its_runs_alone(store, monkeypatch):
     byte is read."""
     from memosfs.store import spill
     key = b"a/s/crc"
-    base = _bytes(10, 20 * MiB)
-    ref = _publish(store, key, base)
-    ov = store.spill(key, ref)
-    ref.release()
+    ov, base = _overlay(store, key, 10, 20 * MiB)
     want = bytearray(base)
     rng = random.Random(3)
     for _ in range(20):
@@ -268,13 +258,6 @@ def test_an_overlays_crc_comes_from_its_runs_alone(store, monkeypatch):
     del want[len(base) - 1:]
     assert ov.crc32c() == _native.crc32c(bytes(want))
     ov.free()
-
-
-def _spill_files(m) -> list[str]:
-    try:
-        return os.listdir(Path(m.ssd) / "spill")
-    except FileNotFoundError:
-        return []
 
 
 def _big(m, d, name: str, seed: int, size: int = 40 * MiB) -> bytearray:

@@ -242,8 +242,10 @@ def test_remove_takes_the_log(tmp_path, tier):
     assert rescan(tmp_path).keys() == []
 
 
-def test_a_torn_log_tail_is_cut_and_the_version_before_served(tmp_path, tier, caplog):
-    s = Slot(b"a/s/torn", os.urandom(1 * MiB))
+def _two_records(tmp_path, tier, key: bytes):
+    """A 1 MiB slot with two log records: (the slot, its version before
+    the last record, the log)."""
+    s = Slot(key, os.urandom(1 * MiB))
     put(tier, s)
     s.pwrite(8192, b"a" * 4096)
     put(tier, s)
@@ -251,6 +253,11 @@ def test_a_torn_log_tail_is_cut_and_the_version_before_served(tmp_path, tier, ca
     s.pwrite(16384, b"b" * 4096)
     put(tier, s)
     [lg] = logs(tmp_path)
+    return s, before, lg
+
+
+def test_a_torn_log_tail_is_cut_and_the_version_before_served(tmp_path, tier, caplog):
+    s, before, lg = _two_records(tmp_path, tier, b"a/s/torn")
     caplog.set_level(logging.INFO)
     with open(lg, "r+b") as f:
         f.truncate(lg.stat().st_size - 7)
@@ -269,14 +276,7 @@ def test_a_torn_log_tail_is_cut_and_the_version_before_served(tmp_path, tier, ca
 
 @pytest.mark.parametrize("where", ["payload", "header"])
 def test_a_corrupt_record_is_never_served(tmp_path, tier, where):
-    s = Slot(b"a/s/bad", os.urandom(1 * MiB))
-    put(tier, s)
-    s.pwrite(8192, b"a" * 4096)
-    put(tier, s)
-    before = bytes(s.data)
-    s.pwrite(16384, b"b" * 4096)
-    put(tier, s)
-    [lg] = logs(tmp_path)
+    s, before, lg = _two_records(tmp_path, tier, b"a/s/bad")
     buf = bytearray(lg.read_bytes())
     off = len(buf) - 100 if where == "payload" else tier.get(s.key).log.records[-1].off + 30
     buf[off] ^= 0xFF

@@ -243,11 +243,8 @@ def crc_extents(ext: list, base_fd: int, log_fd: int, size: int) -> int:
     return crc_view(ext, {BASE: base_fd, LOG: log_fd}, 0, size)
 
 
-def read_view(ext: list[tuple[int, int, int, int]], fds: dict[int, int],
-              off: int, n: int) -> bytes:
-    """Bytes [off, off+n) of a version by its extents (sources in fds)."""
-    out = bytearray()
-    end = off + n
+def _pieces(ext: list[tuple[int, int, int, int]], off: int, end: int):
+    """(source, offset there, length) of bytes [off, end) by extents."""
     i = bisect.bisect_right(ext, (off, 1 << 63)) - 1
     for s, e, src, so in ext[max(i, 0):]:
         if e <= off:
@@ -255,11 +252,18 @@ def read_view(ext: list[tuple[int, int, int, int]], fds: dict[int, int],
         if s >= end:
             break
         a, b = max(s, off), min(e, end)
+        yield src, (0 if src == ZERO else so + (a - s)), b - a
+
+
+def read_view(ext: list[tuple[int, int, int, int]], fds: dict[int, int],
+              off: int, n: int) -> bytes:
+    """Bytes [off, off+n) of a version by its extents (sources in fds)."""
+    out = bytearray()
+    for src, at, want in _pieces(ext, off, off + n):
         if src == ZERO:
-            out += bytes(b - a)
+            out += bytes(want)
             continue
-        want = b - a
-        got = os.pread(fds[src], want, so + (a - s))
+        got = os.pread(fds[src], want, at)
         if len(got) != want:
             raise OSError(5, f"short read ({len(got)} of {want})")
         out += got
@@ -271,16 +275,11 @@ def crc_view(ext: list[tuple[int, int, int, int]], fds: dict[int, int],
     """The crc32c of bytes [off, end) by extents: file pieces in C without
     the GIL (their holes not read), zeros arithmetically."""
     crc = 0
-    for s, e, src, so in ext:
-        if e <= off:
-            continue
-        if s >= end:
-            break
-        a, b = max(s, off), min(e, end)
+    for src, at, n in _pieces(ext, off, end):
         if src == ZERO:
-            crc = _native.crc32c_zeros(b - a, crc)
+            crc = _native.crc32c_zeros(n, crc)
         else:
-            crc = _native.crc32c_file(fds[src], so + (a - s), b - a, crc)
+            crc = _native.crc32c_file(fds[src], at, n, crc)
     return crc
 
 

@@ -108,7 +108,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, NoReturn, Optional
 
 from memosfs import _native
 from memosfs.private import open_private, private_dir, private_makedirs, tighten_tree
@@ -729,13 +729,7 @@ class SSDTier:
             finally:
                 os.close(fd)
         except OSError as e:
-            with self.lock:
-                self.write_errors += 1
-            if e.errno is None:
-                raise
-            said = self.disk_trouble(e.errno)
-            self.trouble = said
-            raise OSError(e.errno, said) from e
+            self._write_failed(e)
         self.trouble = None
         off = start + (_extentlog.LOG_HEAD if fresh else 0)
         r = _extentlog.parse(rec, 0, check_payload=False)
@@ -768,6 +762,19 @@ class SSDTier:
                 with self.lock:
                     self._dirty_dirs.add(sdir)
         return entry
+
+    def _write_failed(self, e: OSError) -> NoReturn:
+        """A write of a version failed with e (its files already taken
+        back): counted, and raised again in words a user knows (a full disk,
+        not the failing call's name, "write_to_fd"), noted as the tier's
+        trouble; an OSError without an errno as it was."""
+        with self.lock:
+            self.write_errors += 1
+        if e.errno is None:
+            raise e
+        said = self.disk_trouble(e.errno)
+        self.trouble = said
+        raise OSError(e.errno, said) from e
 
     def _fsync_path(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -859,15 +866,8 @@ class SSDTier:
                     self._unsynced[key] = entry
                     self.unsynced_writes += 1
         except OSError as e:
-            with self.lock:
-                self.write_errors += 1
             _discard(tmp)
-            if e.errno is None:
-                raise
-            # in words a user knows, not the failing call's name ("write_to_fd")
-            said = self.disk_trouble(e.errno)
-            self.trouble = said
-            raise OSError(e.errno, said) from e
+            self._write_failed(e)
         self.trouble = None
         if durable:
             _fsync_dir(sdir)
@@ -937,13 +937,7 @@ class SSDTier:
                         pass
                     raise
             except OSError as e:
-                with self.lock:
-                    self.write_errors += 1
-                if e.errno is None:
-                    raise
-                said = self.disk_trouble(e.errno)
-                self.trouble = said
-                raise OSError(e.errno, said) from e
+                self._write_failed(e)
             self.trouble = None
             if durable:
                 _fsync_dir(sdir)
