@@ -6,11 +6,12 @@
  *   lru       victims in recency order (policies/lru.c)
  *   lfu       the rarest first, by levels of touch counts (policies/lfu.c)
  *   lru_lfu   the default: a two-segment hybrid (probation FIFO, protected
- *             LRU with an aging clock, ghosts of the evicted) at one of six
- *             settings (policies/hybrid.c), the setting chosen by a
- *             miniature simulation of four of them on a 1% spatial sample
- *             of the keys (policies/lru_lfu.c); "lru_lfu@i" runs setting i
- *             alone (policy_simulate and the tests).
+ *             LRU with an aging clock, ghosts of the evicted) at one of nine
+ *             settings (policies/hybrid.c), the setting — LRU, LIRS or ARC —
+ *             chosen by shadows of those three judged on every access from
+ *             the stamps and class bits the live cache keeps
+ *             (policies/shadow.c, policies/lru_lfu.c); "lru_lfu@i" runs
+ *             setting i alone (policy_simulate and the tests).
  *
  * The front keeps what every policy shares: the recency list, a circular
  * doubly-linked list through prev/next with a sentinel (head.next the most
@@ -23,17 +24,17 @@
  * ARC, 2Q, S3-FIFO, SIEVE, LIRS, W-TinyLFU and the hybrid's settings, each
  * over unit-size blocks of its own) are what policy_simulate replays as
  * "ref:NAME" (bench policy's reference peers; tests/test_policy_ref.py holds
- * them equal to memosfs/testing/refpolicies.py) and what lru_lfu's
- * miniature simulation runs.
+ * them equal to memosfs/testing/refpolicies.py).
  *
- * Memory.  48 bytes per entry (policy_node), whatever the policy; lru_lfu
- * adds its ghosts (31 to 62 bytes per entry, policies/hybrid.c) and a fixed
- * simulation of under 1 MiB (policies/lru_lfu.c); lfu a few sentinels.
+ * Memory.  56 bytes per entry (policy_node), whatever the policy; lru_lfu
+ * adds its ghosts (32 bytes per entry, a table of at least 32 KB,
+ * policies/hybrid.c) and fixed shadows of 17 KB (policies/shadow.c); lfu a
+ * few sentinels.
  *
  * Cost.  admit, touch and remove are O(1) under every policy (lru_lfu: one
- * ghost lookup on an admit and on an eviction; a sampled key, at most 1%,
- * one access of each simulated setting); a victim is O(skipped) plus
- * lru_lfu's clock passes.
+ * bucket of the ghost table on an admit and on an eviction, and the
+ * shadows' counts on every access); a victim is O(skipped) plus at most
+ * 8 clock passes (lru_lfu).
  *
  * Victims are filtered by the owner's evictable() predicate (the cache skips
  * pinned, sticky, evicting and just-refused entries) and are not removed
@@ -63,6 +64,7 @@ static const policy_ops *const POLICIES[] = {
     &policy_lru_lfu_ops, &policy_lru_ops, &policy_lfu_ops,
     &policy_hybrid_ops[0], &policy_hybrid_ops[1], &policy_hybrid_ops[2],
     &policy_hybrid_ops[3], &policy_hybrid_ops[4], &policy_hybrid_ops[5],
+    &policy_hybrid_ops[6], &policy_hybrid_ops[7], &policy_hybrid_ops[8],
 };
 #define NPOLICIES (sizeof POLICIES / sizeof POLICIES[0])
 
@@ -124,6 +126,7 @@ void policy_admit(policy *p, policy_node *n, uint64_t hash)
     n->freq = 0;
     n->level = 0;
     n->ref = 0;
+    n->mcls = 0;
     n->linked = 1;
     n->fprev = n->fnext = NULL;
     link_after(&p->head, n);
@@ -159,8 +162,7 @@ void policy_note_evict(policy *p, policy_node *n)
     p->evicting = n;
 }
 
-/* The entry was renamed.  (lru_lfu's sample keeps the old name until it
- * ages out of the simulated caches.) */
+/* The entry was renamed (its stamp, and so the shadows' view, stays). */
 void policy_rekey(policy *p, policy_node *n, uint64_t hash)
 {
     n->hash = norm_hash(hash);
@@ -197,7 +199,8 @@ void policy_get_stats(const policy *p, policy_stats *out)
     out->ghost_bytes = policy_ghost_bytes(p);
     out->probation = p->nseg[POLICY_PROBATION];
     out->protected_ = p->nseg[POLICY_PROTECTED];
-    out->recency = p->ops->setting ? (p->mode.lru ? 1.0 : p->pfrac) : p->ops->lists ? 0.0 : 1.0;
+    out->recency = !p->ops->setting ? (p->ops->lists ? 0.0 : 1.0) : p->mode.lru ? 1.0 :
+                   p->mode.arc ? (p->count ? p->arcp / (double)p->count : 0.0) : p->pfrac;
     out->expert = p->expert;
     out->expert_switches = p->switches;
     if (p->ops->stats)
@@ -399,11 +402,23 @@ size_t policy_dump_list(const policy *p, int list, policy_node **out, size_t max
     return k;
 }
 
-size_t policy_dump_ghosts(const policy *p, unsigned r, uint64_t *hash, uint8_t *live,
-                          size_t max, uint64_t *clock)
+size_t policy_dump_ghosts(const policy *p, unsigned r, policy_ghost *out, size_t max,
+                          uint64_t *epoch)
 {
-    *clock = 0;
-    return r < p->ops->rings ? hybrid_dump_ghosts(p, r, hash, live, max, clock) : 0;
+    *epoch = 0;
+    return r < p->ops->rings ? hybrid_dump_ghosts(p, r, out, max, epoch) : 0;
+}
+
+uint32_t policy_dump_tick(const policy *p) { return p->tick; }
+uint64_t policy_dump_ghost_size(const policy *p) { return p->gtab ? p->gfull : 0; }
+
+int policy_restore_ghost_size(policy *p, uint64_t size)
+{
+    if (!p->ops->rings || size > (1ull << 40))
+        return MEMOS_EINVAL;
+    if (size)
+        hybrid_resize(p, size);
+    return !size || p->gtab ? MEMOS_OK : MEMOS_ENOMEM;
 }
 
 unsigned policy_dump_expert(const policy *p) { return p->expert; }
@@ -420,7 +435,9 @@ double policy_dump_balance(const policy *p, uint64_t ghits[2])
     return p->pfrac;
 }
 
-/* Link n at the LRU end of the recency list (nodes come MRU first). */
+/* Link n at the LRU end of the recency list (nodes come MRU first; each is
+ * stamped one access before the one restored before it, the clock after
+ * the first, until policy_restore_stamp says otherwise). */
 void policy_restore_node(policy *p, policy_node *n, uint64_t hash, uint32_t freq, uint8_t ref)
 {
     n->hash = norm_hash(hash);
@@ -428,10 +445,21 @@ void policy_restore_node(policy *p, policy_node *n, uint64_t hash, uint32_t freq
     n->level = 0;
     n->ref = ref > 3 ? 3 : ref;
     n->seg = POLICY_PROBATION;
+    n->stamp = (uint32_t)0 - (uint32_t)p->count;
+    n->mcls = 0;
+    p->tick = 1;
     n->linked = 1;
     n->fprev = n->fnext = NULL;
     link_after(p->head.prev, n);
     p->count++;
+}
+
+/* A restored node's stamp and class bits, and the clock they count by. */
+void policy_restore_stamp(policy *p, policy_node *n, uint32_t stamp, uint8_t cls, uint32_t tick)
+{
+    n->stamp = stamp;
+    n->mcls = cls;
+    p->tick = tick;
 }
 
 /* Append n at the back of second list `list` (nodes come front first). */
@@ -442,12 +470,12 @@ int policy_restore_place(policy *p, policy_node *n, unsigned list)
     return p->ops->place(p, n, list);
 }
 
-int policy_restore_ghosts(policy *p, unsigned r, const uint64_t *hash, const uint8_t *live,
-                          size_t len, uint64_t clock)
+int policy_restore_ghosts(policy *p, unsigned r, const policy_ghost *g, size_t len,
+                          uint64_t epoch)
 {
     if (r >= p->ops->rings)
         return MEMOS_EINVAL;
-    return hybrid_restore_ghosts(p, r, hash, live, len, clock);
+    return hybrid_restore_ghosts(p, r, g, len, epoch);
 }
 
 int policy_restore_finish(policy *p, double pfrac, const uint64_t ghits[2],

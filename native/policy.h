@@ -12,16 +12,18 @@
 
 #define POLICY_LEVELS 9   /* LFU frequency buckets: level = bit length of freq, capped */
 
-/* Embedded in every live entry: 48 bytes on x86-64, whatever the policy. */
+/* Embedded in every live entry: 56 bytes on x86-64, whatever the policy. */
 typedef struct policy_node {
     struct policy_node *prev, *next;    /* recency list, MRU at head.next (cache lock) */
     struct policy_node *fprev, *fnext;  /* lfu: level list; lru_lfu: segment list, MRU first (cache lock) */
     uint64_t hash;                      /* key hash, recorded in a ghost on eviction (cache lock) */
     uint32_t freq;                      /* touches since admit, saturating (cache lock) */
+    uint32_t stamp;                     /* lru_lfu: the policy's access clock at the last access (cache lock) */
     uint8_t  level;                     /* lfu: level the node is linked in (cache lock) */
     uint8_t  linked;                    /* 1 while admitted (cache lock) */
     uint8_t  seg;                       /* lru_lfu: POLICY_PROBATION or POLICY_PROTECTED (cache lock) */
     uint8_t  ref;                       /* lru_lfu: aging frequency 0..3, +1 a hit, -1 a clock pass (cache lock) */
+    uint8_t  mcls;                      /* lru_lfu: the shadow policies' class bits (shadow.h) (cache lock) */
 } policy_node;
 
 enum { POLICY_PROBATION = 0, POLICY_PROTECTED = 1 };
@@ -29,29 +31,33 @@ enum { POLICY_PROBATION = 0, POLICY_PROTECTED = 1 };
 /* Returns 1 if the node may be a victim now (not pinned, not evicting...). */
 typedef int (*policy_evictable_fn)(const policy_node *n, void *ctx);
 
-/* Ghosts of the hybrid: 32-bit fingerprints (the key hash's high half) of
- * evicted entries in two FIFO rings (0: evicted from probation, 1: from
- * protected), found through one open-addressing table of ring positions. */
-typedef struct ghost_ring {
-    uint32_t *fp;                       /* ring of fingerprints, oldest at tail (malloc) */
-    size_t    cap, len, tail;           /* allocated, used, index of the oldest */
-    size_t    live;                     /* slots still in the table (not stale) */
-    uint64_t  next_seq;                 /* insertions so far (the ring's clock) */
-} ghost_ring;
+/* A ghost as a dump holds it (policy_dump_ghosts): an evicted key the
+ * hybrid still remembers, in ring `seg` (0: evicted from probation, 1: from
+ * protected). */
+typedef struct policy_ghost {
+    uint64_t fp;                        /* 32-bit fingerprint of the key hash */
+    uint32_t stamp;                     /* the key's last access (the access clock, to its unit) */
+    uint16_t age;                       /* epochs of its ring since it was evicted */
+    uint8_t  cls;                       /* the shadow policies' class bits */
+} policy_ghost;
 
 /* A setting of lru_lfu's two-segment hybrid (hybrid.c: HYBRIDS), "lru_lfu@i". */
 typedef struct policy_expert {
     double  pfrac;                      /* probation target share, fixed; < 0: adaptive (ghost rule) */
     uint8_t lru;                        /* 1: victims in recency order (plain LRU) */
     uint8_t gadmit;                     /* ghost hit -> protected: 0 never, 1 always, 2 while protected has room, 3 or in place of a cold one */
+    uint8_t lirs;                       /* 1: protected is LIRS's LIR set (a key enters it if its last access is
+                                           more recent than protected's oldest); 2: the same with the aging clock */
+    uint8_t arc;                        /* 1: ARC: probation T1, protected T2 (no clock), its target p adapted
+                                           by ghost hits within B1 and B2 */
 } policy_expert;
 
-#define POLICY_EXPERTS 6                /* hybrid settings "lru_lfu@0..5" (hybrid.c: HYBRIDS) */
-#define POLICY_SIM_N 4                  /* settings lru_lfu's miniature simulation runs (minisim.c) */
-#define POLICY_STATE_VERSION 3          /* lru_lfu's dump format (2: the bank's; 0/1: before it) */
+#define POLICY_EXPERTS 9                /* hybrid settings "lru_lfu@0..8" (hybrid.c: HYBRIDS) */
+#define POLICY_SIM_N 3                  /* the policies lru_lfu's shadows judge (lru_lfu.c: CANDIDATES) */
+#define POLICY_STATE_VERSION 4          /* lru_lfu's dump format (3: ghost rings of bare fingerprints; 2: the bank's) */
 
 struct policy;
-struct policy_minisim;                  /* lru_lfu.c: the miniature simulation */
+struct policy_chooser;                  /* lru_lfu.c: the shadows and the rule that follows them */
 
 typedef struct policy_stats {
     uint64_t ghost_hits_recency;        /* admits found in the probation ghost */
@@ -63,14 +69,15 @@ typedef struct policy_stats {
     uint32_t expert;                    /* the hybrid setting in force */
     uint64_t expert_switches;           /* lru_lfu: times the setting changed */
     uint64_t ghost_bytes;               /* memory of the ghosts (rings and table) */
-    uint64_t sim_bytes;                 /* lru_lfu: memory of the miniature simulation */
-    uint32_t sim_cap;                   /* lru_lfu: each simulated cache's capacity (0: not running) */
-    double   sim_rate;                  /* lru_lfu: share of the keys sampled */
-    uint64_t sim_sampled;               /* lru_lfu: sampled accesses so far */
+    uint64_t sim_bytes;                 /* lru_lfu: memory of the shadows and the rule (fixed) */
+    uint32_t sim_cap;                   /* lru_lfu: the size the shadows judge (0: not known yet) */
     uint64_t sim_decisions;             /* lru_lfu: windows decided */
-    uint32_t sim_settings[POLICY_SIM_N];/* lru_lfu: the settings simulated */
-    uint64_t sim_hits[POLICY_SIM_N];    /* lru_lfu: each one's hits so far */
-    char     decided[40];               /* what decided the victims (policy_decided) */
+    uint64_t sim_accesses;              /* lru_lfu: accesses the shadows judged */
+    uint32_t sim_settings[POLICY_SIM_N];/* lru_lfu: the setting each shadow stands for */
+    double   sim_hits[POLICY_SIM_N];    /* lru_lfu: each shadow's hits so far (estimated) */
+    uint64_t sim_time[POLICY_SIM_N];    /* lru_lfu: accesses served under each one's setting */
+    uint64_t live_hits;                 /* lru_lfu: hits of the live cache as the rule counted them */
+    char     decided[64];               /* what decided the victims (policy_decided) */
 } policy_stats;
 
 /* One policy: a table of functions, one file each (native/policies/).
@@ -123,15 +130,22 @@ typedef struct policy {
     policy_node      seg[2];            /* probation (FIFO) and protected (LRU + clock) */
     uint64_t         nseg[2];           /* nodes in each segment */
     double           pfrac;             /* probation target, share of count */
-    ghost_ring       ring[2];           /* ghost FIFOs */
-    uint32_t        *gtab;              /* ghost table, gmask + 1 slots (malloc): ring position + 1 */
-    size_t           gmask, gused;      /* table size - 1, slots used */
+    double           arcp;              /* ARC setting: T1's target in entries (0..count) */
+    uint64_t        *gtab;              /* ghost table: gbuckets buckets of 8 entries (malloc, 64-byte aligned) */
+    size_t           gbuckets, gused;   /* buckets, entries in use */
+    uint64_t         gfull;             /* the size the table was made for */
+    uint64_t         gunit;             /* evictions of a ring per epoch (gfull / 8) */
+    uint64_t         gev[2];            /* evictions into each ring since its last epoch */
+    uint16_t         gepoch[2];         /* each ring's epoch (12 bits, wraps) */
+    uint16_t         glimit[2][2];      /* epochs a ghost lives: [ring][class bit 0] */
+    uint8_t          gshift;            /* a ghost's stamp is the access clock >> gshift */
+    uint32_t         tick;              /* the access clock: admits and touches so far (wraps) */
     uint64_t         ghits[2];          /* ghost hits per ring */
     int              oom;               /* a ghost allocation failed: ghosts stay as they are */
     policy_expert    mode;              /* the setting in force */
     unsigned         expert;            /* its index in HYBRIDS */
     uint64_t         switches;          /* lru_lfu: changes of the setting */
-    struct policy_minisim *sim;         /* lru_lfu: the miniature simulation (malloc) */
+    struct policy_chooser *sim;         /* lru_lfu: the shadows and the rule (malloc) */
 } policy;
 
 int    policy_init(policy *p, const char *name, policy_evictable_fn fn, void *ctx); /* MEMOS_OK, MEMOS_EINVAL */
@@ -152,8 +166,8 @@ int    policy_check(const policy *p, char *why, size_t whylen); /* MEMOS_OK, MEM
 const policy_expert *policy_expert_at(unsigned i);
 /* Bytes of the hybrid's ghosts (rings and table). */
 uint64_t policy_ghost_bytes(const policy *p);
-/* What decided the victims: "LRU", "LFU", "lru_lfu@i (fixed)", "lru_lfu@i
- * (start)" or "lru_lfu@i (simulated)" (a static string of its own, into buf). */
+/* What decided the victims: "LRU", "LFU", "lru_lfu@i (fixed)", or lru_lfu's
+ * rule: the setting in force and why (into buf). */
 const char *policy_decided(const policy *p, char *buf, size_t len);
 
 /* Replay `n` keys through a cache of `capacity` unit-size blocks run by the
@@ -177,23 +191,27 @@ long long policy_simulate(const char *name, const uint64_t *keys, size_t n,
 
 unsigned policy_dump_lists(const policy *p);        /* second lists: lru 0, lfu POLICY_LEVELS, lru_lfu 2 */
 unsigned policy_dump_rings(const policy *p);        /* ghost rings: lru_lfu 2, else 0 */
+uint32_t policy_dump_tick(const policy *p);         /* the access clock */
+uint64_t policy_dump_ghost_size(const policy *p);   /* the size the ghost table was made for (0: none) */
 unsigned policy_dump_format(const policy *p);       /* lru_lfu: POLICY_STATE_VERSION, else 0 */
 /* Nodes of list `list` (-1: recency, MRU first; else second list `list`,
  * front first) into out[0..max); returns how many the list holds. */
 size_t   policy_dump_list(const policy *p, int list, policy_node **out, size_t max);
-/* Ghost ring r, oldest slot first: hash and whether it is live (stale slots
- * are left by ghost hits), into [0..max); returns the ring's length; *clock
- * gets the ring's insertion count. */
-size_t   policy_dump_ghosts(const policy *p, unsigned r, uint64_t *hash, uint8_t *live,
-                            size_t max, uint64_t *clock);
+/* The ghosts of ring r (in table order) into out[0..max); returns how many
+ * it holds; *epoch gets the ring's epoch. */
+size_t   policy_dump_ghosts(const policy *p, unsigned r, policy_ghost *out, size_t max,
+                            uint64_t *epoch);
 unsigned policy_dump_expert(const policy *p);        /* lru_lfu: the setting in force */
-int    policy_restore_expert(policy *p, unsigned i);  /* MEMOS_OK, MEMOS_EINVAL; the simulation starts anew */
+int    policy_restore_expert(policy *p, unsigned i);  /* MEMOS_OK, MEMOS_EINVAL; lru_lfu's shadows start anew */
 double   policy_dump_balance(const policy *p, uint64_t ghits[2]);  /* pfrac; ghost hits */
 
 void     policy_restore_node(policy *p, policy_node *n, uint64_t hash, uint32_t freq, uint8_t ref);
+void     policy_restore_stamp(policy *p, policy_node *n, uint32_t stamp, uint8_t cls, uint32_t tick);
 int      policy_restore_place(policy *p, policy_node *n, unsigned list);  /* MEMOS_OK, MEMOS_EINVAL */
-int      policy_restore_ghosts(policy *p, unsigned r, const uint64_t *hash, const uint8_t *live,
-                               size_t len, uint64_t clock);               /* MEMOS_OK, EINVAL, ENOMEM */
+/* Before the ghosts: the ghost table made for `size` (policy_dump_ghost_size). */
+int      policy_restore_ghost_size(policy *p, uint64_t size);         /* MEMOS_OK, EINVAL, ENOMEM */
+int      policy_restore_ghosts(policy *p, unsigned r, const policy_ghost *g, size_t len,
+                               uint64_t epoch);                           /* MEMOS_OK, EINVAL, ENOMEM */
 int      policy_restore_finish(policy *p, double pfrac, const uint64_t ghits[2],
                                char *why, size_t whylen);                 /* MEMOS_OK, MEMOS_EINVAL */
 

@@ -361,13 +361,49 @@ static PyObject *po_check(PolicyObject *self, PyObject *noarg)
 
 /* ---- dump and restore ---- */
 
+static PyObject *u64_list(const policy_ghost *g, size_t n, int what)
+{
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        unsigned long long v = what == 0 ? g[i].fp : what == 1 ? g[i].stamp : what == 2 ? g[i].age : g[i].cls;
+        PyObject *k = PyLong_FromUnsignedLongLong(v);
+        if (!k) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, k);
+    }
+    return l;
+}
+
+/* The ghosts of ring r: {"hash": fingerprints, "stamp", "age", "cls": lists
+ * of the same length, "epoch": the ring's epoch}. */
+static PyObject *ring_dump(PolicyObject *self, unsigned r)
+{
+    uint64_t epoch;
+    size_t len = policy_dump_ghosts(&self->p, r, NULL, 0, &epoch);
+    policy_ghost *g = malloc((len ? len : 1) * sizeof *g);
+    if (!g)
+        return PyErr_NoMemory();
+    policy_dump_ghosts(&self->p, r, g, len, &epoch);
+    PyObject *h = u64_list(g, len, 0), *st = u64_list(g, len, 1), *ag = u64_list(g, len, 2),
+             *cl = u64_list(g, len, 3);
+    free(g);
+    PyObject *out = h && st && ag && cl ? Py_BuildValue("{sOsOsOsOsK}", "hash", h, "stamp", st, "age",
+                                                        ag, "cls", cl, "epoch",
+                                                        (unsigned long long)epoch) : NULL;
+    Py_XDECREF(h);
+    Py_XDECREF(st);
+    Py_XDECREF(ag);
+    Py_XDECREF(cl);
+    return out;
+}
+
 static PyObject *po_dump(PolicyObject *self, PyObject *noarg)
 {
     if (!ready(self))
         return NULL;
     PyObject *out = NULL, *nodes = NULL, *lists = NULL, *ghosts = NULL;
-    uint64_t *gh = NULL;
-    uint8_t *gl = NULL;
     size_t n = policy_dump_list(&self->p, -1, NULL, 0);
     policy_node **v = malloc((n ? n : 1) * sizeof *v);
     if (!v)
@@ -377,9 +413,9 @@ static PyObject *po_dump(PolicyObject *self, PyObject *noarg)
         goto out;
     for (size_t i = 0; i < n; i++) {
         const pnode *x = (const pnode *)v[i];
-        PyObject *t = Py_BuildValue("[KKII]", (unsigned long long)x->id,
+        PyObject *t = Py_BuildValue("[KKIIII]", (unsigned long long)x->id,
                                     (unsigned long long)x->pn.hash, (unsigned)x->pn.freq,
-                                    (unsigned)x->pn.ref);
+                                    (unsigned)x->pn.ref, (unsigned)x->pn.stamp, (unsigned)x->pn.mcls);
         if (!t)
             goto out;
         PyList_SET_ITEM(nodes, (Py_ssize_t)i, t);
@@ -396,35 +432,7 @@ static PyObject *po_dump(PolicyObject *self, PyObject *noarg)
     if (!(ghosts = PyList_New(0)))
         goto out;
     for (unsigned r = 0; r < policy_dump_rings(&self->p); r++) {
-        uint64_t clock;
-        size_t len = policy_dump_ghosts(&self->p, r, NULL, NULL, 0, &clock);
-        gh = malloc((len ? len : 1) * sizeof *gh);
-        gl = malloc(len ? len : 1);
-        if (!gh || !gl) {
-            PyErr_NoMemory();
-            goto out;
-        }
-        policy_dump_ghosts(&self->p, r, gh, gl, len, &clock);
-        PyObject *hs = PyList_New((Py_ssize_t)len), *ls = PyBytes_FromStringAndSize((char *)gl,
-                                                                                    (Py_ssize_t)len);
-        for (size_t i = 0; hs && i < len; i++) {
-            PyObject *k = PyLong_FromUnsignedLongLong(gh[i]);
-            if (!k) {
-                Py_CLEAR(hs);
-                break;
-            }
-            PyList_SET_ITEM(hs, (Py_ssize_t)i, k);
-        }
-        PyObject *lv = ls ? PySequence_List(ls) : NULL;    /* 0/1 ints */
-        Py_XDECREF(ls);
-        PyObject *g = hs && lv ? Py_BuildValue("{sOsOsK}", "hash", hs, "live", lv, "clock",
-                                               (unsigned long long)clock) : NULL;
-        Py_XDECREF(hs);
-        Py_XDECREF(lv);
-        free(gh);
-        free(gl);
-        gh = NULL;
-        gl = NULL;
+        PyObject *g = ring_dump(self, r);
         if (!g || PyList_Append(ghosts, g) < 0) {
             Py_XDECREF(g);
             goto out;
@@ -433,16 +441,16 @@ static PyObject *po_dump(PolicyObject *self, PyObject *noarg)
     }
     uint64_t hits[2];
     double pfrac = policy_dump_balance(&self->p, hits);
-    out = Py_BuildValue("{sssdsIsIsKsKsOsOsO}", "policy", self->p.name, "pfrac", pfrac,
+    out = Py_BuildValue("{sssdsIsIsKsKsIsKsOsOsO}", "policy", self->p.name, "pfrac", pfrac,
                         "format", policy_dump_format(&self->p),
                         "expert", policy_dump_expert(&self->p),
                         "ghost_hits_recency", (unsigned long long)hits[0],
                         "ghost_hits_frequency", (unsigned long long)hits[1],
+                        "tick", (unsigned)policy_dump_tick(&self->p),
+                        "ghost_size", (unsigned long long)policy_dump_ghost_size(&self->p),
                         "nodes", nodes, "lists", lists, "ghosts", ghosts);
 out:
     free(v);
-    free(gh);
-    free(gl);
     Py_XDECREF(nodes);
     Py_XDECREF(lists);
     Py_XDECREF(ghosts);
@@ -489,15 +497,22 @@ static PyObject *restore_body(PolicyObject *self, PyObject *state)
         return bad(policy_dump_format(&self->p)
                        ? (PyDict_GetItemString(state, "bank")
                               ? "an lru_lfu state of an older format (the bank's)"
+                              : format == 3 ? "an lru_lfu state of an older format (ghost rings)"
                               : "an lru_lfu state of an older format (64-bit ghosts)")
                        : "a state of another format");
+    PyObject *tk = PyDict_GetItemString(state, "tick");     /* (borrowed; lru and lfu: any) */
+    unsigned long long tick = 0;
+    if (tk && (!get_u64(tk, &tick) || tick > UINT32_MAX))
+        return bad("the clock is not a 32-bit count");
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
         PyObject *t = PyList_GET_ITEM(nodes, i);
-        unsigned long long id, hash, freq, ref;
-        if (!PyList_Check(t) || PyList_GET_SIZE(t) != 4 ||
+        unsigned long long id, hash, freq, ref, stamp = 0, cls = 0;
+        if (!PyList_Check(t) || PyList_GET_SIZE(t) != 6 ||
             !get_u64(PyList_GET_ITEM(t, 0), &id) || !get_u64(PyList_GET_ITEM(t, 1), &hash) ||
-            !get_u64(PyList_GET_ITEM(t, 2), &freq) || !get_u64(PyList_GET_ITEM(t, 3), &ref))
-            return bad("a node is not [id, hash, freq, ref]");
+            !get_u64(PyList_GET_ITEM(t, 2), &freq) || !get_u64(PyList_GET_ITEM(t, 3), &ref) ||
+            !get_u64(PyList_GET_ITEM(t, 4), &stamp) || !get_u64(PyList_GET_ITEM(t, 5), &cls) ||
+            stamp > UINT32_MAX || cls > 255)
+            return bad("a node is not [id, hash, freq, ref, stamp, cls]");
         int err;
         if (find(self, id, &err) || err)
             return err ? NULL : bad("an id twice");
@@ -515,7 +530,9 @@ static PyObject *restore_body(PolicyObject *self, PyObject *state)
         }
         policy_restore_node(&self->p, &n->pn, hash, freq > UINT32_MAX ? UINT32_MAX : (uint32_t)freq,
                             (uint8_t)(ref > 255 ? 255 : ref));
+        policy_restore_stamp(&self->p, &n->pn, (uint32_t)stamp, (uint8_t)cls, (uint32_t)tick);
     }
+    self->p.tick = (uint32_t)tick;          /* (the ghosts' stamps count by it too) */
     if ((unsigned)PyList_GET_SIZE(lists) != policy_dump_lists(&self->p))
         return bad("wrong number of lists for the policy");
     for (Py_ssize_t l = 0; l < PyList_GET_SIZE(lists); l++) {
@@ -536,31 +553,49 @@ static PyObject *restore_body(PolicyObject *self, PyObject *state)
     }
     if ((unsigned)PyList_GET_SIZE(ghosts) != policy_dump_rings(&self->p))
         return bad("wrong number of ghost rings");
+    PyObject *gz = PyDict_GetItemString(state, "ghost_size");   /* (borrowed; lru and lfu: none) */
+    unsigned long long gsize = 0;
+    if (gz && !get_u64(gz, &gsize))
+        return bad("the ghosts' size is not a count");
+    if (policy_dump_rings(&self->p)) {
+        int rc = policy_restore_ghost_size(&self->p, gsize);
+        if (rc == MEMOS_ENOMEM)
+            return PyErr_NoMemory();
+        if (rc != MEMOS_OK)
+            return bad("the ghosts' size is out of range");
+    }
     for (Py_ssize_t r = 0; r < PyList_GET_SIZE(ghosts); r++) {
         PyObject *g = PyList_GET_ITEM(ghosts, r);
-        PyObject *hs = PyDict_Check(g) ? PyDict_GetItemString(g, "hash") : NULL;
-        PyObject *lv = PyDict_Check(g) ? PyDict_GetItemString(g, "live") : NULL;
-        PyObject *ck = PyDict_Check(g) ? PyDict_GetItemString(g, "clock") : NULL;
-        unsigned long long clock;
-        if (!hs || !lv || !ck || !PyList_Check(hs) || !PyList_Check(lv) ||
-            PyList_GET_SIZE(hs) != PyList_GET_SIZE(lv) || !get_u64(ck, &clock))
-            return bad("a ghost ring is not {hash, live, clock}");
-        size_t len = (size_t)PyList_GET_SIZE(hs);
-        uint64_t *h = malloc((len ? len : 1) * sizeof *h);
-        uint8_t *live = malloc(len ? len : 1);
-        int ok = h && live;
+        static const char *const F[4] = { "hash", "stamp", "age", "cls" };
+        PyObject *f[4];
+        for (int j = 0; j < 4; j++)
+            f[j] = PyDict_Check(g) ? PyDict_GetItemString(g, F[j]) : NULL;
+        PyObject *ep = PyDict_Check(g) ? PyDict_GetItemString(g, "epoch") : NULL;
+        unsigned long long epoch;
+        int ok = ep && get_u64(ep, &epoch);
+        for (int j = 0; ok && j < 4; j++)
+            ok = f[j] && PyList_Check(f[j]) && PyList_GET_SIZE(f[j]) == PyList_GET_SIZE(f[0]);
+        if (!ok)
+            return bad("a ghost ring is not {hash, stamp, age, cls, epoch}");
+        size_t len = (size_t)PyList_GET_SIZE(f[0]);
+        policy_ghost *gs = malloc((len ? len : 1) * sizeof *gs);
+        if (!gs)
+            return PyErr_NoMemory();
         for (size_t i = 0; ok && i < len; i++) {
-            unsigned long long x, y;
-            ok = get_u64(PyList_GET_ITEM(hs, i), &x) && get_u64(PyList_GET_ITEM(lv, i), &y);
+            unsigned long long x[4];
+            for (int j = 0; ok && j < 4; j++)
+                ok = get_u64(PyList_GET_ITEM(f[j], (Py_ssize_t)i), &x[j]);
+            if (ok && (x[1] > UINT32_MAX || x[2] > 0xffff || x[3] > 255))
+                ok = 0;
             if (ok) {
-                h[i] = x;
-                live[i] = y != 0;
+                gs[i].fp = x[0];
+                gs[i].stamp = (uint32_t)x[1];
+                gs[i].age = (uint16_t)x[2];
+                gs[i].cls = (uint8_t)x[3];
             }
         }
-        int rc = ok ? policy_restore_ghosts(&self->p, (unsigned)r, h, live, len, clock)
-                    : MEMOS_EINVAL;
-        free(h);
-        free(live);
+        int rc = ok ? policy_restore_ghosts(&self->p, (unsigned)r, gs, len, epoch) : MEMOS_EINVAL;
+        free(gs);
         if (rc == MEMOS_ENOMEM)
             return PyErr_NoMemory();
         if (rc != MEMOS_OK)
@@ -684,18 +719,18 @@ static PyTypeObject PolicyType = {
     .tp_as_sequence = &po_seq,
 };
 
-/* policy_minisim(keys, capacity, evict_batch=1): lru_lfu's replay of a
- * buffer of uint64 block ids (as policy_simulate) with what its miniature
- * simulation saw: each simulated setting's hits on the sample, the
- * simulated capacity and rate, the windows decided, what decided at the
- * end, the switches and the memory (ghosts, simulation). */
-static PyObject *mod_policy_minisim(PyObject *m, PyObject *args, PyObject *kw)
+/* policy_explain(keys, capacity, evict_batch=1): lru_lfu's replay of a
+ * buffer of uint64 block ids (as policy_simulate) with what decided its
+ * victims: each shadow's estimated hits (the setting it stands for), the
+ * accesses served under each setting, the windows decided, what decided at
+ * the end, the switches and the memory (ghosts, shadows). */
+static PyObject *mod_policy_explain(PyObject *m, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = { "keys", "capacity", "evict_batch", NULL };
     Py_buffer view;
     long long capacity;
     int batch = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*L|i:policy_minisim", kwlist, &view, &capacity,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*L|i:policy_explain", kwlist, &view, &capacity,
                                      &batch))
         return NULL;
     if (view.len % 8 || capacity <= 0 || capacity > (1LL << 29) || batch <= 0 || batch > 4096) {
@@ -714,36 +749,44 @@ static PyObject *mod_policy_minisim(PyObject *m, PyObject *args, PyObject *kw)
     PyBuffer_Release(&view);
     if (hits < 0)
         return PyErr_NoMemory();
-    PyObject *settings = PyDict_New();
-    for (unsigned e = 0; settings && e < POLICY_SIM_N; e++) {
+    PyObject *est = PyDict_New(), *time = PyDict_New();
+    for (unsigned e = 0; est && time && e < POLICY_SIM_N; e++) {
         char name[16];
         snprintf(name, sizeof name, "lru_lfu@%u", st.sim_settings[e]);
-        PyObject *v = PyLong_FromUnsignedLongLong(st.sim_hits[e]);
-        if (!v || PyDict_SetItemString(settings, name, v) < 0) {
-            Py_XDECREF(v);
-            Py_CLEAR(settings);
+        PyObject *v = PyFloat_FromDouble(st.sim_hits[e]);
+        PyObject *t = PyLong_FromUnsignedLongLong(st.sim_time[e]);
+        int bad_ = !v || !t || PyDict_SetItemString(est, name, v) < 0 ||
+                   PyDict_SetItemString(time, name, t) < 0;
+        Py_XDECREF(v);
+        Py_XDECREF(t);
+        if (bad_) {
+            Py_CLEAR(est);
             break;
         }
-        Py_DECREF(v);
     }
-    if (!settings)
+    if (!est || !time) {
+        Py_XDECREF(est);
+        Py_XDECREF(time);
         return NULL;
-    return Py_BuildValue("{sLsnsNsssIsKsIsdsKsKsKsK}", "hits", hits, "lookups", n,
-                         "settings", settings, "decided", st.decided, "setting", st.expert,
+    }
+    return Py_BuildValue("{sLsnsNsNsKsssIsKsIsKsKsKsK}", "hits", hits, "lookups", n,
+                         "estimated_hits", est, "accesses_by_setting", time,
+                         "live_hits", (unsigned long long)st.live_hits,
+                         "decided", st.decided, "setting", st.expert,
                          "switches", (unsigned long long)st.expert_switches,
-                         "sim_capacity", st.sim_cap, "sim_rate", st.sim_rate,
-                         "sim_sampled", (unsigned long long)st.sim_sampled,
-                         "sim_decisions", (unsigned long long)st.sim_decisions,
+                         "capacity_judged", st.sim_cap,
+                         "judged", (unsigned long long)st.sim_accesses,
+                         "decisions", (unsigned long long)st.sim_decisions,
                          "sim_bytes", (unsigned long long)st.sim_bytes,
                          "ghost_bytes", (unsigned long long)st.ghost_bytes);
 }
 
 static PyMethodDef policy_functions[] = {
-    { "policy_minisim", (PyCFunction)(void (*)(void))mod_policy_minisim,
+    { "policy_explain", (PyCFunction)(void (*)(void))mod_policy_explain,
       METH_VARARGS | METH_KEYWORDS,
-      "policy_minisim(keys, capacity, evict_batch=1) -> dict: lru_lfu's replay with its "
-      "miniature simulation's figures (each setting's hits on the sample, what decided, "
-      "switches, capacity, rate, bytes)" },
+      "policy_explain(keys, capacity, evict_batch=1) -> dict: lru_lfu's replay with what "
+      "decided its victims (each shadow's estimated hits, the accesses under each setting, "
+      "what decided, switches, the memory of ghosts and shadows)" },
     { NULL, NULL, 0, NULL },
 };
 

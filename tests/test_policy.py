@@ -150,12 +150,12 @@ def test_stats_of_the_hybrid():
     s = c.stats()
     assert s["evict_policy"] == "lru_lfu"
     # lru_lfu is the two-segment hybrid: its segments hold every slot, its
-    # ghosts remember the evicted; 512 slots are too few for its 1% sample,
-    # so its start setting (probation 10%) stays in force
+    # ghosts remember the evicted; on a hot set between scans its shadows
+    # leave the LRU setting (recency 1.0) at 512 slots already
     assert s["policy_probation"] + s["policy_protected"] == s["slots"]
     assert s["policy_protected"] > s["policy_probation"] > 0
     assert s["ghost_entries"] > 0 and s["ghost_hits_recency"] + s["ghost_hits_frequency"] > 0
-    assert s["policy_recency"] == 0.1
+    assert 0.0 <= s["policy_recency"] < 1.0
     c.check()
     c.set_policy("lru")
     assert c.stats()["policy_recency"] == 1.0
@@ -288,27 +288,33 @@ def test_workloads_are_seeded_and_sized():
 PUBLISHED = ("LRU", "LFU", "ARC", "2Q", "S3-FIFO", "SIEVE", "LIRS", "W-TinyLFU")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 37: on a 160,000-access stream the 1% sample "
-                   "chooses LRU's setting only after a few windows; the start setting's hits "
-                   "before that leave lru_lfu 0.7 points under LRU (docs/benchmarks.md)")
 def test_adaptive_keeps_up_with_lru_where_recency_matters():
     # multi-turn sessions at the largest size: plain LRU is the best peer;
-    # the ghost rule alone (the lru_lfu of issue 18) fell 0.9 points behind it
+    # the ghost rule alone (the lru_lfu of issue 18) fell 0.9 points behind
+    # it, the 1% sample of issue 37 0.7 (it chose LRU's setting late)
     keys = workloads.sessions()
     cap = _cap(keys, 0.27)
     lru, ours = sim("lru", keys, cap), sim("lru_lfu", keys, cap)
     ghost_rule = sim("lru_lfu@1", keys, cap)
-    assert ours >= lru - 0.002, (ours, lru)
+    assert ours >= lru - 0.0005, (ours, lru)
     assert ours > ghost_rule, (ours, ghost_rule)
 
 
-def test_the_simulation_chooses_lru_where_recency_matters():
+def test_the_shadows_keep_lru_where_recency_matters():
+    """policy_explain: the LRU shadow judges what LRU hits, to a tenth of a
+    point; it leads the LIRS and ARC shadows, so LRU's setting stays in
+    force all along."""
     keys = workloads.sessions()
     cap = _cap(keys, 0.27)
-    m = N.policy_minisim(array.array("Q", keys).tobytes(), cap)
-    assert m["decided"] == "lru_lfu@0 (simulated)"
-    assert max(m["settings"], key=m["settings"].get) == "lru_lfu@0"
-    assert m["hits"] / len(keys) > sim("lru_lfu@2", keys, cap)    # better than staying put
+    m = N.policy_explain(array.array("Q", keys).tobytes(), cap)
+    est = m["estimated_hits"]
+    assert set(est) == {"lru_lfu@0", "lru_lfu@7", "lru_lfu@8"}
+    assert abs(est["lru_lfu@0"] / len(keys) - sim("lru", keys, cap)) < 0.001
+    assert max(est, key=est.get) == "lru_lfu@0"
+    assert m["decided"] == "lru_lfu@0 (shadows: LRU, no lead passed)" and m["switches"] == 0
+    assert m["accesses_by_setting"]["lru_lfu@0"] == len(keys) == m["judged"]
+    assert m["hits"] == m["live_hits"] == N.policy_simulate("lru", array.array("Q", keys).tobytes(),
+                                                            cap)["hits"]
 
 
 def test_adaptive_wins_where_frequency_matters():
@@ -317,52 +323,56 @@ def test_adaptive_wins_where_frequency_matters():
     lru, ours = sim("lru", keys, cap), sim("lru_lfu", keys, cap)
     published = {p: sim("ref:" + p, keys, cap) for p in PUBLISHED}
     assert ours > lru + 0.03, (ours, lru)
-    assert ours >= max(published.values()) - 0.01, (ours, published)   # issue 37's cell bound
+    assert ours >= max(published.values()) - 0.01, (ours, published)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 37: a cache of 100 blocks is too small for a 1% "
-                   "sample; its start setting (probation 10%) keeps little of a loop larger "
-                   "than the cache (docs/benchmarks.md)")
 def test_a_small_cache_keeps_part_of_a_loop():
+    # issue 37: 100 blocks were too small for a 1% sample; the start setting
+    # kept little of a loop larger than the cache
     keys = workloads.loops()
     cap = _cap(keys, 0.005)
     assert sim("lru", keys, cap) < 0.01 and sim("lru_lfu", keys, cap) > 0.15
 
 
-def test_the_simulation_reports_each_setting_on_its_sample():
-    """policy_minisim: each simulated setting's hits on the 1% sample, the
-    simulated capacity (the cache's, scaled by the rate), and what decided;
-    the simulated settings' memory is fixed (under 1 MiB) and the ghosts'
-    under 64 bytes an entry."""
+def test_the_shadows_report_each_policy_and_switch_fast_into_a_loop():
+    """policy_explain on loops larger than the cache: each shadow's hits
+    (LRU's, LIRS's, ARC's, keyed by the setting each stands for), the size
+    judged (the cache's own: no sample), what decided; the LIRS setting
+    takes over within a few steps and serves most accesses (at 4,400 blocks
+    the phases whose loop fits tie with LRU); the shadows' memory is fixed (under 1 MiB) and the ghosts' 32 bytes an entry."""
     keys = workloads.loops()
     buf = array.array("Q", keys).tobytes()
-    cap = _cap(keys, 0.22)                      # 4,400 blocks: 44 sampled a setting
-    m = N.policy_minisim(buf, cap)
-    assert set(m["settings"]) == {"lru_lfu@0", "lru_lfu@1", "lru_lfu@2", "lru_lfu@5"}
-    assert m["sim_capacity"] == round(cap * 0.01) and m["sim_rate"] == 0.01
-    assert 0 < m["sim_sampled"] < 0.02 * len(keys) and m["sim_decisions"] > 0
-    # on loops larger than the cache, the loop setting hits most in miniature
-    assert max(m["settings"], key=m["settings"].get) == "lru_lfu@5"
-    assert m["decided"] == "lru_lfu@5 (simulated)" and m["setting"] == 5
-    assert m["hits"] == N.policy_simulate("lru_lfu", buf, cap)["hits"]
-    assert m["hits"] > N.policy_simulate("lru", buf, cap)["hits"]
-    assert 0 < m["sim_bytes"] < 1 << 20 and 0 < m["ghost_bytes"] < 64 * cap
+    for f, share in ((0.005, 0.8), (0.22, 0.4)):    # 100 and 4,400 blocks (phases that fit: LRU ties)
+        cap = _cap(keys, f)
+        m = N.policy_explain(buf, cap)
+        est = m["estimated_hits"]
+        assert m["capacity_judged"] == cap and m["judged"] == len(keys) and m["decisions"] > 0
+        assert est["lru_lfu@7"] > est["lru_lfu@0"] + 0.05 * len(keys), (f, est)
+        assert m["decided"].startswith("lru_lfu@7 (shadows: LIRS led") and m["setting"] == 7
+        assert m["accesses_by_setting"]["lru_lfu@7"] > share * len(keys), m["accesses_by_setting"]
+        assert m["hits"] == N.policy_simulate("lru_lfu", buf, cap)["hits"]
+        assert m["hits"] > N.policy_simulate("lru", buf, cap)["hits"] + 0.05 * len(keys)
+        assert 0 < m["sim_bytes"] < 1 << 20 and m["ghost_bytes"] <= 32 * max(cap, 1024)
     with pytest.raises(ValueError):
         N.policy_simulate("ref:FIFO", buf, cap)
 
 
-def test_a_cache_too_small_to_sample_keeps_its_start_setting():
-    """Below 3,200 entries a 1% sample holds too few for a simulation: the
-    start setting (probation 10%, scan-resistant) decides, and says so."""
-    keys = list(range(1, 12_001))               # a scan over a cache of 500: no hit anywhere
-    buf = array.array("Q", keys).tobytes()
-    m = N.policy_minisim(buf, 500)
-    assert m["hits"] == 0 and m["switches"] == 0 and m["sim_sampled"] == 0
-    assert m["decided"] == "lru_lfu@2 (start: too small to sample)"
+def test_the_shadows_judge_every_size():
+    """No size is too small to judge: a scan through 500 blocks hits nothing
+    anywhere and nothing switches; on a shared prefix longer than a cache
+    of 1% of the keys, LIRS's shadow leads and its setting is followed,
+    far above LRU (issue 37's start setting there: 51 points under LIRS)."""
+    keys = list(range(1, 12_001))
+    m = N.policy_explain(array.array("Q", keys).tobytes(), 500)
+    assert m["hits"] == 0 and m["switches"] == 0 and m["capacity_judged"] == 500
+    assert m["decided"] == "lru_lfu@0 (shadows: LRU, no lead passed)"
     keys = workloads.generate("shared_prefix")
     buf = array.array("Q", keys).tobytes()
-    m = N.policy_minisim(buf, _cap(keys, 0.027))
-    assert m["hits"] == N.policy_simulate("lru_lfu@2", buf, _cap(keys, 0.027))["hits"]
+    cap = _cap(keys, 0.005)
+    m = N.policy_explain(buf, cap)
+    lirs = sim("ref:LIRS", keys, cap)
+    assert m["setting"] == 7 and m["hits"] / len(keys) > lirs - 0.01, (m, lirs)
+    assert sim("lru", keys, cap) < 0.01
 
 
 def test_adaptive_replay_is_deterministic():
@@ -372,8 +382,8 @@ def test_adaptive_replay_is_deterministic():
     a = N.policy_simulate("lru_lfu", buf, cap)
     b = N.policy_simulate("lru_lfu", buf, cap)
     assert a == b
-    assert 0 <= a["policy_expert"] < 6
-    assert N.policy_minisim(buf, cap) == N.policy_minisim(buf, cap)
+    assert a["policy_expert"] in (0, 7, 8)
+    assert N.policy_explain(buf, cap) == N.policy_explain(buf, cap)
     with pytest.raises(ValueError):
         N.policy_simulate("lru_lfu@9", buf, cap)
 
@@ -419,9 +429,9 @@ def test_bench_policy_suite_reports_every_policy_and_the_gaps(capsys, tmp_path):
     out = json.loads(capsys.readouterr().out)
     assert list(out["workloads"]) == ["zipf0.6", "rag_docs"]
     assert out["workloads"]["rag_docs"]["held_out"] and not out["workloads"]["zipf0.6"]["held_out"]
-    assert out["bounds"] == {"vs_best_peer": -1.0, "mean_vs_best_peer": -0.3, "vs_lru": 0.0}
+    assert out["bounds"] == {"vs_best_peer": -5.0, "mean_vs_best_peer": -0.5, "vs_lru": -0.05}
     missed = set(out["goals_missed"]) | set(out["goals_missed_held_out"])
-    assert out["all_goals_met"] == (not missed and out["summary"]["mean_vs_best_peer"] >= -0.3)
+    assert out["all_goals_met"] == (not missed and out["summary"]["mean_vs_best_peer"] >= -0.5)
     assert not {m for m in out["goals_missed"] if m.startswith("rag_docs")}
     # --seeds: each cell is the mean over labellings of the keys, with its spread
     assert main(["bench", "policy", "--suite", "--workloads", "zipf0.6", "--sizes", "0.2",
@@ -430,4 +440,6 @@ def test_bench_policy_suite_reports_every_policy_and_the_gaps(capsys, tmp_path):
     r = out["workloads"]["zipf0.6"]["sizes"]["0.2"]
     assert out["seeds"] == r["seeds"] == 3 and len(r["vs_best_peer_by_seed"]) == 3
     assert r["spread_pct"]["lru"] == 0.0         # LRU never hashes a key
-    assert r["decided"].startswith("lru_lfu@") and "simulated" in r["decided"]
+    assert r["decided"].startswith("lru_lfu@") and "shadows" in r["decided"]
+    assert set(r["shadows_pct"]) == set(r["time_by_setting"]) == {"lru_lfu@0", "lru_lfu@7", "lru_lfu@8"}
+    assert abs(sum(r["time_by_setting"].values()) - 1.0) < 0.01

@@ -127,19 +127,28 @@ def test_the_c_member_is_the_reference(name):
         assert got == want, (name, cap)
 
 
-@pytest.mark.parametrize("setting", [0, 1, 2, 5])
-def test_a_setting_in_force_picks_what_it_picks_alone(setting):
-    """lru_lfu with a setting in force (a restored state naming it), in a
-    cache too small for its 1% sample to simulate anything, hits exactly as
-    that setting alone, and as the simulated member of that setting (the
-    miniature simulation runs the live hybrid's own code)."""
+def _stream_for(setting: int, cap: int) -> list[int]:
+    """A stream whose shadows keep `setting` in force from the start: a
+    sliding working set (recency: LRU, 0) or a loop a tenth longer than the
+    cache (LIRS, 7)."""
     rnd = random.Random(9)
+    if setting == 0:
+        return [i // 4 + rnd.randrange(cap) for i in range(20 * cap)]
+    return [i % (cap + cap // 10) for i in range(20 * cap)]
+
+
+@pytest.mark.parametrize("setting", [0, 7])
+def test_a_setting_in_force_picks_what_it_picks_alone(setting):
+    """lru_lfu with a setting in force (a restored state naming it) that its
+    shadows keep hits exactly as that setting alone, and as the simulated
+    member of that setting (the live hybrid's own code)."""
     cap = 300
-    keys = [rnd.randrange(500) if rnd.random() < 0.6 else 10_000 + i for i in range(20 * cap)]
+    keys = _stream_for(setting, cap)
     p = N.Policy("lru_lfu")
-    p.restore({"policy": "lru_lfu", "format": 3, "expert": setting, "pfrac": 0.5,
-               "ghost_hits_recency": 0, "ghost_hits_frequency": 0, "nodes": [], "lists": [[], []],
-               "ghosts": [{"hash": [], "live": [], "clock": 0}] * 2})
+    p.restore({"policy": "lru_lfu", "format": 4, "expert": setting, "pfrac": 0.5,
+               "ghost_hits_recency": 0, "ghost_hits_frequency": 0, "tick": 0, "ghost_size": 0,
+               "nodes": [], "lists": [[], []],
+               "ghosts": [{"hash": [], "stamp": [], "age": [], "cls": [], "epoch": 0}] * 2})
     hits = 0
     for k in keys:
         if k in p:
@@ -150,10 +159,13 @@ def test_a_setting_in_force_picks_what_it_picks_alone(setting):
             (v,) = p.victims(1)
             p.remove(v, evicted=True)
         p.admit(k, R.mix64(k) or 1)
-    assert p.stats()["decided"] == f"lru_lfu@{setting} (start: too small to sample)"
+    name = {0: "LRU", 7: "LIRS"}[setting]
+    assert p.stats()["decided"] == f"lru_lfu@{setting} (shadows: {name}, no lead passed)"
+    assert p.stats()["switches"] == 0
     buf = array.array("Q", keys).tobytes()
     assert hits == N.policy_simulate(f"lru_lfu@{setting}", buf, cap)["hits"]
     assert hits == N.policy_simulate(f"ref:lru_lfu@{setting}", buf, cap)["hits"]
+    assert hits > 0
     p.check()
 
 

@@ -5,18 +5,24 @@ published ones on a real trace, and the cost of an eviction batch.
     memosfs bench policy --suite [--trace FILE] [--workloads a,b|variants|agents] [--json]
     memosfs bench policy --check-peers [--trace FILE] [--json]
 
-Trace formats: Mooncake JSONL (one request a line, `hash_ids` its blocks in
-order) or a plain file with one key a line (CSV: the first field; a header
-line whose first field is not numeric is skipped).  Every block of a request
-is a lookup; a miss is followed by an insert.  Keys are renumbered densely.
+Trace formats (--trace-format, by default found from the file): Mooncake
+JSONL (one request a line, `hash_ids` its blocks in order), JSON lines of one
+key each, a text file of one access a line (a key, or CSV / TSV / space
+separated fields: the key column is --trace-column, else the header's key /
+obj_id / ... column, else the first), libCacheSim's oracleGeneral binary
+(24-byte records, obj_id the key); .zst and .gz files are decompressed
+(memosfs/testing/policy_sim.py: load_trace).  Every block of a request is a
+lookup; a miss is followed by an insert.  Keys are renumbered densely.
 
 Ours: the policy code of the mount (native/policy.c, native/policies/),
 driven over unit-size blocks by `_native.policy_simulate` (capacity in
 blocks, one victim per run unless stated, like the simulators it is compared
 with; `lru_lfu_batch16` is the mount's default batch).  Each cell says what
-decided lru_lfu's victims (`decided`): the setting its miniature simulation
-chose ("lru_lfu@5 (simulated)"), or its start setting where the cache is too
-small for a 1% sample ("lru_lfu@2 (start: too small to sample)").
+decided lru_lfu's victims (`_native.policy_explain`): `decided`, the setting
+in force at the end and why ("lru_lfu@7 (shadows: LIRS led, 3 switches)"),
+`switches`, `shadows_pct` (what its shadows of LRU, LIRS and ARC judged each
+would hit, as hit ratios, keyed by the setting each stands for) and
+`time_by_setting` (the share of the accesses served under each setting).
 
 Peers: the published policies LRU, LFU, ARC, LIRS, 2Q, S3-FIFO, SIEVE and
 W-TinyLFU, from libCacheSim (PyPI `libcachesim`) where it runs the published
@@ -30,13 +36,15 @@ streams and says where they part, and checks SIEVE against LFU.  Belady
 
 Seeds (--seeds N): every stream is replayed N times with its keys
 relabelled (seed 0: the keys as loaded; seed s: a permutation drawn from s),
-which moves every hash the policies take (lru_lfu's sample, W-TinyLFU's
-sketch): each cell is the mean over the seeds, with its spread (max - min).
+which moves every hash the policies take (lru_lfu's ghost fingerprints,
+W-TinyLFU's sketch): each cell is the mean over the seeds, with its spread
+(max - min).
 
-Goals (issue 37), on the cells' means: lru_lfu never below LRU, its mean gap
-to the best non-oracle peer over all cells >= -0.3 points, and no cell below
-the best peer by more than 1 point.  Sizes are fractions of the unique
-blocks (--sizes: any list).
+Goals (issue 45), on the cells' means: lru_lfu never below LRU (every cell
+at least LRU - 0.05 points); on the suite a mean gap to the best non-oracle
+peer >= -0.5 points and no cell under -5 (SUITE_GOALS); on a --trace, a mean
+>= -0.3 and no cell under -1.0 (TRACE_GOALS).  Sizes are fractions of the
+unique blocks (--sizes: any list).
 
 Cost (on by default; --no-cost skips it): lru_lfu beside lru in the same
 run, a full native cache of `--cost-entries` 4 KiB slots under each, the
@@ -86,15 +94,18 @@ from typing import Iterable, Optional
 
 from memosfs import _native
 from memosfs.testing import refpolicies, workloads
-from memosfs.testing.policy_sim import (batch_cost, load_trace, next_access, policy_cost_pair,
+from memosfs.testing.policy_sim import (TRACE_FORMATS, batch_cost, load_trace, next_access,
+                                        policy_cost_pair,
                                         policy_rss)
 
 SIZES = (0.005, 0.01, 0.02, 0.035, 0.055, 0.08, 0.11, 0.16, 0.22, 0.3)
 PEERS = ("LRU", "LFU", "ARC", "LIRS", "2Q", "S3-FIFO", "SIEVE", "W-TinyLFU")
 OURS = ("lru_lfu", "lru", "lfu")
-GOAL_POINTS = 1.0           # every cell: lru_lfu >= best peer - this many points
-GOAL_MEAN_POINTS = 0.3      # the mean over all cells: >= best peer - this many
-GOAL_LRU_POINTS = 0.0       # every cell: >= LRU - this many (never below LRU)
+# Issue 45's goals, in points of hit ratio: every cell at least LRU's less
+# vs_lru (never below LRU), the mean gap to the best peer and the worst cell's
+# at least these; the suite's, and those of a trace nobody tuned for.
+SUITE_GOALS = {"vs_best_peer": -5.0, "mean_vs_best_peer": -0.5, "vs_lru": -0.05}
+TRACE_GOALS = {"vs_best_peer": -1.0, "mean_vs_best_peer": -0.3, "vs_lru": -0.05}
 COST_GOALS = {"hit_x": 1.2, "puts_x": 0.9, "evicting_p99_x": 1.5, "bytes_per_entry_more": 64}
 MOONCAKE = os.path.join(os.path.dirname(__file__), "data", "mooncake_conversation_trace.jsonl")
 
@@ -114,7 +125,14 @@ REFERENCE_PEERS = {
 
 def add_parsers(bsub) -> None:
     p = bsub.add_parser("policy", help="eviction policy hit ratios vs published peers, evict_batch cost")
-    p.add_argument("--trace", help="Mooncake JSONL, or one key a line (CSV); \"mooncake\": the "
+    p.add_argument("--trace-format", default="auto", choices=TRACE_FORMATS,
+                   help="the trace's format (default: by its content and name): Mooncake JSONL "
+                   "(hash_ids), JSON lines of one key, text/CSV/TSV of one access a line, "
+                   "libCacheSim oracleGeneral binary; .zst and .gz are decompressed")
+    p.add_argument("--trace-column", help="text or JSON-lines traces: the key's column (a 0-based "
+                   "number or a header name; default: the header's key/obj_id/... column, else "
+                   "the first)")
+    p.add_argument("--trace", help="a trace file (--trace-format); \"mooncake\": the "
                    "trace in memosfs/bench/data/; required without --suite")
     p.add_argument("--suite", action="store_true",
                    help="the robustness suite: every generated workload (plus --trace) at every size")
@@ -179,7 +197,7 @@ def lib_name(p: str) -> str:
     return f"{p} (libCacheSim)"
 
 
-def judge(row: dict[str, float]) -> dict:
+def judge(row: dict[str, float], goals: dict = SUITE_GOALS) -> dict:
     """The goals at one cell (on its means): best peer, gaps, goal_met."""
     peers = {k: v for k, v in row.items() if k in PEERS}
     ours_ = row["lru_lfu"]
@@ -190,8 +208,8 @@ def judge(row: dict[str, float]) -> dict:
     best = max(peers, key=peers.get)
     out.update(best_peer=best, best_peer_pct=peers[best], vs_best_peer=round(ours_ - peers[best], 2),
                x_lru=round(ours_ / lru, 3) if lru else None)
-    out["goal_met"] = (ours_ >= peers[best] - GOAL_POINTS - 1e-9 and
-                       ours_ >= lru - GOAL_LRU_POINTS - 1e-9)
+    out["goal_met"] = (ours_ >= peers[best] + goals["vs_best_peer"] - 1e-9 and
+                       ours_ >= lru + goals["vs_lru"] - 1e-9)
     return out
 
 
@@ -253,7 +271,7 @@ def one_row(buf: bytes, n: int, cap: int, peers: list[str], lib: dict[str, float
     lru_lfu, the peers taken from the reference."""
     row: dict[str, float] = {p: round(ours(buf, n, cap, p), 2) for p in OURS}
     row["lru_lfu_batch16"] = round(ours(buf, n, cap, "lru_lfu", 16), 2)
-    sim = _native.policy_minisim(buf, cap)
+    sim = _native.policy_explain(buf, cap)
     from_ref = []
     for p in peers:
         if p in REFERENCE_PEERS:
@@ -268,7 +286,8 @@ def one_row(buf: bytes, n: int, cap: int, peers: list[str], lib: dict[str, float
     return row, sim, from_ref
 
 
-def cell(bufs: list[bytes], n: int, cap: int, peers: list[str], libs: list[dict[str, float]]) -> dict:
+def cell(bufs: list[bytes], n: int, cap: int, peers: list[str], libs: list[dict[str, float]],
+         goals: dict = SUITE_GOALS) -> dict:
     """One workload at one size over every labelling: the means, their
     spread, what decided, the goal."""
     rows, sims, from_ref = [], [], []
@@ -279,16 +298,19 @@ def cell(bufs: list[bytes], n: int, cap: int, peers: list[str], libs: list[dict[
         from_ref = fr
     cols = [c for c in rows[0] if all(c in r for r in rows)]
     mean = {c: round(statistics.fmean(r[c] for r in rows), 2) for c in cols}
-    out = {"blocks": cap, "hit_ratio_pct": mean, **judge(mean),
+    out = {"blocks": cap, "hit_ratio_pct": mean, **judge(mean, goals),
            "decided": decided_label([x["decided"] for x in sims]),
            "switches": round(statistics.fmean(x["switches"] for x in sims), 1),
-           "sim_capacity": sims[0]["sim_capacity"],
+           "shadows_pct": {k: round(statistics.fmean(100.0 * x["estimated_hits"][k] / n for x in sims), 2)
+                           for k in sims[0]["estimated_hits"]},
+           "time_by_setting": {k: round(statistics.fmean(x["accesses_by_setting"][k] / n for x in sims), 3)
+                               for k in sims[0]["accesses_by_setting"]},
            "policy_bytes_per_block": round((sims[0]["sim_bytes"] + sims[0]["ghost_bytes"]) / cap)}
     if len(rows) > 1:
         out["seeds"] = len(rows)
         out["spread_pct"] = {c: round(max(r[c] for r in rows) - min(r[c] for r in rows), 2)
                              for c in ("lru_lfu", "lru", "LRU") if c in cols}
-        out["vs_best_peer_by_seed"] = [judge(r).get("vs_best_peer") for r in rows]
+        out["vs_best_peer_by_seed"] = [judge(r, goals).get("vs_best_peer") for r in rows]
     if from_ref:
         out["peers_from_reference"] = from_ref
     return out
@@ -298,7 +320,8 @@ def _streams_by_seed(keys: list[int], seeds: int) -> list[list[int]]:
     return [relabel(keys, s) for s in range(max(1, seeds))]
 
 
-def hit_ratios(keys: list[int], sizes: Iterable[float], peers: list[str], seeds: int = 1) -> dict:
+def hit_ratios(keys: list[int], sizes: Iterable[float], peers: list[str], seeds: int = 1,
+               goals: dict = TRACE_GOALS) -> dict:
     n = len(keys)
     unique = len(set(keys))
     streams = _streams_by_seed(keys, seeds)
@@ -309,27 +332,28 @@ def hit_ratios(keys: list[int], sizes: Iterable[float], peers: list[str], seeds:
     libs = [lib_peers(k, caps, peers) if have_lcs else {} for k in streams]
     table = {}
     for f, cap in zip(sizes, caps):
-        table[f"{f:g}"] = cell(bufs, n, cap, peers, [lb.get(cap, {}) for lb in libs])
+        table[f"{f:g}"] = cell(bufs, n, cap, peers, [lb.get(cap, {}) for lb in libs], goals)
     out = {"accesses": n, "unique_blocks": unique, "seeds": len(streams),
            "ceiling_pct": round(100.0 * (n - unique) / n, 2) if n else 0.0,
            "sizes": table}
     if not have_lcs:
         out["peers_missing"] = ("libcachesim is not installed (pip install libcachesim): "
                                 "only the reference peers (" + ", ".join(REFERENCE_PEERS) + ")")
-    out.update(summarize(list(table.values())))
+    out["bounds"] = goals
+    out.update(summarize(list(table.values()), goals))
     return out
 
 
-def summarize(cells: list[dict]) -> dict:
+def summarize(cells: list[dict], goals: dict = SUITE_GOALS) -> dict:
     """The goals over cells: the mean gap to the best peer, the worst cell,
-    the cells below LRU."""
+    the cells below LRU (by more than the goal's slack)."""
     gaps = [c["vs_best_peer"] for c in cells if "vs_best_peer" in c]
-    below = sum(1 for c in cells if c["vs_lru"] < -GOAL_LRU_POINTS - 1e-9)
+    below = sum(1 for c in cells if c["vs_lru"] < goals["vs_lru"] - 1e-9)
     out: dict = {"cells": len(cells), "cells_below_lru": below}
     if gaps:
         out.update(mean_vs_best_peer=round(statistics.fmean(gaps), 2), worst_vs_best_peer=min(gaps))
     out["all_goals_met"] = (below == 0 and all(c.get("goal_met", False) for c in cells) and
-                            (not gaps or statistics.fmean(gaps) >= -GOAL_MEAN_POINTS - 1e-9))
+                            (not gaps or statistics.fmean(gaps) >= goals["mean_vs_best_peer"] - 1e-9))
     return out
 
 
@@ -482,8 +506,12 @@ def cmd_bench_policy(args: argparse.Namespace) -> int:
         print("bench policy: --trace is required without --suite", file=sys.stderr)
         return 2
     trace = MOONCAKE if args.trace == "mooncake" else args.trace
-    keys = load_trace(trace)
-    out = {"trace": trace, **hit_ratios(keys, sizes, peers, args.seeds)}
+    try:
+        keys = load_trace(trace, args.trace_format, args.trace_column)
+    except (OSError, ValueError) as e:
+        print(f"bench policy: {trace}: {e}", file=sys.stderr)
+        return 2
+    out = {"trace": trace, "trace_format": args.trace_format, **hit_ratios(keys, sizes, peers, args.seeds)}
     if not args.no_batch:
         out["evict_batch"] = batch_compare(args.puts)
     if not args.no_cost:
@@ -528,10 +556,10 @@ def cmd_check_peers(args: argparse.Namespace) -> int:
         return 2
     streams = {name: workloads.generate(name) for name in ("zipf0.9", "loops", "shifting", "sessions")}
     if args.trace:
-        streams["trace"] = load_trace(args.trace)
+        streams["trace"] = load_trace(args.trace, args.trace_format, args.trace_column)
     out = check_peers(streams)
     if args.trace:
-        out["sieve_vs_lfu_trace"] = sieve_vs_lfu(load_trace(args.trace), SIZES)
+        out["sieve_vs_lfu_trace"] = sieve_vs_lfu(streams["trace"], SIZES)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -557,7 +585,7 @@ def _digest(keys: list[int]) -> str:
 
 def run_suite(names: list[str], sizes: list[float], peers: list[str],
               trace: Optional[str] = None, peer_cache: Optional[str] = None,
-              seeds: int = 1) -> dict:
+              seeds: int = 1, trace_format: str = "auto", trace_column: Optional[str] = None) -> dict:
     cache: dict = {}
     if peer_cache and os.path.exists(peer_cache):
         with open(peer_cache) as f:
@@ -572,13 +600,13 @@ def run_suite(names: list[str], sizes: list[float], peers: list[str],
     streams.sort(key=lambda s: s[1] in workloads.HELD_OUT_29)
     out: dict = {"sizes": [f"{f:g}" for f in sizes],
                  "held_out_families": sorted(workloads.HELD_OUT_29),
-                 "bounds": {"vs_best_peer": -GOAL_POINTS, "mean_vs_best_peer": -GOAL_MEAN_POINTS,
-                            "vs_lru": -GOAL_LRU_POINTS},
+                 "bounds": SUITE_GOALS,
                  "seeds": max(1, seeds),
                  "reference_peers": REFERENCE_PEERS, "workloads": {}}
     t0 = time.monotonic()
     for name, family, src in streams:
-        keys = load_trace(src) if name == "trace" else workloads.generate(src)   # type: ignore[arg-type]
+        keys = (load_trace(src, trace_format, trace_column) if name == "trace"   # type: ignore[arg-type]
+                else workloads.generate(src))                                     # type: ignore[arg-type]
         ids: dict[int, int] = {}
         keys = [ids.setdefault(k, len(ids)) for k in keys]
         n, unique = len(keys), len(ids)
@@ -634,7 +662,8 @@ def cmd_suite(args: argparse.Namespace, sizes: list[float], peers: list[str]) ->
               file=sys.stderr)
         return 2
     trace = MOONCAKE if args.trace == "mooncake" else args.trace
-    out = run_suite(names, sizes, peers, trace, args.peer_cache, args.seeds)
+    out = run_suite(names, sizes, peers, trace, args.peer_cache, args.seeds, args.trace_format,
+                    args.trace_column)
     if not args.no_cost:
         out["cost"] = cost_compare(_cost_entries(args), args.cost_rounds)
     if args.json:

@@ -1,51 +1,160 @@
 """The eviction policy's trace loader and the evict_batch cost measurement,
 for `memosfs bench policy` and tests/test_policy.py.
 
-load_trace: Mooncake JSONL (`hash_ids` of each request, in order) or one key a
-line (CSV: the first field; a non-numeric header is skipped), renumbered
-0..unique-1.  next_access: for Belady.  batch_cost: puts of `slot`-byte slots
+load_trace: the trace formats people hand over (Mooncake JSONL with each
+request's `hash_ids`, JSON lines of one key, one key a line or CSV/TSV with
+a key column, libCacheSim's oracleGeneral binary; .zst/.gz decompressed),
+renumbered 0..unique-1.  next_access: for Belady.  batch_cost: puts of `slot`-byte slots
 into a full native cache, timed one by one.  policy_cost_pair: the cost of
 policies side by side in full native caches (ns per hit, puts/s, P99 of an
 evicting put), in short alternating rounds; policy_rss: the resident memory of a fresh process
 holding such a cache.
 
-May call: memosfs._native and the standard library.
+May call: memosfs._native, the standard library, the zstd command or the zstandard
+module (.zst traces).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
+import shutil
+import struct
+import subprocess
 import time
+from typing import Optional
 
 from memosfs import _native
 
 
-def load_trace(path: str) -> list[int]:
-    """Block ids in access order, renumbered 0..unique-1."""
+TRACE_FORMATS = ("auto", "mooncake", "jsonl", "text", "oracleGeneral")
+
+# Column names taken as the key when a text trace has a header line.
+KEY_COLUMNS = ("key", "obj_id", "object_id", "id", "block", "block_id", "lba", "offset",
+               "hash", "hash_id", "addr", "address", "anonymized key")
+
+_ORACLE = struct.Struct("<IQIq")      # libCacheSim oracleGeneral: time, obj_id, size, next access
+
+
+def _open_bytes(path: str) -> bytes:
+    """The file's bytes; .zst and .gz are decompressed (zstd: the `zstd`
+    command, or the zstandard module where installed)."""
+    if path.endswith(".gz"):
+        with gzip.open(path, "rb") as f:
+            return f.read()
+    if path.endswith(".zst"):
+        try:
+            import zstandard          # type: ignore[import-not-found]
+            with open(path, "rb") as f:
+                return zstandard.ZstdDecompressor().stream_reader(f).read()
+        except ImportError:
+            pass
+        if shutil.which("zstd"):
+            return subprocess.run(["zstd", "-dc", path], check=True, capture_output=True).stdout
+        raise ValueError(f"{path}: a .zst trace needs the zstd command or `pip install zstandard`")
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def trace_format(data: bytes, path: str = "") -> str:
+    """Which of TRACE_FORMATS a trace's bytes are (not "auto")."""
+    name = path[:-4] if path.endswith((".zst", ".gz")) else path
+    if name.endswith((".oracleGeneral", ".oracleGeneral.bin")):
+        return "oracleGeneral"
+    head = data[:4096]
+    if b"\0" in head:
+        if len(data) % _ORACLE.size:
+            raise ValueError(f"{path or 'trace'}: binary, but not whole 24-byte oracleGeneral records")
+        return "oracleGeneral"
+    first = next((ln.strip() for ln in head.splitlines() if ln.strip()), b"")
+    if first.startswith(b"{"):
+        return "mooncake" if b'"hash_ids"' in first else "jsonl"
+    return "text"
+
+
+def load_trace(path: str, fmt: str = "auto", column: Optional[str] = None) -> list[int]:
+    """Block ids in access order, renumbered 0..unique-1 (first seen, first
+    numbered).  Formats (fmt, "auto" by the file's content and name):
+
+      mooncake       JSON lines, each request's `hash_ids` (its blocks, in order)
+      jsonl          JSON lines, one access each: the field `column`, else the
+                     first of KEY_COLUMNS present
+      text           one access a line: a key, or CSV / tab / space separated
+                     fields; the key is field `column` (a 0-based number or a
+                     header name), else the header's first KEY_COLUMNS name,
+                     else the first field (a header line is one whose key field
+                     is a KEY_COLUMNS name or, with a number expected, not one)
+      oracleGeneral  libCacheSim's binary records (uint32 time, uint64 obj_id,
+                     uint32 size, int64 next access; little-endian), obj_id
+                     the key
+
+    A .zst or .gz file is decompressed first.  ValueError on a trace that is
+    none of these (or empty)."""
+    data = _open_bytes(path)
+    fmt = trace_format(data, path) if fmt == "auto" else fmt
+    if fmt not in TRACE_FORMATS:
+        raise ValueError(f"unknown trace format {fmt!r} ({', '.join(TRACE_FORMATS)})")
     ids: dict[object, int] = {}
     out: list[int] = []
-    with open(path) as f:
-        first = ""
-        for line in f:
-            if line.strip():
-                first = line.strip()
-                break
-        f.seek(0)
-        if first.startswith("{"):
-            for line in f:
-                if line.strip():
-                    for h in json.loads(line)["hash_ids"]:
-                        out.append(ids.setdefault(h, len(ids)))
-            return out
-        for n, line in enumerate(f):
-            key = line.strip().split(",")[0].strip()
-            if not key:
+    if fmt == "oracleGeneral":
+        if len(data) % _ORACLE.size:
+            raise ValueError(f"{path}: not whole 24-byte oracleGeneral records")
+        for _, obj, _, _ in _ORACLE.iter_unpack(data):
+            out.append(ids.setdefault(obj, len(ids)))
+    elif fmt in ("mooncake", "jsonl"):
+        for n, line in enumerate(data.decode("utf-8").splitlines(), 1):
+            if not line.strip():
                 continue
-            if n == 0 and not key.lstrip("-").isdigit() and key.lower() in ("key", "id", "obj_id", "block"):
-                continue   # a header
-            out.append(ids.setdefault(key, len(ids)))
+            try:
+                rec = json.loads(line)
+                if fmt == "mooncake":
+                    keys = rec["hash_ids"]
+                else:
+                    name = column or next(k for k in KEY_COLUMNS if k in rec)
+                    keys = [rec[name]]
+            except (ValueError, KeyError, StopIteration, TypeError) as e:
+                raise ValueError(f"{path}:{n}: not a {fmt} record ({e})") from None
+            for h in keys:
+                out.append(ids.setdefault(json.dumps(h) if isinstance(h, (list, dict)) else h, len(ids)))
+    else:
+        _load_text(data.decode("utf-8", "surrogateescape"), column, ids, out)
+    if not out:
+        raise ValueError(f"{path}: no accesses in the trace")
     return out
+
+
+def _split(line: str, sep: Optional[str]) -> list[str]:
+    return [f.strip() for f in (line.split(sep) if sep else line.split())]
+
+
+def _load_text(text: str, column: Optional[str], ids: dict, out: list[int]) -> None:
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        return
+    first = lines[0]
+    sep = "," if "," in first else "\t" if "\t" in first else None
+    head = _split(first, sep)
+    lower = [h.lower() for h in head]
+    col = 0
+    skip = 0
+    if column is not None and not column.lstrip("-").isdigit():
+        if column.lower() not in lower:
+            raise ValueError(f"no column {column!r} in the header ({', '.join(head)})")
+        col, skip = lower.index(column.lower()), 1
+    else:
+        if column is not None:
+            col = int(column)
+        named = [i for i, h in enumerate(lower) if h in KEY_COLUMNS]
+        if column is None and named:
+            col, skip = named[0], 1
+        elif len(head) > col and lower[col] in KEY_COLUMNS:
+            skip = 1
+    for n, line in enumerate(lines[skip:], skip + 1):
+        fields = _split(line, sep)
+        if len(fields) <= col:
+            raise ValueError(f"line {n}: no field {col} in {line!r}")
+        out.append(ids.setdefault(fields[col], len(ids)))
 
 
 def next_access(keys: list[int]) -> list[int]:

@@ -1,12 +1,12 @@
 /*
  * hybrid.c — lru_lfu's two-segment hybrid, at one of its settings
- * ("lru_lfu@i"; lru_lfu.c runs it with a miniature simulation choosing the
- * setting).  After ARC, 2Q and S3-FIFO:
+ * ("lru_lfu@i"; lru_lfu.c runs it with shadows choosing the setting).
+ * After ARC, 2Q, S3-FIFO and LIRS:
  *
  *        admit ──► probation (FIFO) ──hit──► protected (LRU + aging clock)
  *                     │ evict                     │ evict (ref == 0)
  *                     ▼                           ▼
- *              ghost 0 (2 × count)          ghost 1 (1 × count)
+ *              ghost ring 0 (2 × size)      ghost ring 1 (1 × size)
  *                     │                           │
  *                     └──── an admit whose key is in a ghost goes
  *                           straight to protected ◄┘
@@ -16,27 +16,36 @@
  * Victims come from probation while it holds more than its target (pfrac ×
  * count), else from protected: its oldest node with ref == 0; a node with
  * ref > 0 passed on the way loses 1 and goes back to the front (a clock:
- * frequency that ages).  HYBRIDS lists six settings (policy_expert): 0 LRU,
- * 1 the ghost rule (pfrac starts at 0.5 and moves by 1/count on each ghost
- * hit among the W = count/4 most recent insertions of its ring: ghost 0 up,
- * ghost 1 down, clamped to [0.01, 0.9]), 2 pfrac 0.1, 3 pfrac 0.01 with
- * ghost hits admitted to protected only while it has room, 4 pfrac 0.3, 5
- * pfrac 0.01 where a recent ghost hit may also take the place of a cold
- * protected node (LIRS-like on loops).
+ * frequency that ages), at most CLOCK_STEPS passes a victim (then the
+ * oldest goes whatever its ref: an eviction's cost is bounded).
  *
- * Ghosts.  32-bit fingerprints (the high half of the mixed key hash) in two
- * FIFO rings, 4 bytes a slot, and one open-addressing table of uint32 (where
- * the fingerprint is in its ring, and a 7-bit tag of it, so a probe reads a
- * ring slot only on a tag match), grown at 3/4 full: at most 3 × count live
- * ghosts (each ring's target at most GHOST_MAX), stale ring slots (left by
- * ghost hits) at most a quarter of each ring's target; rings and table grow
- * by doubling (powers of two: slots by mask): 31 to 62 bytes per entry
- * with all ghosts live, the slack of growth included.  A fingerprint collision (2^-32 a
- * lookup) makes one admit look like a ghost hit: harmless.
+ * HYBRIDS lists eight settings (policy_expert): 0 LRU, 1 the ghost rule
+ * (pfrac starts at 0.5 and moves by 1/count on each ghost hit of the last
+ * two epochs of its ring: ghost 0 up, ghost 1 down, clamped to [0.01,
+ * 0.9]), 2 pfrac 0.1, 3 pfrac 0.01 with ghost hits admitted to protected
+ * only while it has room, 4 pfrac 0.3, 5 pfrac 0.01 where a recent ghost hit
+ * may also take the place of a cold protected node, 6 LIRS (Jiang and
+ * Zhang, SIGMETRICS 2002) in the hybrid's terms: protected is the LIR set,
+ * probation (1%) the resident HIR blocks; protected fills first, then a key
+ * enters it only if its last access (its stamp: the policy's access clock)
+ * is more recent than that of protected's oldest node, which goes back to
+ * probation; 7 the same with the aging clock choosing who goes back.
+ *
+ * Ghosts: a table of 8-entry buckets (one 64-byte line each, found by a
+ * 32-bit fingerprint of the key hash), an entry of 8 bytes holding the
+ * fingerprint, the key's last stamp (to the unit gshift), its ring, the
+ * ring's epoch when it came, and the shadows' class bits (lru_lfu.c).  An
+ * epoch of a ring is an eighth of the size in evictions into it; a ghost
+ * ages out after 16 epochs of ring 0 (2 × the size) or 8 of ring 1 (1 ×),
+ * or when its bucket has no older entry to give.  The table is sized to the
+ * cache — 4 entries per entry of the size when full (hybrid_resize), remade
+ * when that size moves by more than an eighth: 32 bytes an entry, one cache
+ * line a lookup.  A fingerprint collision (2^-32 a lookup and entry) makes
+ * one admit look like a ghost hit: harmless.
  *
  * Cost.  admit, touch and remove O(1): list moves, and on an admit or an
- * eviction one ghost lookup; a victim O(skipped) plus the clock's passes
- * (each node at most REF_MAX + 1 times a walk).
+ * eviction one bucket of the ghost table; a victim O(skipped) plus at most
+ * CLOCK_STEPS clock passes.
  */
 #include <assert.h>
 #include <stdio.h>
@@ -52,38 +61,66 @@
 #define PFRAC_INIT      0.5
 #define PFRAC_MIN       0.01
 #define PFRAC_MAX       0.9
-#define GHOST_MIN       16u     /* ring target floor */
 #define DEMOTE_STEPS    2u      /* gadmit 3: clock steps one ghost hit may take */
-#define SEQ_MASK        0xffffffu   /* a ring's sequence numbers as the table keeps them (24 bits) */
-#define SLOT_MASK       0x1ffffffu  /* a table entry's low 25 bits: where; the high 7: a tag of the fingerprint */
-#define GHOST_MAX       (1u << 23)  /* a ring's target at most (its length stays under 2^24) */
+#define LIRS_STEPS      32u     /* lirs 2: clock steps before protected's oldest goes back */
+#define CLOCK_STEPS     8u      /* clock passes a victim at most */
+#define GB              8u      /* entries a bucket (64 bytes) */
+#define GB_MIN          8u      /* buckets at least */
+#define G_SLOTS         4u      /* entries per entry of the size */
+#define G_STAMP_BITS    16u
+#define G_STAMP_MASK    ((1u << G_STAMP_BITS) - 1)
+#define G_STAMP_UNIT    64u     /* a ghost's stamp: the clock in units of about size / this */
+
+#define G_FLOOR         1024u   /* the table has room for the ghosts of a size of at least this */
+#define G_KEEP          32u     /* a ghost of class bit 0 (HYB_CLS_KEEP) lives this many times longer, */
+#define G_KEEP_MIN      8192u   /* ... and at least this many evictions of its ring */
+#define G_EPOCH_MASK    0xfffu  /* epochs as an entry keeps them (12 bits) */
+
+static const unsigned G_LIMIT[2] = { 16, 8 };   /* epochs a ghost of each ring lives */
 
 static const policy_expert HYBRIDS[POLICY_EXPERTS] = {
-    { 0.5,  1, 1 },     /* 0 lru: victims in recency order */
-    { -1.0, 0, 1 },     /* 1 adaptive split, ghost hits to protected (ARC-like) */
-    { 0.1,  0, 1 },     /* 2 small probation, ghost hits to protected (S3-FIFO-like) */
-    { 0.01, 0, 2 },     /* 3 tiny probation, ghost hits only fill protected (LIRS-like, loops) */
-    { 0.3,  0, 1 },     /* 4 medium probation */
-    { 0.01, 0, 3 },     /* 5 tiny probation, ghost hits replace cold protected nodes (loops) */
+    { 0.5,  1, 1, 0, 0 },  /* 0 lru: victims in recency order */
+    { -1.0, 0, 1, 0, 0 },  /* 1 adaptive split, ghost hits to protected (ARC-like) */
+    { 0.1,  0, 1, 0, 0 },  /* 2 small probation, ghost hits to protected (S3-FIFO-like) */
+    { 0.01, 0, 2, 0, 0 },  /* 3 tiny probation, ghost hits only fill protected */
+    { 0.3,  0, 1, 0, 0 },  /* 4 medium probation */
+    { 0.01, 0, 3, 0, 0 },  /* 5 tiny probation, ghost hits replace cold protected nodes (loops) */
+    { 0.01, 0, 0, 1, 0 },  /* 6 LIRS: protected the LIR set, entered by a recency under its oldest's */
+    { 0.01, 0, 0, 2, 0 },  /* 7 LIRS with the aging clock */
+    { -1.0, 0, 1, 0, 1 },  /* 8 ARC: probation T1, protected T2, p by ghost hits in B1 and B2 */
 };
 
 /* ---- private prototypes ---- */
 
 static uint32_t fp_of(uint64_t hash);
-static size_t   home(const policy *p, uint32_t fp);
-static uint32_t entry_fp(const policy *p, uint32_t v);
-static long     ghost_find(const policy *p, uint32_t fp);
-static long     ghost_find_entry(const policy *p, uint32_t fp, uint32_t v);
-static void     ghost_del(policy *p, size_t i);
-static void     ghost_add(policy *p, unsigned r, uint32_t fp);
-static void     ghost_insert(policy *p, uint32_t v, uint32_t fp);
-static int      ghost_grow_table(policy *p);
-static int      ghost_grow_ring(ghost_ring *g);
-static size_t   ghost_target(const policy *p, unsigned r);
+static size_t   bucket_of(const policy *p, uint32_t fp);
+static int      ghost_live(const policy *p, uint64_t e);
+static unsigned g_limit(const policy *p, uint64_t e);
+static void     set_limits(policy *p);
+static void     ghost_add(policy *p, unsigned r, uint64_t hash, uint32_t stamp, unsigned cls);
+static int      ghost_put(policy *p, uint64_t *tab, size_t nb, uint64_t e);
+static uint32_t ghost_stamp(const policy *p, uint64_t e);
 static size_t   take_probation(policy *p, policy_node **out, size_t n, policy_node **cur);
 static size_t   take_protected(policy *p, policy_node **out, size_t n);
 static int      demote_one(policy *p, unsigned steps);
-static void     admit(policy *p, policy_node *n);
+static void     lirs_demote(policy *p);
+static uint64_t lir_cap(const policy *p);
+static int      arc_ghost(policy *p, const hyb_ghost *g);
+
+static inline uint32_t e_fp(uint64_t e) { return (uint32_t)e; }
+static inline uint32_t e_stamp(uint64_t e) { return (uint32_t)(e >> 32) & G_STAMP_MASK; }
+static inline unsigned e_epoch(uint64_t e) { return (unsigned)(e >> 48) & G_EPOCH_MASK; }
+static inline unsigned e_seg(uint64_t e) { return (unsigned)(e >> 60) & 1u; }
+static inline unsigned e_cls(uint64_t e) { return (unsigned)(e >> 61) & 7u; }
+static inline uint64_t e_make(uint32_t fp, uint32_t cstamp, unsigned epoch, unsigned seg, unsigned cls)
+{
+    return (uint64_t)fp | (uint64_t)(cstamp & G_STAMP_MASK) << 32 | (uint64_t)(epoch & G_EPOCH_MASK) << 48 |
+           (uint64_t)(seg & 1u) << 60 | (uint64_t)(cls & 7u) << 61;
+}
+static inline unsigned e_age(const policy *p, uint64_t e)
+{
+    return (unsigned)(p->gepoch[e_seg(e)] - e_epoch(e)) & G_EPOCH_MASK;
+}
 
 /* ---- API ---- */
 
@@ -93,7 +130,7 @@ const policy_expert *policy_expert_at(unsigned i)
 }
 
 /* Take over the recency list's nodes: all of them protected (ref 0), so
- * the first victims are the least recently used. */
+ * the first victims are the least recently used; stamped in recency order. */
 int hybrid_start(policy *p)
 {
     flist_init(&p->seg[0]);
@@ -106,6 +143,8 @@ int hybrid_start(policy *p)
     for (policy_node *n = p->head.prev; n != &p->head; n = n->prev) {
         n->seg = POLICY_PROTECTED;
         n->ref = 0;
+        n->mcls = 0;
+        n->stamp = p->tick++;
         flink_after(&p->seg[POLICY_PROTECTED], n);
         p->nseg[POLICY_PROTECTED]++;
     }
@@ -114,13 +153,10 @@ int hybrid_start(policy *p)
 
 void hybrid_stop(policy *p)
 {
-    for (unsigned r = 0; r < 2; r++) {
-        free(p->ring[r].fp);
-        memset(&p->ring[r], 0, sizeof p->ring[r]);
-    }
     free(p->gtab);
     p->gtab = NULL;
-    p->gmask = p->gused = 0;
+    p->gbuckets = p->gused = 0;
+    p->gfull = 0;
     p->nseg[0] = p->nseg[1] = 0;        /* (the nodes' segment links are left: a start relinks them) */
 }
 
@@ -145,20 +181,120 @@ int hybrid_set_balance(policy *p, double pfrac)
 
 void hybrid_access(policy *p, policy_node *n, int hit)
 {
-    if (!hit) {
-        admit(p, n);
+    if (hit) {
+        hybrid_touch(p, n);
+    } else {
+        hyb_ghost g;
+        hybrid_lookup(p, n->hash, &g);
+        hybrid_admit(p, n, &g);
+    }
+    n->stamp = p->tick++;
+}
+
+/* A hit.  n->stamp is still its last access (the caller stamps it after). */
+void hybrid_touch(policy *p, policy_node *n)
+{
+    funlink(n);
+    if (n->seg == POLICY_PROBATION && p->mode.lirs) {
+        /* a resident HIR block: LIR if its recency is under the LIR set's oldest */
+        policy_node *tail = p->seg[POLICY_PROTECTED].fprev;
+        if (p->nseg[POLICY_PROTECTED] < lir_cap(p) || tail == &p->seg[POLICY_PROTECTED] ||
+            stamp_ge(n->stamp, tail->stamp)) {
+            p->nseg[POLICY_PROBATION]--;
+            p->nseg[POLICY_PROTECTED]++;
+            n->seg = POLICY_PROTECTED;
+            n->ref = 0;
+            flink_after(&p->seg[POLICY_PROTECTED], n);
+            if (p->nseg[POLICY_PROTECTED] > lir_cap(p))
+                lirs_demote(p);
+        } else {
+            flink_after(&p->seg[POLICY_PROBATION], n);
+        }
         return;
     }
-    funlink(n);
     if (n->seg == POLICY_PROBATION) {
         p->nseg[POLICY_PROBATION]--;
         p->nseg[POLICY_PROTECTED]++;
         n->seg = POLICY_PROTECTED;
         n->ref = 0;
-    } else if (n->ref < REF_MAX) {
+    } else if (n->ref < REF_MAX && !p->mode.arc) {
         n->ref++;
     }
     flink_after(&p->seg[POLICY_PROTECTED], n);
+}
+
+/* What the ghosts know of `hash`. */
+void hybrid_lookup(const policy *p, uint64_t hash, hyb_ghost *g)
+{
+    g->slot = -1;
+    if (!p->gtab)
+        return;
+    uint32_t fp = fp_of(hash);
+    const uint64_t *b = p->gtab + bucket_of(p, fp) * GB;
+    for (unsigned i = 0; i < GB; i++) {
+        uint64_t e = b[i];
+        if (e_fp(e) == fp && ghost_live(p, e)) {
+            g->slot = (long)(b - p->gtab) + (long)i;
+            g->stamp = ghost_stamp(p, e);
+            g->seg = e_seg(e);
+            g->age = e_age(p, e);
+            g->cls = e_cls(e);
+            g->fresh = g->age < G_LIMIT[g->seg];
+            return;
+        }
+    }
+}
+
+/* A miss: n goes to probation, or to protected if its ghost says so (the
+ * ghost is used up). */
+void hybrid_admit(policy *p, policy_node *n, const hyb_ghost *g)
+{
+    n->seg = POLICY_PROBATION;
+    n->ref = 0;
+    if (g->slot >= 0) {                 /* (used up, fresh or not) */
+        p->gtab[g->slot] = 0;
+        p->gused--;
+    }
+    if (g->slot >= 0 && g->fresh) {
+        unsigned r = g->seg;
+        p->ghits[r]++;
+        if (p->mode.lirs) {
+            policy_node *tail = p->seg[POLICY_PROTECTED].fprev;
+            if (tail != &p->seg[POLICY_PROTECTED] &&    /* (its stamp: the start of its unit) */
+                stamp_ge(g->stamp + hybrid_ghost_unit(p) - 1, tail->stamp)) {
+                n->seg = POLICY_PROTECTED;
+                flink_after(&p->seg[POLICY_PROTECTED], n);
+                p->nseg[POLICY_PROTECTED]++;
+                if (p->nseg[POLICY_PROTECTED] > lir_cap(p))
+                    lirs_demote(p);
+                return;
+            }
+        } else {
+            if (p->mode.arc) {
+                if (arc_ghost(p, g))
+                    n->seg = POLICY_PROTECTED;
+                goto link;
+            }
+            if (g->age <= 1 && p->mode.pfrac < 0) {
+                double step = 1.0 / (double)p->count;
+                p->pfrac += r == 0 ? step : -step;
+                p->pfrac = p->pfrac < PFRAC_MIN ? PFRAC_MIN : p->pfrac > PFRAC_MAX ? PFRAC_MAX : p->pfrac;
+            }
+            if (p->mode.gadmit == 1 ||
+                (p->mode.gadmit >= 2 &&     /* room, leaving probation a batch of victims */
+                 (double)(p->nseg[POLICY_PROTECTED] + p->batch) < (1.0 - p->pfrac) * (double)p->count))
+                n->seg = POLICY_PROTECTED;
+            else if (p->mode.gadmit == 3 && g->age < 8 && demote_one(p, DEMOTE_STEPS))
+                n->seg = POLICY_PROTECTED;
+            if (p->mode.gadmit == 3 && n->seg == POLICY_PROTECTED)
+                n->ref = 1;   /* one clock pass of grace: it must outlive a lap */
+        }
+    }
+    if (p->mode.lirs && p->nseg[POLICY_PROTECTED] < lir_cap(p))
+        n->seg = POLICY_PROTECTED;          /* the LIR set fills first */
+link:
+    flink_after(&p->seg[n->seg], n);
+    p->nseg[n->seg]++;
 }
 
 size_t hybrid_evict(policy *p, policy_node **out, size_t n)
@@ -170,7 +306,8 @@ size_t hybrid_evict(policy *p, policy_node **out, size_t n)
                 out[got++] = x;
         return got;
     }
-    uint64_t target = p->mode.gadmit == 3 ? 0 : (uint64_t)(p->pfrac * (double)p->count);
+    uint64_t target = p->mode.gadmit == 3 || p->mode.lirs ? 0 :
+                      p->mode.arc ? (uint64_t)p->arcp : (uint64_t)(p->pfrac * (double)p->count);
     uint64_t over = p->nseg[POLICY_PROBATION] > target ? p->nseg[POLICY_PROBATION] - target : 0;
     policy_node *cur = p->seg[POLICY_PROBATION].fprev;
     got = take_probation(p, out, over < n ? (size_t)over : n, &cur);
@@ -181,13 +318,56 @@ size_t hybrid_evict(policy *p, policy_node **out, size_t n)
     return got;
 }
 
-/* An evicted node leaves its fingerprint in the ghost of its segment. */
+/* An evicted node leaves its fingerprint, stamp and class bits in the ghost
+ * ring of its segment. */
 void hybrid_remove(policy *p, policy_node *n, int evicted)
 {
     if (evicted)
-        ghost_add(p, n->seg, fp_of(n->hash));
+        ghost_add(p, n->seg, n->hash, n->stamp, n->mcls);
     funlink(n);
     p->nseg[n->seg]--;
+}
+
+/* The cache's size when full: the ghost table is made for it (remade, its
+ * ghosts kept, when the size moves by more than an eighth). */
+void hybrid_resize(policy *p, uint64_t full)
+{
+    full = full ? full : 1;
+    if (p->gtab && full + p->gfull / 8 >= p->gfull && full <= p->gfull + p->gfull / 8)
+        return;
+    uint64_t room = full < G_FLOOR ? G_FLOOR : full;
+    size_t nb = (size_t)((room * G_SLOTS + GB - 1) / GB);
+    nb = nb < GB_MIN ? GB_MIN : nb;
+    void *mem = NULL;
+    if (nb > SIZE_MAX / (GB * sizeof(uint64_t)) || posix_memalign(&mem, 64, nb * GB * sizeof(uint64_t))) {
+        p->oom = 1;                     /* the old table (or none) stays */
+        return;
+    }
+    uint64_t *tab = mem;
+    memset(tab, 0, nb * GB * sizeof *tab);
+    unsigned shift = 0;
+    while (((uint64_t)G_STAMP_UNIT << (shift + 1)) <= full)
+        shift++;
+    size_t used = 0;
+    uint64_t *old = p->gtab;
+    size_t oldn = old ? p->gbuckets * GB : 0;
+    uint8_t oldshift = p->gshift;
+    p->gshift = (uint8_t)shift;
+    for (size_t i = 0; i < oldn; i++) {
+        uint64_t e = old[i];
+        if (!e || !ghost_live(p, e))
+            continue;
+        uint32_t now = p->tick >> oldshift;
+        uint32_t st = (now - ((now - e_stamp(e)) & G_STAMP_MASK)) << oldshift;
+        used += (size_t)ghost_put(p, tab, nb, e_make(e_fp(e), st >> shift, e_epoch(e), e_seg(e), e_cls(e)));
+    }
+    free(old);
+    p->gtab = tab;
+    p->gbuckets = nb;
+    p->gused = used;
+    p->gfull = full;
+    p->gunit = full / 8 ? full / 8 : 1;
+    set_limits(p);
 }
 
 policy_node *hybrid_list(policy *p, unsigned i) { return &p->seg[i]; }
@@ -202,9 +382,10 @@ int hybrid_place(policy *p, policy_node *n, unsigned i)
 
 uint64_t policy_ghost_bytes(const policy *p)
 {
-    return (p->ring[0].cap + p->ring[1].cap) * sizeof(uint32_t) +
-           (p->gtab ? (p->gmask + 1) * sizeof *p->gtab : 0);
+    return p->gtab ? (uint64_t)p->gbuckets * GB * sizeof *p->gtab : 0;
 }
+
+uint32_t hybrid_ghost_unit(const policy *p) { return 1u << p->gshift; }
 
 static int hyb_start_fixed(policy *p)
 {
@@ -214,50 +395,17 @@ static int hyb_start_fixed(policy *p)
     return hybrid_start(p);
 }
 
-static void hyb_resize(policy *p, uint64_t full) {}
-
 #define HYB_OPS(i) { .name = "lru_lfu@" #i, .lists = 2, .rings = 2, .format = POLICY_STATE_VERSION, \
     .start = hyb_start_fixed, .stop = hybrid_stop, .access = hybrid_access, .evict = hybrid_evict, \
-    .remove = hybrid_remove, .resize = hyb_resize, .check = hybrid_check, .list = hybrid_list, \
+    .remove = hybrid_remove, .resize = hybrid_resize, .check = hybrid_check, .list = hybrid_list, \
     .place = hybrid_place, .setting = hybrid_setting }
 
 const policy_ops policy_hybrid_ops[POLICY_EXPERTS] = {
-    HYB_OPS(0), HYB_OPS(1), HYB_OPS(2), HYB_OPS(3), HYB_OPS(4), HYB_OPS(5),
+    HYB_OPS(0), HYB_OPS(1), HYB_OPS(2), HYB_OPS(3), HYB_OPS(4), HYB_OPS(5), HYB_OPS(6), HYB_OPS(7),
+    HYB_OPS(8),
 };
 
-/* ---- private helpers: admission, victims ---- */
-
-static void admit(policy *p, policy_node *n)
-{
-    n->seg = POLICY_PROBATION;
-    n->ref = 0;
-    uint32_t fp = fp_of(n->hash);
-    long i = ghost_find(p, fp);
-    if (i >= 0) {
-        uint32_t v = (p->gtab[i] & SLOT_MASK) - 1;
-        unsigned r = v & 1;
-        uint64_t age = (p->ring[r].next_seq - (v >> 1)) & SEQ_MASK;
-        uint64_t w = p->count / 4 ? p->count / 4 : 1;
-        if (age <= w && p->mode.pfrac < 0) {
-            double step = 1.0 / (double)p->count;
-            p->pfrac += r == 0 ? step : -step;
-            p->pfrac = p->pfrac < PFRAC_MIN ? PFRAC_MIN : p->pfrac > PFRAC_MAX ? PFRAC_MAX : p->pfrac;
-        }
-        p->ghits[r]++;
-        p->ring[r].live--;
-        ghost_del(p, (size_t)i);
-        if (p->mode.gadmit == 1 ||
-            (p->mode.gadmit >= 2 &&     /* room, leaving probation a batch of victims */
-             (double)(p->nseg[POLICY_PROTECTED] + p->batch) < (1.0 - p->pfrac) * (double)p->count))
-            n->seg = POLICY_PROTECTED;
-        else if (p->mode.gadmit == 3 && age <= p->count && demote_one(p, DEMOTE_STEPS))
-            n->seg = POLICY_PROTECTED;
-        if (p->mode.gadmit == 3 && n->seg == POLICY_PROTECTED)
-            n->ref = 1;   /* one clock pass of grace: it must outlive a lap */
-    }
-    flink_after(&p->seg[n->seg], n);
-    p->nseg[n->seg]++;
-}
+/* ---- private helpers: victims ---- */
 
 /* Oldest evictable probation nodes, walking from *cur towards the front. */
 static size_t take_probation(policy *p, policy_node **out, size_t n, policy_node **cur)
@@ -274,17 +422,20 @@ static size_t take_probation(policy *p, policy_node **out, size_t n, policy_node
 }
 
 /* The clock over protected: from the oldest, a node with ref > 0 loses one
- * and goes to the front; one with ref 0 is a victim.  Each node is passed at
- * most REF_MAX + 1 times, so the walk ends. */
+ * and goes to the front; one with ref 0 is a victim.  At most CLOCK_STEPS
+ * passes a victim: past them the oldest goes whatever its ref (each node is
+ * then seen once more at most, so the walk ends). */
 static size_t take_protected(policy *p, policy_node **out, size_t n)
 {
     size_t got = 0;
     policy_node *h = &p->seg[POLICY_PROTECTED];
-    uint64_t budget = (REF_MAX + 1) * p->nseg[POLICY_PROTECTED] + 1;
-    for (policy_node *x = h->fprev; x != h && got < n && budget > 0; budget--) {
+    uint64_t budget = (uint64_t)CLOCK_STEPS * n;
+    uint64_t seen = 0, len = p->nseg[POLICY_PROTECTED];
+    for (policy_node *x = h->fprev; x != h && got < n && seen <= len + budget; seen++) {
         policy_node *prev = x->fprev;
-        if (x->ref > 0) {
+        if (x->ref > 0 && budget > 0) {
             x->ref--;
+            budget--;
             if (prev == h) {   /* already the front: pass it again */
                 prev = x;
             } else {
@@ -326,14 +477,63 @@ static int demote_one(policy *p, unsigned steps)
     return 0;
 }
 
-/* ---- private helpers: ghosts ----
- *
- * A table entry: its low 25 bits v + 1, v = (sequence number & SEQ_MASK)
- * << 1 | ring, its high 7 bits the fingerprint's top 7 (a tag: a probe that
- * passes an entry of another tag reads no ring).  The ring holds the
- * sequence numbers (next_seq - len, next_seq], oldest at tail, so an
- * entry's slot follows from its age; the fingerprint is read there.  Linear
- * probing, backward-shift deletion, no tombstones. */
+/* The LIR set's size: the count less the resident HIR blocks (pfrac of
+ * it, at least one; a batch of victims larger than that comes from the
+ * LIR set's oldest, by the clock). */
+static uint64_t lir_cap(const policy *p)
+{
+    uint64_t hir = (uint64_t)(p->pfrac * (double)p->count + 0.5);
+    hir = hir < 1 ? 1 : hir;
+    return p->count > hir ? p->count - hir : 0;
+}
+
+/* lirs: protected is over the LIR set's size: its oldest goes back to
+ * probation's front (lirs 2: an oldest with ref > 0 loses one and goes to
+ * the front instead, LIRS_STEPS times at most). */
+static void lirs_demote(policy *p)
+{
+    policy_node *h = &p->seg[POLICY_PROTECTED];
+    policy_node *x = h->fprev;
+    for (unsigned s = 0; p->mode.lirs == 2 && s < LIRS_STEPS && x->ref > 0 && x != h; s++) {
+        x->ref--;
+        funlink(x);
+        flink_after(h, x);
+        x = h->fprev;
+    }
+    if (x == h)
+        return;
+    funlink(x);
+    x->seg = POLICY_PROBATION;
+    x->ref = 0;
+    flink_after(&p->seg[POLICY_PROBATION], x);
+    p->nseg[POLICY_PROTECTED]--;
+    p->nseg[POLICY_PROBATION]++;
+}
+
+/* arc: a ghost hit within B1 (evicted from T1 among the last size - |T1|
+ * evictions of ring 0) moves p up by max(1, |B2| / |B1|), one within B2
+ * down by max(1, |B1| / |B2|) (|B1| ~ size - |T1|, |B2| ~ size - |T2|), and
+ * returns 1: the key goes to T2.  Older ghosts: 0 (a new key, to T1). */
+static int arc_ghost(policy *p, const hyb_ghost *g)
+{
+    double c = (double)p->count, t1 = (double)p->nseg[POLICY_PROBATION];
+    double t2 = (double)p->nseg[POLICY_PROTECTED];
+    double b1 = c - t1 > 1 ? c - t1 : 1, b2 = c - t2 > 1 ? c - t2 : 1;
+    double age = (double)g->age * (double)p->gunit;
+    if (g->seg == 0 && age < b1) {
+        p->arcp += b2 > b1 ? b2 / b1 : 1.0;
+        p->arcp = p->arcp < c ? p->arcp : c;
+        return 1;
+    }
+    if (g->seg == 1 && age < b2) {
+        p->arcp -= b1 > b2 ? b1 / b2 : 1.0;
+        p->arcp = p->arcp > 0 ? p->arcp : 0;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- private helpers: ghosts ---- */
 
 static uint32_t fp_of(uint64_t hash)
 {
@@ -341,185 +541,138 @@ static uint32_t fp_of(uint64_t hash)
     x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
     x ^= x >> 27; x *= 0x94d049bb133111ebull;
     x ^= x >> 31;
-    return (uint32_t)(x >> 32);
+    uint32_t f = (uint32_t)(x >> 32);
+    return f ? f : 1;
 }
 
-static size_t home(const policy *p, uint32_t fp)
+static size_t bucket_of(const policy *p, uint32_t fp)
 {
-    return (size_t)(fp * 2654435761u) & p->gmask;
+    return (size_t)(((uint64_t)fp * p->gbuckets) >> 32);
 }
 
-static uint32_t tag_of(uint32_t fp) { return fp >> 25; }
-static uint32_t entry_of(uint32_t v, uint32_t fp) { return v | tag_of(fp) << 25; }
-
-static uint32_t entry_fp(const policy *p, uint32_t e)
+/* Epochs a ghost lives: its ring's limit, longer for class bit 0 (set by
+ * hybrid_resize). */
+static unsigned g_limit(const policy *p, uint64_t e)
 {
-    uint32_t v = (e & SLOT_MASK) - 1;
-    const ghost_ring *g = &p->ring[v & 1];
-    size_t age = (size_t)((g->next_seq - (v >> 1)) & SEQ_MASK);
-    return g->fp[(g->tail + g->len - 1 - age) & (g->cap - 1)];
+    return p->glimit[e_seg(e)][e_cls(e) & HYB_CLS_KEEP];
 }
 
-static long ghost_find(const policy *p, uint32_t fp)
+static void set_limits(policy *p)
 {
-    if (!p->gtab)
-        return -1;
-    for (size_t i = home(p, fp); p->gtab[i]; i = (i + 1) & p->gmask)
-        if (p->gtab[i] >> 25 == tag_of(fp) && entry_fp(p, p->gtab[i]) == fp)
-            return (long)i;
-    return -1;
-}
-
-static long ghost_find_entry(const policy *p, uint32_t fp, uint32_t v)
-{
-    if (!p->gtab)
-        return -1;
-    for (size_t i = home(p, fp); p->gtab[i]; i = (i + 1) & p->gmask)
-        if (p->gtab[i] == entry_of(v, fp))
-            return (long)i;
-    return -1;
-}
-
-static void ghost_del(policy *p, size_t i)
-{
-    p->gtab[i] = 0;
-    p->gused--;
-    for (size_t j = (i + 1) & p->gmask; p->gtab[j]; j = (j + 1) & p->gmask) {
-        size_t h = home(p, entry_fp(p, p->gtab[j]));
-        if (((j - h) & p->gmask) >= ((j - i) & p->gmask)) {
-            p->gtab[i] = p->gtab[j];
-            p->gtab[j] = 0;
-            i = j;
-        }
+    for (unsigned r = 0; r < 2; r++) {
+        uint64_t k = G_KEEP_MIN / p->gunit + 1;
+        k = k > (uint64_t)G_LIMIT[r] * G_KEEP ? k : (uint64_t)G_LIMIT[r] * G_KEEP;
+        p->glimit[r][0] = (uint16_t)G_LIMIT[r];
+        p->glimit[r][1] = (uint16_t)(k < G_EPOCH_MASK / 2 ? k : G_EPOCH_MASK / 2);
     }
 }
 
-static void ghost_insert(policy *p, uint32_t v, uint32_t fp)
+static int ghost_live(const policy *p, uint64_t e)
 {
-    size_t i = home(p, fp);
-    while (p->gtab[i])
-        i = (i + 1) & p->gmask;
-    p->gtab[i] = entry_of(v & SLOT_MASK, fp);
-    p->gused++;
+    return e && e_age(p, e) < g_limit(p, e);
 }
 
-static size_t ghost_target(const policy *p, unsigned r)
+/* A ghost's stamp as the access clock (the start of its unit). */
+static uint32_t ghost_stamp(const policy *p, uint64_t e)
 {
-    size_t t = (size_t)(r == 0 ? 2 * p->count : p->count);
-    return t < GHOST_MIN ? GHOST_MIN : t > GHOST_MAX ? GHOST_MAX : t;
+    uint32_t now = p->tick >> p->gshift;
+    return (now - ((now - e_stamp(e)) & G_STAMP_MASK)) << p->gshift;
 }
 
-/* Remember fp in ring r (replacing any ghost of the same fingerprint), then
- * drop the oldest ring slots while the live ghosts exceed the ring's target
- * or the ring (stale slots too) exceeds it by a quarter.  On no memory the
- * ghosts stay as they are (the policy still works, it adapts less). */
-static void ghost_add(policy *p, unsigned r, uint32_t fp)
+/* Into its bucket of tab (nb buckets): over an entry of the same
+ * fingerprint, else an empty one, else the one furthest through its life
+ * (aged out first).  Returns 1 if it took an empty entry. */
+static int ghost_put(policy *p, uint64_t *tab, size_t nb, uint64_t e)
 {
-    ghost_ring *g = &p->ring[r];
-    if ((g->len == g->cap && ghost_grow_ring(g) != MEMOS_OK) ||
-        ((p->gused + 1) * 4 > (p->gtab ? p->gmask + 1 : 0) * 3 && ghost_grow_table(p) != MEMOS_OK)) {
-        p->oom = 1;
+    uint64_t *b = tab + (size_t)(((uint64_t)e_fp(e) * nb) >> 32) * GB;
+    unsigned pick = GB, empty = GB, worst = 0, wa = 0, wl = 1;   /* the worst: wa / wl of its life passed */
+    for (unsigned i = 0; i < GB; i++) {
+        if (!b[i]) {
+            empty = empty < GB ? empty : i;
+            continue;
+        }
+        if (e_fp(b[i]) == e_fp(e)) {
+            pick = i;
+            break;
+        }
+        unsigned a = e_age(p, b[i]), l = g_limit(p, b[i]);
+        if (a * wl >= wa * l) {
+            wa = a;
+            wl = l;
+            worst = i;
+        }
+    }
+    pick = pick < GB ? pick : empty < GB ? empty : worst;
+    int was_empty = !b[pick];
+    b[pick] = e;
+    return was_empty;
+}
+
+/* Remember the evicted key in ring r; on no table the ghosts stay as they
+ * are (the policy still works, it adapts less). */
+static void ghost_add(policy *p, unsigned r, uint64_t hash, uint32_t stamp, unsigned cls)
+{
+    if (!p->gtab)
         return;
+    uint32_t fp = fp_of(hash);
+    p->gused += (size_t)ghost_put(p, p->gtab, p->gbuckets,
+                                  e_make(fp, stamp >> p->gshift, p->gepoch[r], r, cls));
+    if (++p->gev[r] >= p->gunit) {
+        p->gev[r] = 0;
+        p->gepoch[r] = (uint16_t)((p->gepoch[r] + 1) & G_EPOCH_MASK);
     }
-    long old = ghost_find(p, fp);
-    if (old >= 0) {
-        p->ring[((p->gtab[old] & SLOT_MASK) - 1) & 1].live--;
-        ghost_del(p, (size_t)old);
-    }
-    uint64_t seq = ++g->next_seq;
-    g->fp[(g->tail + g->len) & (g->cap - 1)] = fp;
-    g->len++;
-    g->live++;
-    ghost_insert(p, (uint32_t)((((seq & SEQ_MASK) << 1) | r) + 1), fp);
-    size_t target = ghost_target(p, r);
-    while (g->live > target || g->len > target + target / 4) {
-        uint64_t oldest = g->next_seq - g->len + 1;
-        long j = ghost_find_entry(p, g->fp[g->tail], (uint32_t)((((oldest & SEQ_MASK) << 1) | r) + 1));
-        if (j >= 0) {
-            ghost_del(p, (size_t)j);
-            g->live--;
-        }
-        g->tail = (g->tail + 1) & (g->cap - 1);
-        g->len--;
-    }
-}
-
-static int ghost_grow_ring(ghost_ring *g)
-{
-    size_t cap = g->cap ? g->cap * 2 : 64;     /* a power of two: slots by mask */
-    uint32_t *a = malloc(cap * sizeof *a);
-    if (!a)
-        return MEMOS_ENOMEM;
-    for (size_t i = 0; i < g->len; i++)
-        a[i] = g->fp[(g->tail + i) & (g->cap - 1)];
-    free(g->fp);
-    g->fp = a;
-    g->cap = cap;
-    g->tail = 0;
-    return MEMOS_OK;
-}
-
-static int ghost_grow_table(policy *p)
-{
-    size_t n = p->gtab ? (p->gmask + 1) * 2 : 128;
-    uint32_t *old = p->gtab;
-    size_t oldn = old ? p->gmask + 1 : 0;
-    uint32_t *t = calloc(n, sizeof *t);
-    if (!t)
-        return MEMOS_ENOMEM;
-    p->gtab = t;
-    p->gmask = n - 1;
-    p->gused = 0;
-    for (size_t i = 0; i < oldn; i++)
-        if (old[i])
-            ghost_insert(p, old[i], entry_fp(p, old[i]));
-    free(old);
-    return MEMOS_OK;
 }
 
 /* ---- dump and restore of the ghosts ---- */
 
-size_t hybrid_dump_ghosts(const policy *p, unsigned r, uint64_t *fp, uint8_t *live,
-                          size_t max, uint64_t *clock)
+size_t hybrid_dump_ghosts(const policy *p, unsigned r, policy_ghost *out, size_t max, uint64_t *epoch)
 {
-    const ghost_ring *g = &p->ring[r & 1];
-    *clock = g->next_seq;
-    for (size_t i = 0; i < g->len && i < max; i++) {
-        uint64_t seq = g->next_seq - g->len + 1 + i;
-        uint32_t f = g->fp[(g->tail + i) & (g->cap - 1)];
-        fp[i] = f;
-        live[i] = ghost_find_entry(p, f, (uint32_t)((((seq & SEQ_MASK) << 1) | (r & 1)) + 1)) >= 0;
+    size_t k = 0;
+    *epoch = p->gepoch[r & 1];
+    for (size_t i = 0; p->gtab && i < p->gbuckets * GB; i++) {
+        uint64_t e = p->gtab[i];
+        if (!ghost_live(p, e) || e_seg(e) != (r & 1))
+            continue;
+        if (k < max) {
+            out[k].fp = e_fp(e);
+            out[k].stamp = ghost_stamp(p, e);
+            out[k].age = (uint16_t)e_age(p, e);
+            out[k].cls = (uint8_t)e_cls(e);
+        }
+        k++;
     }
-    return g->len;
+    return k;
 }
 
-int hybrid_restore_ghosts(policy *p, unsigned r, const uint64_t *fp, const uint8_t *live,
-                          size_t len, uint64_t clock)
+/* Ring r's ghosts into the table (made for the count if there is none yet);
+ * MEMOS_EINVAL if one is not a ghost or a fingerprint comes twice. */
+int hybrid_restore_ghosts(policy *p, unsigned r, const policy_ghost *g, size_t len, uint64_t epoch)
 {
-    ghost_ring *g = &p->ring[r];
-    if (clock < len || g->len || len > SEQ_MASK)
+    if (r > 1 || epoch > G_EPOCH_MASK)
         return MEMOS_EINVAL;
-    while (g->cap < len)
-        if (ghost_grow_ring(g) != MEMOS_OK)
-            return MEMOS_ENOMEM;
-    g->tail = 0;
-    g->next_seq = clock;
+    if (!p->gtab)
+        hybrid_resize(p, p->count ? p->count : 1);
+    if (!p->gtab)
+        return MEMOS_ENOMEM;
+    p->gepoch[r] = (uint16_t)epoch;
     for (size_t i = 0; i < len; i++) {
-        if (fp[i] > UINT32_MAX)
+        if (!g[i].fp || g[i].fp > UINT32_MAX || g[i].cls > 7 ||
+            g[i].age >= g_limit(p, e_make(1, 0, 0, r, g[i].cls)))
             return MEMOS_EINVAL;
-        g->fp[i] = (uint32_t)fp[i];
-        g->len = i + 1;
-    }
-    for (size_t i = 0; i < len; i++) {
-        if (!live[i])
-            continue;
-        uint64_t seq = clock - len + 1 + i;
-        if ((p->gused + 1) * 4 > (p->gtab ? p->gmask + 1 : 0) * 3 && ghost_grow_table(p) != MEMOS_OK)
-            return MEMOS_ENOMEM;
-        if (ghost_find(p, g->fp[i]) >= 0)
-            return MEMOS_EINVAL;        /* a fingerprint live twice: not a dump */
-        ghost_insert(p, (uint32_t)((((seq & SEQ_MASK) << 1) | r) + 1), g->fp[i]);
-        g->live++;
+        uint32_t fp = (uint32_t)g[i].fp;
+        uint64_t *b = p->gtab + bucket_of(p, fp) * GB;
+        unsigned free_ = GB;
+        for (unsigned j = 0; j < GB; j++) {
+            if (b[j] && e_fp(b[j]) == fp)
+                return MEMOS_EINVAL;        /* a fingerprint twice: not a dump */
+            if (!b[j] && free_ == GB)
+                free_ = j;
+        }
+        if (free_ == GB)
+            continue;                       /* (a smaller table: its bucket is full) */
+        b[free_] = e_make(fp, g[i].stamp >> p->gshift, (unsigned)(epoch - g[i].age) & G_EPOCH_MASK, r,
+                          g[i].cls);
+        p->gused++;
     }
     return MEMOS_OK;
 }
@@ -529,26 +682,19 @@ int hybrid_restore_ghosts(policy *p, unsigned r, const uint64_t *fp, const uint8
 static int check_ghosts(const policy *p, char *why, size_t whylen)
 {
     size_t used = 0;
-    for (size_t i = 0; p->gtab && i <= p->gmask; i++) {
-        uint32_t e = p->gtab[i];
+    for (size_t i = 0; p->gtab && i < p->gbuckets * GB; i++) {
+        uint64_t e = p->gtab[i];
         if (!e)
             continue;
         used++;
-        uint32_t v = (e & SLOT_MASK) - 1;
-        const ghost_ring *g = &p->ring[v & 1];
-        if (((g->next_seq - (v >> 1)) & SEQ_MASK) >= g->len)
-            PFAIL("policy: ghost %zu is outside its ring", i);
-        if (e >> 25 != tag_of(entry_fp(p, e)))
-            PFAIL("policy: ghost %zu's tag is not its fingerprint's", i);
-        if (ghost_find(p, entry_fp(p, e)) != (long)i)
-            PFAIL("policy: ghost %zu unreachable or twice in the table", i);
+        if (bucket_of(p, e_fp(e)) != i / GB)
+            PFAIL("policy: ghost %zu is outside its bucket", i);
+        for (size_t j = i / GB * GB; j < i; j++)
+            if (p->gtab[j] && e_fp(p->gtab[j]) == e_fp(e))
+                PFAIL("policy: ghost %zu twice in its bucket", i);
     }
-    if (used != p->gused || used != p->ring[0].live + p->ring[1].live)
-        PFAIL("policy: ghost table holds %zu, counters say %zu, rings %zu + %zu", used,
-              p->gused, p->ring[0].live, p->ring[1].live);
-    for (unsigned r = 0; r < 2; r++)
-        if (p->ring[r].len > p->ring[r].cap)
-            PFAIL("policy: ghost ring %u overfull", r);
+    if (used != p->gused)
+        PFAIL("policy: ghost table holds %zu, counter says %zu", used, p->gused);
     return MEMOS_OK;
 }
 

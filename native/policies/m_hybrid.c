@@ -1,5 +1,5 @@
 /*
- * m_hybrid.c — a setting of lru_lfu's own hybrid ("lru_lfu@i") as a simulated member: the live hybrid's code (hybrid.c) over nodes of its own; lru_lfu's miniature simulation runs these.
+ * m_hybrid.c — a setting of lru_lfu's own hybrid ("lru_lfu@i") as a simulated member: the live hybrid's code (hybrid.c) over nodes of its own ("ref:lru_lfu@i", the tests' check that a setting is its own code).
  * See member.h for the shared store and the table of functions.
  */
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * lru_lfu's hybrid) run over unit-size blocks named by 64-bit key hashes,
  * with its own capacity, its own table, lists and ghosts.  Used by
  * policy_simulate ("ref:NAME", bench policy's peers and the tests'
- * reference replays) and by lru_lfu's miniature simulation (minisim.c).
+ * reference replays).
  *
  * Every member is reached through one table of functions (member_ops), one
  * file each: m_lru.c, m_lfu.c, arc.c, twoq.c, s3fifo.c, sieve.c, lirs.c,

@@ -3,9 +3,10 @@
  * pinned nodes, remove, foreach order, the LFU variant, a randomized run
  * against a reference recency array; the two-segment hybrid (lru_lfu@i):
  * segments, ghosts, the aging clock, pinned nodes; lru_lfu (the hybrid with
- * its setting chosen by a miniature simulation): live switches, pinned
- * nodes, deletions and renames, its memory, and the block simulation on
- * scan-polluted, shifting, recency and loop workloads.
+ * its setting chosen by shadows of LRU, LIRS and ARC): what the shadows
+ * judge, live switches, pinned nodes, deletions and renames, its memory,
+ * and the block simulation on scan-polluted, shifting, recency and loop
+ * workloads, at every size.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -304,7 +305,7 @@ static void test_random_all_policies(void)
             CHECK_EQ(policy_select(&p, names[(step / 20000) % 3]), MEMOS_OK);
         if (step % 997 == 0) {
             check_ok(&p);
-            CHECK(p.gused <= 3 * (p.count > 16 ? p.count : 16) + 32 && p.ring[0].len <= 4 * (p.count > 16 ? p.count : 16) + 64);
+            CHECK(p.gused <= p.gbuckets * 8 && policy_ghost_bytes(&p) <= 32 * (p.gfull > 1024 ? p.gfull : 1024) + 64);
         }
     }
     check_ok(&p);
@@ -405,9 +406,9 @@ static void test_member_hybrid_is_the_live_one(void)
 }
 
 /* A working set of 10,000 keys sliding forward one key every 5 accesses,
- * through 8,000 blocks: recency is all that matters.  The simulation (80
- * sampled blocks a setting) must pick the LRU setting: lru_lfu ends within
- * 0.5 points of LRU and of the best peer. */
+ * through 8,000 blocks: recency is all that matters.  The shadows keep the
+ * LRU setting: lru_lfu ends within 0.05 points of LRU and 0.5 of the best
+ * peer; the LRU shadow judged what LRU hits. */
 static void test_adaptive_recency_stream(void)
 {
     enum { N = 400000, CAP = 8000 };
@@ -422,15 +423,16 @@ static void test_adaptive_recency_stream(void)
     long long best = best_peer(keys, N, CAP, &who);
     fprintf(stderr, "  recency stream: lru %lld, lru_lfu %lld (%s), best peer %lld (%s)\n",
             lru, hyb, st.decided, best, who);
-    CHECK(hyb * 1000 >= lru * 1000 - 5LL * N);     /* >= LRU - 0.5 points */
+    CHECK(hyb * 10000 >= lru * 10000 - 5LL * N);   /* >= LRU - 0.05 points */
     CHECK(hyb * 1000 >= best * 1000 - 5LL * N);
-    CHECK_EQ(st.sim_cap, CAP / 100);                /* 1% of the keys, capacities scaled */
+    CHECK_EQ(st.sim_cap, CAP);                      /* the shadows judge the cache's own size */
     CHECK(st.sim_decisions > 0 && st.expert == 0);
+    CHECK(st.sim_hits[0] >= (double)lru - 0.001 * N && st.sim_hits[0] <= (double)lru + 0.001 * N);
 }
 
 /* A loop 10% larger than the cache, with one-time noise: LRU hits nothing,
- * the simulation picks a setting that keeps part of the loop; and a
- * scan-polluted hot set (frequency matters). */
+ * the shadows switch to the LIRS setting, which keeps most of the loop, in
+ * a few steps; and a scan-polluted hot set (frequency matters). */
 static void test_adaptive_frequency_streams(void)
 {
     enum { N = 400000, CAP = 10000 };
@@ -445,10 +447,11 @@ static void test_adaptive_frequency_streams(void)
     fprintf(stderr, "  loop: lru %lld, lru_lfu %lld (%s), best peer %lld\n", lru, hyb,
             st.decided, best);
     CHECK(hyb > lru + N / 2);                       /* more than 50 points better */
-    CHECK_EQ(st.expert, 5u);                        /* the loop setting */
-    /* the switch from the start setting costs a turnover of the protected
-     * segment (7 points under LIRS alone when written; docs/benchmarks.md) */
-    CHECK(hyb * 1000 >= best * 1000 - 100LL * N);
+    CHECK_EQ(st.expert, 7u);                        /* LIRS with the clock */
+    CHECK(st.sim_time[1] > N - 3 * CAP);            /* in force within 3 sizes of accesses */
+    /* (the first pass is cold for everyone; the second shows the lead, the
+     * third finds @7's LIR set built: 2.5 points under LIRS alone) */
+    CHECK(hyb * 1000 >= best * 1000 - 30LL * N);
     s = 1;
     cold = 1u << 30;
     for (int i = 0; i < N; i++)
@@ -463,8 +466,8 @@ static void test_adaptive_frequency_streams(void)
 }
 
 /* Loops that change every 145,000 accesses (one 10% larger than the cache,
- * the others fitting or thrashing), with one-time noise: the simulation
- * must follow the phases, far above LRU, with few switches. */
+ * the others fitting or thrashing), with one-time noise: the shadows must
+ * follow the phases, far above LRU, with few switches. */
 static void test_adaptive_switching_loops(void)
 {
     enum { N = 1500000, PHASE = 145000, CAP = 5400 };
@@ -483,11 +486,43 @@ static void test_adaptive_switching_loops(void)
             hyb, (unsigned long long)st.expert_switches, best, lru);
     CHECK(hyb * 1000 >= best * 1000 - 20LL * N);    /* within 2 points of the best peer */
     CHECK(hyb > lru * 2);
-    CHECK(st.expert_switches <= 20);
+    CHECK(st.expert_switches <= 4 * (N / PHASE));   /* a few a phase */
 }
 
-/* The same keys give the same hits, setting and switches; a cache too
- * small for a 1% sample simulates nothing and keeps its start setting. */
+/* The shadows judge, from the live cache's stamps and ghosts, what each
+ * policy hits alone: LRU to a tenth of a point, ARC (ref:ARC) to a point
+ * and a half, LIRS (the hybrid's setting 6, LIRS without the clock) to
+ * three (its resident HIR blocks are not counted), on a
+ * zipf-like stream, a loop with noise and a scan-polluted hot set, at a
+ * small and a large size. */
+static void test_shadows_judge_each_policy(void)
+{
+    enum { N = 300000 };
+    static uint64_t keys[N];
+    for (int kind = 0; kind < 3; kind++) {
+        uint64_t s = 11 + (uint64_t)kind, cold = 1u << 30;
+        for (int i = 0; i < N; i++)
+            keys[i] = kind == 0 ? (lcg(&s) % 1000) * (lcg(&s) % 30) :          /* skewed */
+                      kind == 1 ? (lcg(&s) % 10 == 0 ? cold++ : (uint64_t)(i % 3000)) :
+                      (lcg(&s) % 3 == 0 ? lcg(&s) % 2000 : cold++);            /* scans */
+        for (unsigned cap = 300; cap <= 2700; cap += 2400) {
+            policy_stats st;
+            policy_simulate("lru_lfu", keys, N, cap, 1, &st);
+            double lru = (double)policy_simulate("lru", keys, N, cap, 1, NULL);
+            double lirs = (double)policy_simulate("lru_lfu@6", keys, N, cap, 1, NULL);
+            double arc = (double)policy_simulate("ref:ARC", keys, N, cap, 1, NULL);
+            fprintf(stderr, "  shadows, stream %d at %u: LRU %.0f/%.0f, LIRS %.0f/%.0f, ARC %.0f/%.0f\n",
+                    kind, cap, st.sim_hits[0], lru, st.sim_hits[1], lirs, st.sim_hits[2], arc);
+            CHECK(st.sim_hits[0] >= lru - 0.001 * N && st.sim_hits[0] <= lru + 0.001 * N);
+            CHECK(st.sim_hits[1] >= lirs - 0.03 * N && st.sim_hits[1] <= lirs + 0.03 * N);
+            CHECK(st.sim_hits[2] >= arc - 0.015 * N && st.sim_hits[2] <= arc + 0.015 * N);
+        }
+    }
+}
+
+/* The same keys give the same hits, setting and switches; a cache of 60
+ * entries is judged as well as one of 6,000 (no sample: signals at every
+ * size). */
 static void test_adaptive_deterministic(void)
 {
     enum { N = 300000 };
@@ -504,18 +539,19 @@ static void test_adaptive_deterministic(void)
     CHECK(a.sim_bytes > 0 && a.sim_decisions > 0);
     for (unsigned e = 0; e < POLICY_SIM_N; e++)
         CHECK_EQ(a.sim_hits[e], b.sim_hits[e]);
-    policy_simulate("lru_lfu", keys, N, 600, 1, &a);
-    CHECK(a.sim_cap == 0 && a.sim_sampled == 0 && a.expert_switches == 0);
-    CHECK(strstr(a.decided, "too small") != NULL);
-    CHECK_EQ(policy_simulate("lru_lfu@6", keys, 10, 600, 1, NULL), -1);
+    long long small = policy_simulate("lru_lfu", keys, N, 60, 1, &a);
+    CHECK(a.sim_cap == 60 && a.sim_decisions > N / 64 / 2 && a.sim_accesses == N);
+    CHECK(strstr(a.decided, "shadows") != NULL);
+    CHECK(small * 10000 >= policy_simulate("lru", keys, N, 60, 1, NULL) * 10000 - 5LL * N);
+    CHECK_EQ(policy_simulate("lru_lfu@9", keys, 10, 600, 1, NULL), -1);
     CHECK_EQ(policy_simulate("lru@1", keys, 10, 600, 1, NULL), -1);
     CHECK_EQ(policy_simulate("ref:bogus", keys, 10, 600, 1, NULL), -1);
     CHECK_EQ(policy_simulate("ref:LRU", keys, 10, 0, 1, NULL), -1);
 }
 
 /* A live policy over 9,000 nodes and then 200,000, pinned ones, deletions
- * and renames: every structure (the hybrid, the simulated members) stays
- * sound; the ghosts stay within 64 bytes an entry and the simulation within
+ * and renames: every structure (the hybrid, its ghosts, the shadows) stays
+ * sound; the ghosts stay within 32 bytes an entry and the shadows within
  * 1 MiB, whatever the entry count (no cliff). */
 static void run_live(unsigned cap, unsigned m, unsigned steps)
 {
@@ -559,10 +595,10 @@ static void run_live(unsigned cap, unsigned m, unsigned steps)
     }
     policy_stats st;
     policy_get_stats(&p, &st);
-    fprintf(stderr, "  live %u: ghosts %.1f bytes an entry, simulation %llu bytes (capacity %u)\n",
+    fprintf(stderr, "  live %u: ghosts %.1f bytes an entry, shadows %llu bytes (size %u)\n",
             cap, (double)st.ghost_bytes / cap, (unsigned long long)st.sim_bytes, st.sim_cap);
-    CHECK(st.sim_sampled > 0 && st.sim_cap > 0 && st.sim_cap <= 512);
-    CHECK(st.ghost_bytes <= 64ull * cap);
+    CHECK(st.sim_accesses > 0 && st.sim_cap > 0 && st.sim_cap <= cap);
+    CHECK(st.ghost_bytes <= 32ull * cap + 64);
     CHECK(st.sim_bytes <= 1ull << 20);
     check_ok(&p);
     CHECK_EQ(policy_select(&p, "lru"), MEMOS_OK);
@@ -596,6 +632,7 @@ int main(void)
     RUN(test_adaptive_recency_stream);
     RUN(test_adaptive_frequency_streams);
     RUN(test_adaptive_deterministic);
+    RUN(test_shadows_judge_each_policy);
     RUN(test_adaptive_live);
     RUN(test_adaptive_switching_loops);
     return DONE("test_policy");
