@@ -297,6 +297,15 @@ link:
     p->nseg[n->seg]++;
 }
 
+/* The victims' ghost buckets are fetched while the cache frees them (each
+ * will take an entry there). */
+static size_t prefetched(const policy *p, policy_node **out, size_t got)
+{
+    for (size_t i = 0; p->gtab && i < got; i++)
+        __builtin_prefetch(p->gtab + bucket_of(p, fp_of(out[i]->hash)) * GB, 1, 1);
+    return got;
+}
+
 size_t hybrid_evict(policy *p, policy_node **out, size_t n)
 {
     size_t got = 0;
@@ -304,7 +313,7 @@ size_t hybrid_evict(policy *p, policy_node **out, size_t n)
         for (policy_node *x = p->head.prev; x != &p->head && got < n; x = x->prev)
             if (policy_ok(p, x))
                 out[got++] = x;
-        return got;
+        return prefetched(p, out, got);
     }
     uint64_t target = p->mode.gadmit == 3 || p->mode.lirs ? 0 :
                       p->mode.arc ? (uint64_t)p->arcp : (uint64_t)(p->pfrac * (double)p->count);
@@ -315,7 +324,7 @@ size_t hybrid_evict(policy *p, policy_node **out, size_t n)
         got += take_protected(p, out + got, n - got);
     if (got < n)
         got += take_probation(p, out + got, n - got, &cur);
-    return got;
+    return prefetched(p, out, got);
 }
 
 /* An evicted node leaves its fingerprint, stamp and class bits in the ghost
@@ -585,24 +594,28 @@ static uint32_t ghost_stamp(const policy *p, uint64_t e)
 static int ghost_put(policy *p, uint64_t *tab, size_t nb, uint64_t e)
 {
     uint64_t *b = tab + (size_t)(((uint64_t)e_fp(e) * nb) >> 32) * GB;
-    unsigned pick = GB, empty = GB, worst = 0, wa = 0, wl = 1;   /* the worst: wa / wl of its life passed */
+    unsigned pick = GB, empty = GB;
     for (unsigned i = 0; i < GB; i++) {
         if (!b[i]) {
             empty = empty < GB ? empty : i;
-            continue;
-        }
-        if (e_fp(b[i]) == e_fp(e)) {
+        } else if (e_fp(b[i]) == e_fp(e)) {
             pick = i;
             break;
         }
-        unsigned a = e_age(p, b[i]), l = g_limit(p, b[i]);
-        if (a * wl >= wa * l) {
-            wa = a;
-            wl = l;
-            worst = i;
+    }
+    if (pick == GB && empty < GB) {
+        pick = empty;
+    } else if (pick == GB) {                  /* full: the one furthest through its life */
+        unsigned wa = 0, wl = 1;
+        for (unsigned i = 0; i < GB; i++) {
+            unsigned a = e_age(p, b[i]), l = g_limit(p, b[i]);
+            if (a * wl >= wa * l) {
+                wa = a;
+                wl = l;
+                pick = i;
+            }
         }
     }
-    pick = pick < GB ? pick : empty < GB ? empty : worst;
     int was_empty = !b[pick];
     b[pick] = e;
     return was_empty;

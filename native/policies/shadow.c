@@ -148,8 +148,15 @@ static inline void tc_add(tcount *t, uint64_t stamp)
             x->lo_in += 1;
             tc_lim(x);
         }
-        if (x->above > x->lim)
-            tc_fit(t, j);
+        if (x->above > x->lim) {            /* over: the oldest leave */
+            double ex = (double)x->above + x->lo_in - x->cap;
+            if (LIKELY(ex > 0 && x->lo_in >= ex)) {
+                x->lo_in -= ex;
+                tc_lim(x);
+            } else {
+                tc_fit(t, j);
+            }
+        }
     }
 }
 
@@ -313,7 +320,14 @@ static void arc_access(shadow *s, int known, uint64_t st, uint8_t *cls)
     }
     int f = (*cls & SHADOW_ARC_F) != 0;
     tcount *t = f ? &s->arc_f : &s->arc_r;
-    uint64_t b = st >> t->ws;
+    uint64_t b = st >> t->ws, bn = s->now >> t->ws;
+    if (LIKELY(f && b > t->b[0].lo && b > t->b[1].lo && b <= t->hi && bn == t->hi &&
+               t->cnt[b % TC_NB] > 0)) {        /* a hit in T2, the commonest: the key moves on */
+        t->cnt[b % TC_NB]--;
+        t->cnt[bn % TC_NB]++;
+        s->hits[SHADOW_ARC] += 1;
+        return;
+    }
     double in_t = tc_judge(t, 0, b), in_l = tc_judge(t, 1, b);
     if (in_t > 0) {                             /* a hit: to T2 */
         s->hits[SHADOW_ARC] += in_t;
@@ -337,7 +351,8 @@ static void arc_access(shadow *s, int known, uint64_t st, uint8_t *cls)
     tc_del(t, b);
     tc_add(&s->arc_f, s->now);
     *cls |= SHADOW_ARC_F;
-    arc_replace(s, f && in_t <= 0);
+    if (in_t <= 0)                              /* (a hit moves a key within T1 + T2) */
+        arc_replace(s, f);
 }
 
 /* ARC's REPLACE: while T1 and T2 hold more than the size, T1's oldest go
@@ -359,7 +374,11 @@ static void arc_replace(shadow *s, int b2hit)
         if (excess > 1e-9)
             tc_shrink(&s->arc_f, 0, excess < t2 ? excess : t2);
     }
-    tc_setcap(&s->arc_f, 1, 2 * s->cap - tc_in(&s->arc_r, 1));
+    double l2 = 2 * s->cap - tc_in(&s->arc_r, 1);
+    if (tc_in(&s->arc_f, 1) > l2 + 1e-9)
+        tc_setcap(&s->arc_f, 1, l2);
+    else
+        s->arc_f.b[1].cap = l2 > 0 ? l2 : 0, tc_lim(&s->arc_f.b[1]);
 }
 
 /* The k oldest keys leave set j (its cap stays unlimited). */
@@ -367,6 +386,11 @@ static void tc_shrink(tcount *t, unsigned j, double k)
 {
     if (!t->started || k <= 0)
         return;
+    if (t->b[j].lo_in >= k) {               /* (most often: within bucket lo) */
+        t->b[j].lo_in -= k;
+        tc_lim(&t->b[j]);
+        return;
+    }
     t->b[j].cap = tc_in(t, j) - k;
     tc_fit(t, j);
     t->b[j].cap = TC_INF;
