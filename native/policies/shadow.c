@@ -351,8 +351,7 @@ static void arc_access(shadow *s, int known, uint64_t st, uint8_t *cls)
     tc_del(t, b);
     tc_add(&s->arc_f, s->now);
     *cls |= SHADOW_ARC_F;
-    if (in_t <= 0)                              /* (a hit moves a key within T1 + T2) */
-        arc_replace(s, f);
+    arc_replace(s, f && in_t <= 0);
 }
 
 /* ARC's REPLACE: while T1 and T2 hold more than the size, T1's oldest go
