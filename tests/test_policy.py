@@ -226,6 +226,71 @@ def test_bench_policy_on_a_tiny_trace(tmp_path, capsys):
         assert row["Belady"] >= max(v for k, v in row.items() if k != "Belady")
 
 
+def test_traces_of_every_format_load_the_same_stream(tmp_path, capsys):
+    """bench policy --trace takes the formats people hand over: Mooncake
+    JSONL (hash_ids), JSON lines of one key, a text file of one key a line,
+    CSV with a header (the key column by name, or --trace-column), libCacheSim's
+    oracleGeneral binary, and those compressed (.gz, .zst); each gives the
+    same renumbered stream."""
+    import gzip
+    import shutil
+    import struct
+    rnd = random.Random(4)
+    reqs = [[0] + [rnd.randrange(300) for _ in range(4)] for _ in range(500)]
+    keys = [k for r in reqs for k in r]
+    want = policy_sim.load_trace
+    files = {
+        "mooncake.jsonl": "".join(json.dumps({"timestamp": i, "hash_ids": r}) + "\n"
+                                  for i, r in enumerate(reqs)),
+        "keys.jsonl": "".join(json.dumps({"obj_id": k, "size": 1}) + "\n" for k in keys),
+        "keys.txt": "".join(f"{k}\n" for k in keys),
+        "named.csv": "timestamp,obj_id,obj_size\n" + "".join(f"{i},{k},4096\n"
+                                                          for i, k in enumerate(keys)),
+        "plain.tsv": "".join(f"{i}\tblk{k}\n" for i, k in enumerate(keys)),
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    rec = struct.Struct("<IQIq")
+    (tmp_path / "t.oracleGeneral").write_bytes(b"".join(rec.pack(i, k + 7, 4096, -1)
+                                                        for i, k in enumerate(keys)))
+    with gzip.open(tmp_path / "t.oracleGeneral.gz", "wb") as f:
+        f.write((tmp_path / "t.oracleGeneral").read_bytes())
+    (tmp_path / "bin.dat").write_bytes((tmp_path / "t.oracleGeneral").read_bytes())
+    dense = want(str(tmp_path / "keys.txt"))
+    assert len(dense) == len(keys) and max(dense) + 1 == len(set(keys))
+    for name, fmt, col in (("mooncake.jsonl", "mooncake", None), ("keys.jsonl", "jsonl", None),
+                           ("named.csv", "text", None), ("named.csv", "text", "obj_id"),
+                           ("named.csv", "text", "1"), ("plain.tsv", "text", "1"),
+                           ("t.oracleGeneral", "oracleGeneral", None),
+                           ("t.oracleGeneral.gz", "oracleGeneral", None), ("bin.dat", "oracleGeneral", None)):
+        path = str(tmp_path / name)
+        data = policy_sim._open_bytes(path)
+        assert policy_sim.trace_format(data, path) == fmt, name
+        assert policy_sim.load_trace(path, column=col) == dense, (name, col)
+    if shutil.which("zstd"):
+        import subprocess
+        subprocess.run(["zstd", "-q", str(tmp_path / "t.oracleGeneral"), "-o",
+                        str(tmp_path / "t.oracleGeneral.zst")], check=True)
+        assert policy_sim.load_trace(str(tmp_path / "t.oracleGeneral.zst")) == dense
+    # the first field of a headerless CSV is the key unless told otherwise
+    assert policy_sim.load_trace(str(tmp_path / "plain.tsv")) == list(range(len(keys)))
+    with pytest.raises(ValueError, match=r"^no column 'lba' in the header "):
+        policy_sim.load_trace(str(tmp_path / "named.csv"), column="lba")
+    (tmp_path / "torn.bin").write_bytes(b"\0" * 25)
+    with pytest.raises(ValueError, match=r"not whole 24-byte oracleGeneral records"):
+        policy_sim.load_trace(str(tmp_path / "torn.bin"))
+    from memosfs.cli import main
+    rc = main(["bench", "policy", "--trace", str(tmp_path / "t.oracleGeneral"), "--sizes", "0.1",
+               "--peers", "LRU", "--no-batch", "--no-cost", "--json"])
+    assert rc in (0, None)
+    out = json.loads(capsys.readouterr().out)
+    assert out["accesses"] == len(keys) and out["unique_blocks"] == len(set(keys))
+    assert out["bounds"] == bench_policy.TRACE_GOALS
+    assert main(["bench", "policy", "--trace", str(tmp_path / "torn.bin"), "--no-batch",
+                 "--no-cost"]) == 2
+    assert "not whole 24-byte" in capsys.readouterr().err
+
+
 def test_bench_check_peers_says_where_libcachesim_parts():
     pytest.importorskip("libcachesim")
     from memosfs.bench import policy as bench
