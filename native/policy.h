@@ -132,6 +132,7 @@ typedef struct policy {
     double           pfrac;             /* probation target, share of count */
     double           arcp;              /* ARC setting: T1's target in entries (0..count) */
     uint64_t        *gtab;              /* ghost table: gbuckets buckets of 8 entries (malloc, 64-byte aligned) */
+    uint64_t        *gsum;              /* a bucket's summary: bit fp % 64 of each entry's fp (after gtab) */
     size_t           gbuckets, gused;   /* buckets, entries in use */
     uint64_t         gfull;             /* the size the table was made for */
     uint64_t         gunit;             /* evictions of a ring per epoch (gfull / 8) */
@@ -141,6 +142,7 @@ typedef struct policy {
     uint8_t          gshift;            /* a ghost's stamp is the access clock >> gshift */
     uint32_t         tick;              /* the access clock: admits and touches so far (wraps) */
     uint64_t         ghits[2];          /* ghost hits per ring */
+    int              lirfill;           /* lirs settings: new keys fill the LIR set (until it is first full) */
     int              oom;               /* a ghost allocation failed: ghosts stay as they are */
     policy_expert    mode;              /* the setting in force */
     unsigned         expert;            /* its index in HYBRIDS */

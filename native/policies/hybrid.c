@@ -98,7 +98,9 @@ static int      ghost_live(const policy *p, uint64_t e);
 static unsigned g_limit(const policy *p, uint64_t e);
 static void     set_limits(policy *p);
 static void     ghost_add(policy *p, unsigned r, uint64_t hash, uint32_t stamp, unsigned cls);
-static int      ghost_put(policy *p, uint64_t *tab, size_t nb, uint64_t e);
+static int      ghost_put(policy *p, uint64_t *tab, uint64_t *sum, size_t nb, uint64_t e);
+static void     summarize(const uint64_t *tab, uint64_t *sum, size_t b);
+static uint64_t summary_of(const uint64_t *tab, size_t b);
 static uint32_t ghost_stamp(const policy *p, uint64_t e);
 static size_t   take_probation(policy *p, policy_node **out, size_t n, policy_node **cur);
 static size_t   take_protected(policy *p, policy_node **out, size_t n);
@@ -155,6 +157,7 @@ void hybrid_stop(policy *p)
 {
     free(p->gtab);
     p->gtab = NULL;
+    p->gsum = NULL;
     p->gbuckets = p->gused = 0;
     p->gfull = 0;
     p->nseg[0] = p->nseg[1] = 0;        /* (the nodes' segment links are left: a start relinks them) */
@@ -164,6 +167,7 @@ int hybrid_setting(policy *p, unsigned i)
 {
     if (i >= POLICY_EXPERTS)
         return MEMOS_EINVAL;
+    p->lirfill = HYBRIDS[i].lirs && (p->expert != i || !p->mode.lirs);   /* (entering a lirs setting) */
     p->expert = i;
     p->mode = HYBRIDS[i];
     if (p->mode.pfrac >= 0)
@@ -230,7 +234,10 @@ void hybrid_lookup(const policy *p, uint64_t hash, hyb_ghost *g)
     if (!p->gtab)
         return;
     uint32_t fp = fp_of(hash);
-    const uint64_t *b = p->gtab + bucket_of(p, fp) * GB;
+    size_t bk = bucket_of(p, fp);
+    if (!(p->gsum[bk] >> (fp & 63) & 1))
+        return;                         /* (the summary, in cache: no line of the table read) */
+    const uint64_t *b = p->gtab + bk * GB;
     for (unsigned i = 0; i < GB; i++) {
         uint64_t e = b[i];
         if (e_fp(e) == fp && ghost_live(p, e)) {
@@ -254,6 +261,7 @@ void hybrid_admit(policy *p, policy_node *n, const hyb_ghost *g)
     if (g->slot >= 0) {                 /* (used up, fresh or not) */
         p->gtab[g->slot] = 0;
         p->gused--;
+        summarize(p->gtab, p->gsum, (size_t)g->slot / GB);
     }
     if (g->slot >= 0 && g->fresh) {
         unsigned r = g->seg;
@@ -290,8 +298,11 @@ void hybrid_admit(policy *p, policy_node *n, const hyb_ghost *g)
                 n->ref = 1;   /* one clock pass of grace: it must outlive a lap */
         }
     }
-    if (p->mode.lirs && p->nseg[POLICY_PROTECTED] < lir_cap(p))
-        n->seg = POLICY_PROTECTED;          /* the LIR set fills first */
+    if (p->mode.lirs && p->lirfill) {    /* the LIR set fills first, once (not again after a
+                                           batch of victims took from it: new keys would fill it) */
+        if (p->nseg[POLICY_PROTECTED] < lir_cap(p))
+            n->seg = POLICY_PROTECTED;
+    }
 link:
     flink_after(&p->seg[n->seg], n);
     p->nseg[n->seg]++;
@@ -333,6 +344,8 @@ void hybrid_remove(policy *p, policy_node *n, int evicted)
 {
     if (evicted)
         ghost_add(p, n->seg, n->hash, n->stamp, n->mcls);
+    if (evicted && p->lirfill && p->nseg[POLICY_PROTECTED] >= lir_cap(p))
+        p->lirfill = 0;                 /* the LIR set was full at an eviction: filled */
     funlink(n);
     p->nseg[n->seg]--;
 }
@@ -348,12 +361,13 @@ void hybrid_resize(policy *p, uint64_t full)
     size_t nb = (size_t)((room * G_SLOTS + GB - 1) / GB);
     nb = nb < GB_MIN ? GB_MIN : nb;
     void *mem = NULL;
-    if (nb > SIZE_MAX / (GB * sizeof(uint64_t)) || posix_memalign(&mem, 64, nb * GB * sizeof(uint64_t))) {
+    if (nb > SIZE_MAX / ((GB + 1) * sizeof(uint64_t)) ||
+        posix_memalign(&mem, 64, nb * (GB + 1) * sizeof(uint64_t))) {
         p->oom = 1;                     /* the old table (or none) stays */
         return;
     }
-    uint64_t *tab = mem;
-    memset(tab, 0, nb * GB * sizeof *tab);
+    uint64_t *tab = mem, *sum = tab + nb * GB;
+    memset(tab, 0, nb * (GB + 1) * sizeof *tab);
     unsigned shift = 0;
     while (((uint64_t)G_STAMP_UNIT << (shift + 1)) <= full)
         shift++;
@@ -368,10 +382,11 @@ void hybrid_resize(policy *p, uint64_t full)
             continue;
         uint32_t now = p->tick >> oldshift;
         uint32_t st = (now - ((now - e_stamp(e)) & G_STAMP_MASK)) << oldshift;
-        used += (size_t)ghost_put(p, tab, nb, e_make(e_fp(e), st >> shift, e_epoch(e), e_seg(e), e_cls(e)));
+        used += (size_t)ghost_put(p, tab, sum, nb, e_make(e_fp(e), st >> shift, e_epoch(e), e_seg(e), e_cls(e)));
     }
     free(old);
     p->gtab = tab;
+    p->gsum = sum;
     p->gbuckets = nb;
     p->gused = used;
     p->gfull = full;
@@ -391,7 +406,7 @@ int hybrid_place(policy *p, policy_node *n, unsigned i)
 
 uint64_t policy_ghost_bytes(const policy *p)
 {
-    return p->gtab ? (uint64_t)p->gbuckets * GB * sizeof *p->gtab : 0;
+    return p->gtab ? (uint64_t)p->gbuckets * (GB + 1) * sizeof *p->gtab : 0;
 }
 
 uint32_t hybrid_ghost_unit(const policy *p) { return 1u << p->gshift; }
@@ -591,9 +606,10 @@ static uint32_t ghost_stamp(const policy *p, uint64_t e)
 /* Into its bucket of tab (nb buckets): over an entry of the same
  * fingerprint, else an empty one, else the one furthest through its life
  * (aged out first).  Returns 1 if it took an empty entry. */
-static int ghost_put(policy *p, uint64_t *tab, size_t nb, uint64_t e)
+static int ghost_put(policy *p, uint64_t *tab, uint64_t *sum, size_t nb, uint64_t e)
 {
-    uint64_t *b = tab + (size_t)(((uint64_t)e_fp(e) * nb) >> 32) * GB;
+    size_t bk = (size_t)(((uint64_t)e_fp(e) * nb) >> 32);
+    uint64_t *b = tab + bk * GB;
     unsigned pick = GB, empty = GB;
     for (unsigned i = 0; i < GB; i++) {
         if (!b[i]) {
@@ -618,7 +634,24 @@ static int ghost_put(policy *p, uint64_t *tab, size_t nb, uint64_t e)
     }
     int was_empty = !b[pick];
     b[pick] = e;
+    summarize(tab, sum, bk);
     return was_empty;
+}
+
+/* Bucket b's summary: the bit (fp % 64) of each entry's fingerprint, so a
+ * lookup whose bit is clear reads no line of the table (exact: no ghost is
+ * missed; an aged-out entry may leave its bit until it is overwritten). */
+static uint64_t summary_of(const uint64_t *tab, size_t b)
+{
+    uint64_t s = 0;
+    for (unsigned i = 0; i < GB; i++)
+        s |= tab[b * GB + i] ? 1ull << (e_fp(tab[b * GB + i]) & 63) : 0;
+    return s;
+}
+
+static void summarize(const uint64_t *tab, uint64_t *sum, size_t b)
+{
+    sum[b] = summary_of(tab, b);
 }
 
 /* Remember the evicted key in ring r; on no table the ghosts stay as they
@@ -628,7 +661,7 @@ static void ghost_add(policy *p, unsigned r, uint64_t hash, uint32_t stamp, unsi
     if (!p->gtab)
         return;
     uint32_t fp = fp_of(hash);
-    p->gused += (size_t)ghost_put(p, p->gtab, p->gbuckets,
+    p->gused += (size_t)ghost_put(p, p->gtab, p->gsum, p->gbuckets,
                                   e_make(fp, stamp >> p->gshift, p->gepoch[r], r, cls));
     if (++p->gev[r] >= p->gunit) {
         p->gev[r] = 0;
@@ -685,6 +718,7 @@ int hybrid_restore_ghosts(policy *p, unsigned r, const policy_ghost *g, size_t l
             continue;                       /* (a smaller table: its bucket is full) */
         b[free_] = e_make(fp, g[i].stamp >> p->gshift, (unsigned)(epoch - g[i].age) & G_EPOCH_MASK, r,
                           g[i].cls);
+        summarize(p->gtab, p->gsum, bucket_of(p, fp));
         p->gused++;
     }
     return MEMOS_OK;
@@ -708,6 +742,9 @@ static int check_ghosts(const policy *p, char *why, size_t whylen)
     }
     if (used != p->gused)
         PFAIL("policy: ghost table holds %zu, counter says %zu", used, p->gused);
+    for (size_t b = 0; p->gtab && b < p->gbuckets; b++)
+        if (p->gsum[b] != summary_of(p->gtab, b))
+            PFAIL("policy: ghost bucket %zu's summary is not its entries'", b);
     return MEMOS_OK;
 }
 

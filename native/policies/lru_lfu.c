@@ -66,6 +66,7 @@
 #define MIN_DWELL  2u          /* steps in force before another switch */
 #define SETTLE     8u          /* steps in force before a setting's gain is learnt */
 #define GAIN_KEEP  0.9         /* a gain keeps this share of itself a step */
+#define BACK       0.5         /* back to LRU: a lead of this share of the margin (LRU is the safe one) */
 #define OWED       5.0         /* leaving LRU: the lead needed grows by this many times what is owed */
 #define OWED_MAX   0.1         /* ... by at most this share of a horizon's accesses */
 #define HIR_SHARE  0.01        /* LIRS: resident HIR blocks, share of the size */
@@ -267,7 +268,7 @@ static void decide(policy *p, policy_chooser *c)
         }
         double against = live < 0 ? 0 : i == C_LRU ? (double)c->live : value[live];
         c->lead[i] = c->lead[i] * DECAY + (value[i] - against);
-        double need = thresh + (i != C_LRU ? owed : 0);
+        double need = i != C_LRU ? thresh + owed : c->bank < 0 ? BACK * thresh : thresh;
         if (c->lead[i] > need && (best < 0 || c->lead[i] > c->lead[best]))
             best = i;
     }
