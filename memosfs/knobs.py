@@ -222,9 +222,9 @@ KNOBS: tuple[Knob, ...] = (
          "memory tier size in bytes (accepts 512M, 4G); rounded up to 2 MiB superblocks; "
          "shrinking evicts"),
     _choice("evict_policy", ("lru_lfu", "lru", "lfu"), "lru_lfu",
-            "eviction policy of both tiers: lru_lfu (a probation/protected hybrid at one of "
-            "four settings, the setting chosen once a window by replaying each on a 1% sample "
-            "of the keys beside the cache; a slot read again and again outlives a scan), lru "
+            "eviction policy of both tiers: lru_lfu (a probation/protected hybrid as LRU, "
+            "LIRS or ARC, the one its shadows judge best on the accesses so far, never long "
+            "below LRU; once LIRS leads, a slot read again and again outlives a scan), lru "
             "or lfu; switching keeps every slot"),
     Knob("evict_batch", "int", (1, 4096), 16,
          "victims chosen per eviction run (a larger batch trades P99 put latency for throughput)"),

@@ -27,7 +27,7 @@
  * them equal to memosfs/testing/refpolicies.py).
  *
  * Memory.  56 bytes per entry (policy_node), whatever the policy; lru_lfu
- * adds its ghosts (32 bytes per entry, a table of at least 32 KB,
+ * adds its ghosts (36 bytes per entry, a table of at least 36 KB,
  * policies/hybrid.c) and fixed shadows of 17 KB (policies/shadow.c); lfu a
  * few sentinels.
  *

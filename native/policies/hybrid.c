@@ -39,8 +39,9 @@
  * ages out after 16 epochs of ring 0 (2 × the size) or 8 of ring 1 (1 ×),
  * or when its bucket has no older entry to give.  The table is sized to the
  * cache — 4 entries per entry of the size when full (hybrid_resize), remade
- * when that size moves by more than an eighth: 32 bytes an entry, one cache
- * line a lookup.  A fingerprint collision (2^-32 a lookup and entry) makes
+ * when that size moves by more than an eighth: 32 bytes an entry, and a
+ * summary word a bucket (a bit of each entry's fingerprint: most lookups of
+ * a key that is no ghost read no line of the table), 36 in all.  A fingerprint collision (2^-32 a lookup and entry) makes
  * one admit look like a ghost hit: harmless.
  *
  * Cost.  admit, touch and remove O(1): list moves, and on an admit or an

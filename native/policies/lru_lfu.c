@@ -4,7 +4,7 @@
  * settings are, judged on every access from the live cache's own state.
  *
  * The live path is the hybrid's: O(1) an access, the 56-byte policy_node
- * every policy has, and the ghosts (hybrid.c: 32 bytes per entry).  No
+ * every policy has, and the ghosts (hybrid.c: 36 bytes per entry).  No
  * published policy wins on every stream: LRU where recency is all
  * (sessions that come back, popularity that shifts), LIRS where a loop or
  * a shared prefix is longer than the cache or popularity is skewed, ARC

@@ -61,7 +61,7 @@
 
 /* ---- private prototypes ---- */
 
-static void tc_init(tcount *t, unsigned nb);
+static void tc_init(tcount *t, unsigned nb, uint32_t *cnt);
 static void tc_start(tcount *t, uint64_t b);
 static void tc_fit(tcount *t, unsigned j);
 static void tc_coarsen(tcount *t);
@@ -194,10 +194,10 @@ static uint64_t abs_stamp(const shadow *s, uint32_t stamp)
 void shadow_init(shadow *s, uint32_t tick)
 {
     memset(s, 0, sizeof *s);
-    tc_init(&s->lru, 1);
-    tc_init(&s->lir, 1);
-    tc_init(&s->arc_r, 2);
-    tc_init(&s->arc_f, 2);
+    tc_init(&s->lru, 1, s->cnt[0]);
+    tc_init(&s->lir, 1, s->cnt[1]);
+    tc_init(&s->arc_r, 2, s->cnt[2]);
+    tc_init(&s->arc_f, 2, s->cnt[3]);
     s->now = 1u << 20;                  /* (room below for stamps before the start) */
     s->now32 = tick;
 }
@@ -396,9 +396,10 @@ static void tc_shrink(tcount *t, unsigned j, double k)
     tc_lim(&t->b[j]);
 }
 
-static void tc_init(tcount *t, unsigned nb)
+static void tc_init(tcount *t, unsigned nb, uint32_t *cnt)
 {
     memset(t, 0, sizeof *t);
+    t->cnt = cnt;
     t->nb = nb;
     for (unsigned j = 0; j < nb; j++) {
         t->b[j].cap = TC_INF;
@@ -410,7 +411,7 @@ static void tc_start(tcount *t, uint64_t b)
 {
     t->started = 1;
     t->hi = b;
-    memset(t->cnt, 0, sizeof t->cnt);
+    memset(t->cnt, 0, TC_NB * sizeof *t->cnt);
     for (unsigned j = 0; j < t->nb; j++) {
         t->b[j].lo = b;
         t->b[j].above = 0;
@@ -470,7 +471,7 @@ static void tc_coarsen(tcount *t)
     }
     uint32_t old[TC_NB];
     memcpy(old, t->cnt, sizeof old);
-    memset(t->cnt, 0, sizeof t->cnt);
+    memset(t->cnt, 0, TC_NB * sizeof *t->cnt);
     uint64_t mlo = tc_minlo(t), hi = t->hi;
     for (uint64_t b = mlo; b <= hi; b++)
         t->cnt[(b >> 1) % TC_NB] += old[b % TC_NB];

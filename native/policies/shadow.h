@@ -27,7 +27,7 @@ typedef struct tbound {
 /* Keys of one class counted by the bucket of their stamp (stamp >> ws),
  * and up to TC_BOUNDS sets of the newest of them (of other capacities). */
 typedef struct tcount {
-    uint32_t cnt[TC_NB];                /* keys whose stamp is in bucket b, at b % TC_NB */
+    uint32_t *cnt;                      /* keys whose stamp is in bucket b, at b % TC_NB (shadow.cnt) */
     uint64_t hi;                        /* newest bucket */
     unsigned ws;                        /* a bucket: 2^ws accesses */
     unsigned nb;                        /* sets judged */
@@ -49,6 +49,8 @@ typedef struct shadow {
     double   cap;                       /* the size judged (0: not known yet) */
     double   hir;                       /* LIRS: resident HIR blocks */
     double   hits[SHADOWS];             /* judged hits so far */
+    uint32_t cnt[4][TC_NB];             /* the four counts' buckets (apart: the counts' fields share
+                                           a few cache lines) */
 } shadow;
 
 #define SHADOW_LIR   1u                 /* class bit: in the LIRS shadow's LIR set (its ghost lives
