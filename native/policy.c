@@ -31,9 +31,10 @@
  * policies/hybrid.c) and fixed shadows of 17 KB (policies/shadow.c); lfu a
  * few sentinels.
  *
- * Cost.  admit, touch and remove are O(1) under every policy (lru_lfu: one
- * bucket of the ghost table on an admit and on an eviction, and the
- * shadows' counts on every access); a victim is O(skipped) plus at most
+ * Cost.  admit, touch and remove are O(1) under every policy (lru_lfu: an
+ * eviction leaves its ghost pending, an admit reads one bucket of the ghost
+ * table and moves one pending ghost into it; the shadows' counts on every
+ * access, their lines fetched at once); a victim is O(skipped) plus at most
  * 8 clock passes (lru_lfu).
  *
  * Victims are filtered by the owner's evictable() predicate (the cache skips
@@ -196,6 +197,8 @@ void policy_get_stats(const policy *p, policy_stats *out)
     out->ghost_hits_recency = p->ghits[0];
     out->ghost_hits_frequency = p->ghits[1];
     out->ghost_entries = p->gused;
+    for (unsigned i = 0; i < p->gpn; i++)      /* (and those not yet in the table) */
+        out->ghost_entries += p->gpend[(p->gph + i) % POLICY_GHOST_PENDING] != 0;
     out->ghost_bytes = policy_ghost_bytes(p);
     out->probation = p->nseg[POLICY_PROBATION];
     out->protected_ = p->nseg[POLICY_PROTECTED];

@@ -52,6 +52,7 @@ typedef struct policy_expert {
                                            by ghost hits within B1 and B2 */
 } policy_expert;
 
+#define POLICY_GHOST_PENDING 32        /* ghosts an eviction run leaves for the admits after it */
 #define POLICY_EXPERTS 9                /* hybrid settings "lru_lfu@0..8" (hybrid.c: HYBRIDS) */
 #define POLICY_SIM_N 3                  /* the policies lru_lfu's shadows judge (lru_lfu.c: CANDIDATES) */
 #define POLICY_STATE_VERSION 4          /* lru_lfu's dump format (3: ghost rings of bare fingerprints; 2: the bank's) */
@@ -139,7 +140,14 @@ typedef struct policy {
     uint64_t         gev[2];            /* evictions into each ring since its last epoch */
     uint16_t         gepoch[2];         /* each ring's epoch (12 bits, wraps) */
     uint16_t         glimit[2][2];      /* epochs a ghost lives: [ring][class bit 0] */
+    uint32_t         grecip[2][2];      /* 2^20 / glimit: how far through its life an epoch takes a ghost */
+    uint64_t         gpmask;            /* bit fp % 64 of each pending ghost's fingerprint (0: none pending) */
     uint8_t          gshift;            /* a ghost's stamp is the access clock >> gshift */
+    uint8_t          gpn, gph;          /* ghosts pending: how many, the oldest's index in gpend */
+    uint64_t         gpend[POLICY_GHOST_PENDING]; /* the latest ghosts, entries as the table holds them,
+                                           not yet in it: one goes in at each admit, its bucket
+                                           fetched an admit before (an eviction run writes no
+                                           line of the table; 0: used up) */
     uint32_t         tick;              /* the access clock: admits and touches so far (wraps) */
     uint64_t         ghits[2];          /* ghost hits per ring */
     int              lirfill;           /* lirs settings: new keys fill the LIR set (until it is first full) */

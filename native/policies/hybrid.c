@@ -41,12 +41,18 @@
  * cache — 4 entries per entry of the size when full (hybrid_resize), remade
  * when that size moves by more than an eighth: 32 bytes an entry, and a
  * summary word a bucket (a bit of each entry's fingerprint: most lookups of
- * a key that is no ghost read no line of the table), 36 in all.  A fingerprint collision (2^-32 a lookup and entry) makes
+ * a key that is no ghost read no line of the table), 36 in all.  An
+ * eviction run writes no line of the table: its ghosts wait in a pending
+ * ring of POLICY_GHOST_PENDING entries (in the policy, with a summary word
+ * of its own; a lookup reads it first), and each admit moves the oldest
+ * into the table, its bucket fetched an admit before — so an evicting
+ * put's latency holds no miss of the table, and the admits' misses are
+ * overlapped.  A fingerprint collision (2^-32 a lookup and entry) makes
  * one admit look like a ghost hit: harmless.
  *
- * Cost.  admit, touch and remove O(1): list moves, and on an admit or an
- * eviction one bucket of the ghost table; a victim O(skipped) plus at most
- * CLOCK_STEPS clock passes.
+ * Cost.  admit, touch and remove O(1): list moves, and on an admit one
+ * bucket of the ghost table read and one written (a pending ghost's); a
+ * victim O(skipped) plus at most CLOCK_STEPS clock passes.
  */
 #include <assert.h>
 #include <stdio.h>
@@ -99,7 +105,10 @@ static int      ghost_live(const policy *p, uint64_t e);
 static unsigned g_limit(const policy *p, uint64_t e);
 static void     set_limits(policy *p);
 static void     ghost_add(policy *p, unsigned r, uint64_t hash, uint32_t stamp, unsigned cls);
+static void     ghost_drain(policy *p);
+static void     ghost_drain_all(policy *p);
 static int      ghost_put(policy *p, uint64_t *tab, uint64_t *sum, size_t nb, uint64_t e);
+static unsigned furthest(const policy *p, const uint64_t *b);
 static void     summarize(const uint64_t *tab, uint64_t *sum, size_t b);
 static uint64_t summary_of(const uint64_t *tab, size_t b);
 static uint32_t ghost_stamp(const policy *p, uint64_t e);
@@ -160,6 +169,8 @@ void hybrid_stop(policy *p)
     p->gtab = NULL;
     p->gsum = NULL;
     p->gbuckets = p->gused = 0;
+    p->gpn = p->gph = 0;
+    p->gpmask = 0;
     p->gfull = 0;
     p->nseg[0] = p->nseg[1] = 0;        /* (the nodes' segment links are left: a start relinks them) */
 }
@@ -235,6 +246,19 @@ void hybrid_lookup(const policy *p, uint64_t hash, hyb_ghost *g)
     if (!p->gtab)
         return;
     uint32_t fp = fp_of(hash);
+    for (unsigned i = 0; p->gpmask >> (fp & 63) & 1 && i < p->gpn; i++) {   /* the latest, not yet in the table */
+        unsigned k = (p->gph + i) % POLICY_GHOST_PENDING;
+        uint64_t e = p->gpend[k];
+        if (e_fp(e) == fp && ghost_live(p, e)) {
+            g->slot = (long)(p->gbuckets * GB + k);
+            g->stamp = ghost_stamp(p, e);
+            g->seg = e_seg(e);
+            g->age = e_age(p, e);
+            g->cls = e_cls(e);
+            g->fresh = g->age < G_LIMIT[g->seg];
+            return;
+        }
+    }
     size_t bk = bucket_of(p, fp);
     if (!(p->gsum[bk] >> (fp & 63) & 1))
         return;                         /* (the summary, in cache: no line of the table read) */
@@ -259,11 +283,15 @@ void hybrid_admit(policy *p, policy_node *n, const hyb_ghost *g)
 {
     n->seg = POLICY_PROBATION;
     n->ref = 0;
-    if (g->slot >= 0) {                 /* (used up, fresh or not) */
+    if (g->slot >= (long)(p->gbuckets * GB)) {          /* (used up, fresh or not) */
+        p->gpend[(size_t)g->slot - p->gbuckets * GB] = 0;
+    } else if (g->slot >= 0) {
         p->gtab[g->slot] = 0;
         p->gused--;
         summarize(p->gtab, p->gsum, (size_t)g->slot / GB);
     }
+    if (p->gpn)                         /* one pending ghost into the table an admit */
+        ghost_drain(p);
     if (g->slot >= 0 && g->fresh) {
         unsigned r = g->seg;
         p->ghits[r]++;
@@ -309,15 +337,6 @@ link:
     p->nseg[n->seg]++;
 }
 
-/* The victims' ghost buckets are fetched while the cache frees them (each
- * will take an entry there). */
-static size_t prefetched(const policy *p, policy_node **out, size_t got)
-{
-    for (size_t i = 0; p->gtab && i < got; i++)
-        __builtin_prefetch(p->gtab + bucket_of(p, fp_of(out[i]->hash)) * GB, 1, 1);
-    return got;
-}
-
 size_t hybrid_evict(policy *p, policy_node **out, size_t n)
 {
     size_t got = 0;
@@ -325,7 +344,7 @@ size_t hybrid_evict(policy *p, policy_node **out, size_t n)
         for (policy_node *x = p->head.prev; x != &p->head && got < n; x = x->prev)
             if (policy_ok(p, x))
                 out[got++] = x;
-        return prefetched(p, out, got);
+        return got;
     }
     uint64_t target = p->mode.gadmit == 3 || p->mode.lirs ? 0 :
                       p->mode.arc ? (uint64_t)p->arcp : (uint64_t)(p->pfrac * (double)p->count);
@@ -336,7 +355,7 @@ size_t hybrid_evict(policy *p, policy_node **out, size_t n)
         got += take_protected(p, out + got, n - got);
     if (got < n)
         got += take_probation(p, out + got, n - got, &cur);
-    return prefetched(p, out, got);
+    return got;
 }
 
 /* An evicted node leaves its fingerprint, stamp and class bits in the ghost
@@ -358,6 +377,7 @@ void hybrid_resize(policy *p, uint64_t full)
     full = full ? full : 1;
     if (p->gtab && full + p->gfull / 8 >= p->gfull && full <= p->gfull + p->gfull / 8)
         return;
+    ghost_drain_all(p);                 /* (into the old table, then moved with it) */
     uint64_t room = full < G_FLOOR ? G_FLOOR : full;
     size_t nb = (size_t)((room * G_SLOTS + GB - 1) / GB);
     nb = nb < GB_MIN ? GB_MIN : nb;
@@ -589,6 +609,8 @@ static void set_limits(policy *p)
         k = k > (uint64_t)G_LIMIT[r] * G_KEEP ? k : (uint64_t)G_LIMIT[r] * G_KEEP;
         p->glimit[r][0] = (uint16_t)G_LIMIT[r];
         p->glimit[r][1] = (uint16_t)(k < G_EPOCH_MASK / 2 ? k : G_EPOCH_MASK / 2);
+        p->grecip[r][0] = (1u << 20) / p->glimit[r][0];
+        p->grecip[r][1] = (1u << 20) / p->glimit[r][1];
     }
 }
 
@@ -606,7 +628,7 @@ static uint32_t ghost_stamp(const policy *p, uint64_t e)
 
 /* Into its bucket of tab (nb buckets): over an entry of the same
  * fingerprint, else an empty one, else the one furthest through its life
- * (aged out first).  Returns 1 if it took an empty entry. */
+ * (one aged out first).  Returns 1 if it took an empty entry. */
 static int ghost_put(policy *p, uint64_t *tab, uint64_t *sum, size_t nb, uint64_t e)
 {
     size_t bk = (size_t)(((uint64_t)e_fp(e) * nb) >> 32);
@@ -620,23 +642,36 @@ static int ghost_put(policy *p, uint64_t *tab, uint64_t *sum, size_t nb, uint64_
             break;
         }
     }
-    if (pick == GB && empty < GB) {
-        pick = empty;
-    } else if (pick == GB) {                  /* full: the one furthest through its life */
-        unsigned wa = 0, wl = 1;
-        for (unsigned i = 0; i < GB; i++) {
-            unsigned a = e_age(p, b[i]), l = g_limit(p, b[i]);
-            if (a * wl >= wa * l) {
-                wa = a;
-                wl = l;
-                pick = i;
-            }
+    if (pick == GB)
+        pick = empty < GB ? empty : furthest(p, b);
+    uint64_t old = b[pick];
+    b[pick] = e;
+    if (!old)
+        sum[bk] |= 1ull << (e_fp(e) & 63);
+    else if (e_fp(old) != e_fp(e))
+        summarize(tab, sum, bk);
+    return !old;
+}
+
+/* A full bucket's entry furthest through its life: the first aged out, else
+ * the largest age x 2^20 / limit (the last of equals). */
+static unsigned furthest(const policy *p, const uint64_t *b)
+{
+    unsigned pick = 0;
+    uint64_t best = 0;
+    for (unsigned i = 0; i < GB; i++) {
+        uint64_t x = b[i];
+        unsigned r = e_seg(x), k = e_cls(x) & HYB_CLS_KEEP;
+        unsigned a = (unsigned)(p->gepoch[r] - e_epoch(x)) & G_EPOCH_MASK;
+        if (a >= p->glimit[r][k])
+            return i;
+        uint64_t sc = (uint64_t)a * p->grecip[r][k];
+        if (sc >= best) {
+            best = sc;
+            pick = i;
         }
     }
-    int was_empty = !b[pick];
-    b[pick] = e;
-    summarize(tab, sum, bk);
-    return was_empty;
+    return pick;
 }
 
 /* Bucket b's summary: the bit (fp % 64) of each entry's fingerprint, so a
@@ -662,15 +697,52 @@ static void ghost_add(policy *p, unsigned r, uint64_t hash, uint32_t stamp, unsi
     if (!p->gtab)
         return;
     uint32_t fp = fp_of(hash);
-    p->gused += (size_t)ghost_put(p, p->gtab, p->gsum, p->gbuckets,
-                                  e_make(fp, stamp >> p->gshift, p->gepoch[r], r, cls));
+    if (p->gpn == POLICY_GHOST_PENDING)
+        ghost_drain(p);                 /* (a batch larger than the pending room) */
+    if (!p->gpn)
+        __builtin_prefetch(p->gtab + bucket_of(p, fp) * GB, 1, 1);
+    p->gpend[(p->gph + p->gpn++) % POLICY_GHOST_PENDING] = e_make(fp, stamp >> p->gshift, p->gepoch[r], r, cls);
+    p->gpmask |= 1ull << (fp & 63);
     if (++p->gev[r] >= p->gunit) {
         p->gev[r] = 0;
         p->gepoch[r] = (uint16_t)((p->gepoch[r] + 1) & G_EPOCH_MASK);
     }
 }
 
+/* The oldest pending ghost into the table (one that was used up: nothing),
+ * the next one's bucket fetched for the next admit. */
+static void ghost_drain(policy *p)
+{
+    uint64_t e = p->gpend[p->gph];
+    p->gpend[p->gph] = 0;
+    p->gph = (uint8_t)((p->gph + 1) % POLICY_GHOST_PENDING);
+    p->gpn--;
+    p->gpmask = p->gpn ? p->gpmask : 0;
+    if (e && ghost_live(p, e))
+        p->gused += (size_t)ghost_put(p, p->gtab, p->gsum, p->gbuckets, e);
+    if (p->gpn && p->gpend[p->gph])
+        __builtin_prefetch(p->gtab + bucket_of(p, e_fp(p->gpend[p->gph])) * GB, 1, 1);
+}
+
+static void ghost_drain_all(policy *p)
+{
+    while (p->gpn && p->gtab)
+        ghost_drain(p);
+    p->gpn = p->gtab ? p->gpn : 0;
+    p->gpmask = p->gpn ? p->gpmask : 0;
+}
+
 /* ---- dump and restore of the ghosts ---- */
+
+/* A live ghost of fingerprint fp in the table (a pending one will replace it). */
+static int in_table(const policy *p, uint32_t fp)
+{
+    const uint64_t *b = p->gtab + bucket_of(p, fp) * GB;
+    for (unsigned i = 0; i < GB; i++)
+        if (e_fp(b[i]) == fp && ghost_live(p, b[i]))
+            return 1;
+    return 0;
+}
 
 size_t hybrid_dump_ghosts(const policy *p, unsigned r, policy_ghost *out, size_t max, uint64_t *epoch)
 {
@@ -680,6 +752,18 @@ size_t hybrid_dump_ghosts(const policy *p, unsigned r, policy_ghost *out, size_t
         uint64_t e = p->gtab[i];
         if (!ghost_live(p, e) || e_seg(e) != (r & 1))
             continue;
+        if (k < max) {
+            out[k].fp = e_fp(e);
+            out[k].stamp = ghost_stamp(p, e);
+            out[k].age = (uint16_t)e_age(p, e);
+            out[k].cls = (uint8_t)e_cls(e);
+        }
+        k++;
+    }
+    for (unsigned i = 0; p->gtab && i < p->gpn; i++) {  /* (the pending ones: not yet in the table) */
+        uint64_t e = p->gpend[(p->gph + i) % POLICY_GHOST_PENDING];
+        if (!ghost_live(p, e) || e_seg(e) != (r & 1) || in_table(p, e_fp(e)))
+            continue;                   /* (a fingerprint once: the pending one replaces it) */
         if (k < max) {
             out[k].fp = e_fp(e);
             out[k].stamp = ghost_stamp(p, e);
@@ -701,6 +785,7 @@ int hybrid_restore_ghosts(policy *p, unsigned r, const policy_ghost *g, size_t l
         hybrid_resize(p, p->count ? p->count : 1);
     if (!p->gtab)
         return MEMOS_ENOMEM;
+    ghost_drain_all(p);
     p->gepoch[r] = (uint16_t)epoch;
     for (size_t i = 0; i < len; i++) {
         if (!g[i].fp || g[i].fp > UINT32_MAX || g[i].cls > 7 ||

@@ -236,6 +236,71 @@ static void test_hybrid_ghosts(void)
     policy_destroy(&p);
 }
 
+/* An eviction run leaves its ghosts pending (no line of the table
+ * written); each admit after it moves one into the table.  A pending ghost
+ * is found like one in the table, a dump holds it (a fingerprint once), and
+ * a batch larger than the pending room goes into the table as it comes. */
+static void test_hybrid_pending_ghosts(void)
+{
+    enum { N = 120, B = POLICY_GHOST_PENDING + 8 };
+    static obj o[N];
+    memset(o, 0, sizeof o);
+    policy p;
+    policy_init(&p, "lru_lfu@0", evictable, NULL);
+    for (int i = 0; i < 60; i++)
+        policy_admit(&p, &o[i].pn, 5000 + (uint64_t)i);
+    policy_node *v[B];
+    CHECK_EQ(policy_victims(&p, v, 10), 10);
+    for (int i = 0; i < 10; i++) {
+        policy_note_evict(&p, v[i]);
+        policy_remove(&p, v[i]);
+    }
+    check_ok(&p);
+    CHECK(p.gused == 0 && p.gpn == 10);
+    policy_stats st;
+    policy_get_stats(&p, &st);
+    CHECK_EQ(st.ghost_entries, 10);
+    policy_ghost g[64];
+    uint64_t ep;
+    CHECK_EQ(policy_dump_ghosts(&p, 0, g, 64, &ep) + policy_dump_ghosts(&p, 1, g, 64, &ep), 10);
+    /* a pending ghost comes back: found (straight to protected), used up */
+    policy_admit(&p, &o[3].pn, 5003);
+    CHECK_EQ(o[3].pn.seg, POLICY_PROTECTED);
+    CHECK_EQ(p.ghits[0] + p.ghits[1], 1);
+    policy_get_stats(&p, &st);
+    CHECK_EQ(st.ghost_entries, 9);
+    /* new keys: one pending ghost into the table each */
+    for (int i = 60; i < 69; i++)
+        policy_admit(&p, &o[i].pn, 5000 + (uint64_t)i);
+    CHECK(p.gpn == 0 && p.gused == 9);
+    check_ok(&p);
+    /* the ghosts from the table come back just as well */
+    uint64_t hits = p.ghits[0] + p.ghits[1];
+    policy_admit(&p, &o[7].pn, 5007);
+    CHECK_EQ(p.ghits[0] + p.ghits[1], hits + 1);
+    /* a batch past the pending room: the oldest go into the table as the run goes */
+    size_t got = policy_victims(&p, v, B);
+    CHECK_EQ(got, B);
+    for (size_t i = 0; i < got; i++) {
+        policy_note_evict(&p, v[i]);
+        policy_remove(&p, v[i]);
+    }
+    CHECK(p.gpn == POLICY_GHOST_PENDING && p.gused == 8 + 8);
+    policy_get_stats(&p, &st);
+    CHECK_EQ(st.ghost_entries, 8 + B);
+    check_ok(&p);
+    /* the dump holds each ghost once: restored into a fresh policy, every one is found */
+    size_t n0 = policy_dump_ghosts(&p, 0, g, 64, &ep);
+    CHECK(n0 <= 64);
+    policy q;
+    policy_init(&q, "lru_lfu@0", evictable, NULL);
+    CHECK_EQ(policy_restore_ghosts(&q, 0, g, n0, ep), MEMOS_OK);
+    policy_get_stats(&q, &st);
+    CHECK_EQ(st.ghost_entries, n0);
+    policy_destroy(&q);
+    policy_destroy(&p);
+}
+
 static void test_hybrid_pinned_never_victims(void)
 {
     policy p;
@@ -623,6 +688,7 @@ int main(void)
     RUN(test_random_vs_reference);
     RUN(test_hybrid_segments);
     RUN(test_hybrid_ghosts);
+    RUN(test_hybrid_pending_ghosts);
     RUN(test_hybrid_pinned_never_victims);
     RUN(test_random_all_policies);
     RUN(test_simulate_basics);
