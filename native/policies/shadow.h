@@ -69,17 +69,4 @@ int    shadow_in_lir(const shadow *s, uint32_t stamp);
 void   shadow_forget(shadow *s, uint32_t stamp, uint8_t cls);
 int    shadow_check(const shadow *s, char *why, size_t whylen);
 
-/* The lines an access reads, fetched at once (a cache that went cold
- * between accesses waits for them together, not one after another). */
-static inline void shadow_prefetch(const shadow *s)
-{
-    const char *f = (const char *)s;
-    for (size_t o = 0; o < offsetof(shadow, cnt); o += 64)
-        __builtin_prefetch(f + o, 1, 3);
-    __builtin_prefetch(&s->cnt[0][s->lru.hi % TC_NB], 1, 3);
-    __builtin_prefetch(&s->cnt[1][s->lir.hi % TC_NB], 1, 3);
-    __builtin_prefetch(&s->cnt[2][s->arc_r.hi % TC_NB], 1, 3);
-    __builtin_prefetch(&s->cnt[3][s->arc_f.hi % TC_NB], 1, 3);
-}
-
 #endif /* MEMOS_POLICY_SHADOW_H */
