@@ -45,10 +45,11 @@
  * eviction run writes no line of the table: its ghosts wait in a pending
  * ring of POLICY_GHOST_PENDING entries (in the policy, with a summary word
  * of its own; a lookup reads it first), and each admit moves the oldest
- * into the table, its bucket fetched an admit before — so an evicting
- * put's latency holds no miss of the table, and the admits' misses are
- * overlapped.  A fingerprint collision (2^-32 a lookup and entry) makes
- * one admit look like a ghost hit: harmless.
+ * into the table, its bucket (and the key's summary word) fetched when
+ * the admit begins, while the shadows judge it (hybrid_prefetch) — so an
+ * evicting put's latency holds no miss of the table.  A fingerprint
+ * collision (2^-32 a lookup and entry) makes one admit look like a ghost
+ * hit: harmless.
  *
  * Cost.  admit, touch and remove O(1): list moves, and on an admit one
  * bucket of the ghost table read and one written (a pending ghost's); a
@@ -275,6 +276,19 @@ void hybrid_lookup(const policy *p, uint64_t hash, hyb_ghost *g)
             return;
         }
     }
+}
+
+/* Before a miss's lookup: the lines it and the admit will read (the key's
+ * summary word, the bucket the oldest pending ghost goes into), fetched
+ * together while the shadows judge. */
+void hybrid_prefetch(const policy *p, uint64_t hash)
+{
+    if (!p->gtab)
+        return;
+    __builtin_prefetch(&p->gsum[bucket_of(p, fp_of(hash))], 0, 3);
+    uint64_t e = p->gpn ? p->gpend[p->gph] : 0;
+    if (e)
+        __builtin_prefetch(p->gtab + bucket_of(p, e_fp(e)) * GB, 1, 3);
 }
 
 /* A miss: n goes to probation, or to protected if its ghost says so (the

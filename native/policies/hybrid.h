@@ -23,6 +23,7 @@ typedef struct hyb_ghost {
 int    hybrid_start(policy *p);
 void   hybrid_stop(policy *p);
 void   hybrid_access(policy *p, policy_node *n, int hit);
+void   hybrid_prefetch(const policy *p, uint64_t hash);            /* before a lookup */
 void   hybrid_lookup(const policy *p, uint64_t hash, hyb_ghost *g);
 void   hybrid_admit(policy *p, policy_node *n, const hyb_ghost *g);  /* then the node is stamped */
 void   hybrid_touch(policy *p, policy_node *n);                      /* likewise */

@@ -118,6 +118,8 @@ static void ll_stop(policy *p)
 static void ll_access(policy *p, policy_node *n, int hit)
 {
     policy_chooser *c = p->sim;
+    if (!hit)
+        hybrid_prefetch(p, n->hash);
     if (hit) {
         if (c)
             judge(p, c, 1, n->stamp, &n->mcls, 1);
