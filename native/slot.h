@@ -220,9 +220,11 @@ int memos_slot_wrote(slot_table *t, uint64_t ino, uint64_t at, uint64_t n, int64
  * SLOT_ENOENT, SLOT_EINVAL (no writer). */
 int memos_slot_truncated(slot_table *t, uint64_t ino, uint64_t size, int64_t now_ns);
 
-/* A write, truncate or fallocate of the draft was refused (EFBIG, ENOSPC,
- * EDQUOT): the draft is as it was, and it is never published now until the
- * writers truncate it to nothing.  SLOT_OK, SLOT_ENOENT. */
+/* A write of the draft (or a copy into it, or a truncate that was to cut
+ * it) was refused (EFBIG, ENOSPC, EDQUOT): the draft is as it was, and it is
+ * never published now until the writers truncate it to nothing.  A refused
+ * fallocate or extending truncate loses no byte and is not a refusal here:
+ * the caller is told, nothing else changes.  SLOT_OK, SLOT_ENOENT. */
 int memos_slot_refused(slot_table *t, uint64_t ino);
 
 /* ---- publishing ---- */

@@ -222,20 +222,66 @@ class FileOps(OpsCore):
                 return e.errno or errno.EIO
             self._pt_poll(h.node)
             return 0
+        end = offset + length
+        room = self._room_for_draft(h.node)
+        if end > room:
+            # more than the tiers could ever hold: refused before anything
+            # moves (a refused fallocate changes nothing, the draft included)
+            self._refused += 1
+            e = refuse(errno.ENOSPC, "fallocate %s to %d bytes: the tiers have room for %d "
+                       "bytes at most", h.node.name, end, room, level=logging.WARNING)
+            self.why.note(h.uid, e.errno, e.reason or "")
+            return errno.ENOSPC
+        kept = self._refusals_now(h.node)
         self._room_ok = True
         try:
-            self._extend(h, offset + length)
+            self._extend(h, end)
             return 0
         except NeedRoom:
             pass
         except pyfuse3.FUSEError as e:
+            self._refusals_back(h.node, kept)
             return e.errno
         finally:
             self._room_ok = False
         if not token or not self.mounted:
+            self._refusals_back(h.node, kept)
             return errno.ENOSPC
-        trio.lowlevel.spawn_system_task(self._fallocate_later, token, h, offset + length)
+        trio.lowlevel.spawn_system_task(self._fallocate_later, token, h, end, kept)
         return None
+
+    def _room_for_draft(self, node: Slot) -> int:
+        """The largest draft the tiers could take: the memory tier's
+        capacity, or, where the draft may spill, what the SSD directory has
+        room for besides (its disk's free space, within ssd_capacity)."""
+        room = self.store.cache.capacity
+        ssd = self.store.ssd
+        if ssd is not None and self._may_spill(None):
+            try:
+                st = os.statvfs(ssd.root)
+                free = st.f_bavail * st.f_frsize
+            except OSError:
+                free = 0
+            if ssd.capacity:
+                free = min(free, ssd.capacity)
+            room = max(room, free + node.draft_size())
+        return room
+
+    @staticmethod
+    def _refusals_now(node: Slot) -> tuple:
+        """What a refused change that loses no bytes must leave as it was
+        (`_refusals_back`): the draft's refused ranges and trunc_only."""
+        r = node.refused
+        return ([list(x) for x in r.spans], r.code, r.reason, r.told, node.trunc_only)
+
+    @staticmethod
+    def _refusals_back(node: Slot, kept: tuple) -> None:
+        """A refused fallocate or extending truncate: no byte its writers
+        wrote is missing, so the draft publishes as it would have (only a
+        refused write, or a copy into the draft, keeps it from publishing)."""
+        r = node.refused
+        r.spans, r.code, r.reason, r.told, node.trunc_only = \
+            [list(x) for x in kept[0]], kept[1], kept[2], kept[3], kept[4]
 
     def _extend(self, h: Handle, end: int) -> None:
         node = h.node
@@ -249,7 +295,7 @@ class FileOps(OpsCore):
             self._draft_call(node, d.truncate, end, span=(d.size, end))
             self._changed(node)
 
-    async def _fallocate_later(self, token: int, h: Handle, end: int) -> None:
+    async def _fallocate_later(self, token: int, h: Handle, end: int, kept: tuple) -> None:
         """The rest of a fallocate that waits for room; answered exactly once."""
         err = errno.EIO
         try:
@@ -257,9 +303,11 @@ class FileOps(OpsCore):
             err = 0
         except pyfuse3.FUSEError as e:
             err = e.errno
+            self._refusals_back(h.node, kept)
         except Exception:
             self._refused += 1
             log.exception("fallocate failed; answering EIO")
+            self._refusals_back(h.node, kept)
         finally:
             from memosfs import _fuseshim
             _fuseshim.fallocate_reply(token, err)
@@ -364,7 +412,7 @@ class FileOps(OpsCore):
         has no room for it: a mount with an SSD tier and without
         passthrough (its writers' files have their own room), a draft that
         is not spilled already (None: whether any draft may)."""
-        if self.store.ssd is None or self.pt is not None:
+        if self.pt is not None:
             return False
         if node is None:
             return True
@@ -396,8 +444,9 @@ class FileOps(OpsCore):
         node.draft = sp
         self._release_base(node)
         log.info("%s: the memory tier has no room for its draft (%d bytes): it continues "
-                 "in a spill file of the SSD directory", node.key.decode("utf-8", "replace"),
-                 sp.size)
+                 "in %s", node.key.decode("utf-8", "replace"), sp.size,
+                 "a memory file until its publish makes room" if sp.in_memory
+                 else "a spill file of the SSD directory")
         return True
 
     async def _truncate(self, node: Slot, size: int, fh: Optional[int], ctx) -> None:
@@ -415,8 +464,15 @@ class FileOps(OpsCore):
         if (h is not None and h.kind == "write") or node.writers:
             if h is not None and h.hold is not None:
                 await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))
-            await self._with_room(self._truncate_draft, node, size, node=node,
-                                  span=(size, size + 1))
+            grows = size > node.draft_size()
+            kept = self._refusals_now(node)
+            try:
+                await self._with_room(self._truncate_draft, node, size, node=node,
+                                      span=(size, size + 1))
+            except pyfuse3.FUSEError:
+                if grows:               # (refused, an extending truncate loses no byte)
+                    self._refusals_back(node, kept)
+                raise
             return
         base = self._native_call(self.store.load, node.key) if node.version else None
         try:

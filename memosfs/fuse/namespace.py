@@ -40,7 +40,7 @@ from typing import Optional
 import pyfuse3
 
 from memosfs import _native
-from memosfs.fuse.core import FastCtx, OpsCore, refuse, tgid_of
+from memosfs.fuse.core import FastCtx, OpsCore, log, refuse, tgid_of
 from memosfs.fuse.fedtree import FED_INO
 from memosfs.fuse.nodes import (
     AGENT, CTL, LINK_DIRS, NAME_MAX, ROOT, SESSION, SLOT_DIRS, SUBDIR, Dir, Node, Pseudo,
@@ -257,7 +257,20 @@ class NamespaceOps(OpsCore):
         if node.level == CTL:
             raise refuse(errno.EPERM, "rmdir %s: the control plane is fixed", n)
         if node.children:
-            raise refuse(errno.ENOTEMPTY, "rmdir %s: not empty", n, level=logging.DEBUG)
+            # A slot created and never published is a name only its writers
+            # find (lookup, readdir): to everybody else the directory is
+            # empty, and it goes.  Those names go with it, and their writers'
+            # close publishes nothing (publish.py: the writer is told why).
+            tgid = tgid_of(ctx.pid)
+            hidden = [c for c in node.children.values() if isinstance(c, Slot)
+                      and not c.version and tgid not in c.writer_pids]
+            if len(hidden) != len(node.children):
+                raise refuse(errno.ENOTEMPTY, "rmdir %s: not empty", n, level=logging.DEBUG)
+            for c in hidden:
+                log.info("rmdir %s: %s was being written and was never published: it "
+                         "goes with its directory", n, c.key.decode("utf-8", "replace"))
+                self.store.remove(c.key)
+                self._detach(c, "rmdir")
         if QUOTA_XATTR in node.xattrs:
             self.tenants.set_quota(node.name, 0)
         self._detach(node, "rmdir")

@@ -48,9 +48,12 @@ class PublishOps(OpsCore):
         assert isinstance(node, Slot)
         node = node.latest()
         src = h.node
-        if node.detached in ("unlink", "replaced", "unpublished") or node.parent is None \
-                or node.parent.detached:
+        if node.detached in ("unlink", "replaced", "unpublished", "rmdir") \
+                or node.parent is None or node.parent.detached:
             # Written to a name that is gone: the bytes go with it (POSIX).
+            if src.changed and (node.detached == "rmdir" or (
+                    node.parent is not None and node.parent.detached)):
+                self._tell_unpublished(node, h.uid)
             src.changed = False
             return None
         if src.refused:
@@ -78,6 +81,12 @@ class PublishOps(OpsCore):
             d = self._pt_snapshot(src, h)
         else:
             d = self._ensure_draft(src)
+        held = None
+        if getattr(d, "in_memory", False):
+            # a memory-only tier's draft that waited in a memory file: its
+            # room is made now that its size is known, whole or not at all
+            # (nothing is evicted for a draft that is then refused)
+            held, d = d, self._native_call(self.store.unspill, d)
         # The writers go on from what is published now: their draft moves to
         # the store, they keep a (lazily copied) base.
         src.draft = None
@@ -86,6 +95,9 @@ class PublishOps(OpsCore):
         except BaseException:
             if pt:
                 d.free()
+            elif held is not None:
+                d.free()
+                src.draft = held
             else:
                 src.draft = d
             raise
@@ -103,12 +115,17 @@ class PublishOps(OpsCore):
             # nothing changes: the writers keep their draft
             if pt:
                 d.free()
+            elif held is not None:
+                d.free()
+                src.draft = held
             elif logical is None:
                 src.draft = d
             else:
                 d.free()
                 src.draft = self._draft_from(None, logical)
             raise
+        if held is not None:
+            held.free()
         if pt and logical is None:      # (quantized: readers read other bytes)
             self._pt_published(src, ref.version)
         self._settle_quota(key)
@@ -135,6 +152,16 @@ class PublishOps(OpsCore):
         else:
             target.pages_trusted = False        # another inode's bytes under this one
         return job
+
+    def _tell_unpublished(self, node: Slot, uid: int) -> None:
+        """A writer's draft of a name whose directory was removed while it
+        was written: published nowhere; the log and the writer's
+        `.memos/why` say so (its close succeeds, as for any name unlinked
+        while it is written)."""
+        text = (f"{node.key.decode('utf-8', 'replace')}: not published: its directory "
+                f"was removed while it was written (rmdir), so the bytes went with it")
+        log.info("%s", text)
+        self.why.note(uid, errno.ENOENT, text)
 
     def _settle_quota(self, key: bytes) -> None:
         """After a publish: an agent beyond its quota moves its own least

@@ -177,6 +177,12 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
         self.prefetch: Optional[PrefetchEngine] = None    # built by start_prefetch
         self.quant = kvfile.QuantizedVersions(self.draft)
         self.remote = remote
+        if ssd is None and remote is None:
+            # an eviction here loses the slot: nothing is evicted for a draft
+            # that may still be refused; one memory has no room for continues
+            # in a memory file and makes its room whole at its publish
+            # (writes.py `spill`, `unspill`)
+            self.cache.set_draft_evicts(False)
         if remote is not None:
             remote.on_invalidate = self._remote_invalidated
             remote.on_reconnect = self._remote_reconnected
