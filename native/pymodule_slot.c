@@ -1,7 +1,7 @@
 /*
  * pymodule_slot.c — memosfs._native.SlotMachine, the slot state machine
  * (slot.c) for Python.  Inodes, names, processes and versions are ints;
- * times are CLOCK_MONOTONIC nanoseconds; effects are SLOT_FX_* bitmasks.
+ * times are CLOCK_REALTIME nanoseconds (drafts' mtimes come from them); effects are SLOT_FX_* bitmasks.
  *
  * Owns.  The SlotMachine type: one slot_table per object, and the methods
  * that map each memos_slot_* call and its results to Python values; the
@@ -226,6 +226,8 @@ static PyObject *sm_truncated(SlotMachineObject *self, PyObject *args)
 INO_METHOD(sm_refusal_told, memos_slot_refusal_told)
 INO_METHOD(sm_push_done, memos_slot_push_done)
 INO_METHOD(sm_pages_dropped, memos_slot_pages_dropped)
+INO_METHOD(sm_pages_stale, memos_slot_pages_stale)
+INO_METHOD(sm_discarded, memos_slot_discarded)
 
 static PyObject *sm_refused(SlotMachineObject *self, PyObject *args)
 {
@@ -389,7 +391,7 @@ static PyObject *sm_field(SlotMachineObject *self, PyObject *const *args, Py_ssi
     if (PyErr_Occurred())
         return NULL;
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_REALTIME, &ts);
     int found;
     int64_t v = memos_slot_field(self->t, ino, (enum memos_slot_field)f,
                                  (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec, &found);
@@ -481,6 +483,17 @@ static PyObject *sm_writer_gone(SlotMachineObject *self, PyObject *args)
 
 NAME_METHOD(sm_unlink, memos_slot_unlink)
 NAME_METHOD(sm_drop, memos_slot_drop)
+
+static PyObject *sm_remove(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long name;
+    int why;
+    unsigned fx;
+    if (!PyArg_ParseTuple(args, "Ki", &name, &why))
+        return NULL;
+    RC(memos_slot_remove(self->t, name, (enum memos_slot_gone)why, &fx), "remove");
+    return PyLong_FromUnsignedLong(fx);
+}
 
 static PyObject *sm_rename(SlotMachineObject *self, PyObject *args)
 {
@@ -648,12 +661,18 @@ static PyMethodDef sm_methods[] = {
      "writer_gone(ino, tgid, now) -> fx"},
     {"unlink", (PyCFunction)sm_unlink, METH_O, "unlink(name) -> fx"},
     {"rename", (PyCFunction)sm_rename, METH_VARARGS, "rename(from, to) -> fx"},
+    {"remove", (PyCFunction)sm_remove, METH_VARARGS,
+     "remove(name, why) -> fx: unlink for a reason (SLOT_GONE_UNLINK, SLOT_GONE_RMDIR)"},
     {"drop", (PyCFunction)sm_drop, METH_O, "drop(name) -> fx: no tier holds it now"},
     {"push_claim", (PyCFunction)sm_push_claim, METH_VARARGS,
      "push_claim(ino, version) -> bool: whether the pages must be dropped first"},
     {"own_cache", (PyCFunction)sm_own_cache, METH_VARARGS, "own_cache(ino, version)"},
     {"push_done", (PyCFunction)sm_push_done, METH_O, "push_done(ino)"},
     {"pages_dropped", (PyCFunction)sm_pages_dropped, METH_O, "pages_dropped(ino)"},
+    {"discarded", (PyCFunction)sm_discarded, METH_O,
+     "discarded(ino): the writers' changes went with a name that is gone"},
+    {"pages_stale", (PyCFunction)sm_pages_stale, METH_O,
+     "pages_stale(ino): the kernel's pages hold no version's bytes"},
     {"stat", (PyCFunction)sm_stat, METH_VARARGS,
      "stat(ino, tgid, now) -> dict: what tgid sees of the inode"},
     {"check", (PyCFunction)sm_check, METH_VARARGS,

@@ -846,6 +846,16 @@ int memos_slot_set_version(slot_table *t, uint64_t ino, uint64_t version, uint64
     return rc;
 }
 
+int memos_slot_discarded(slot_table *t, uint64_t ino)
+{
+    memos_slot *s = map_get(&t->inos, ino);
+    if (!s)
+        return SLOT_ENOENT;
+    s->d.changed = 0;
+    s->d.trunc_only = 0;
+    return SLOT_OK;
+}
+
 /* ---- API: closing ---- */
 
 int memos_slot_reader_gone(slot_table *t, uint64_t ino, int dio)
@@ -940,6 +950,20 @@ int memos_slot_unlink(slot_table *t, uint64_t name, unsigned *fx)
     return SLOT_OK;
 }
 
+int memos_slot_remove(slot_table *t, uint64_t name, enum memos_slot_gone why, unsigned *fx)
+{
+    memos_slot *s = map_get(&t->names, name);
+    *fx = 0;
+    if (!s)
+        return SLOT_ENOENT;
+    if (why != SLOT_GONE_UNLINK && why != SLOT_GONE_RMDIR)
+        return SLOT_EINVAL;
+    slot_go(t, s, why);
+    *fx = SLOT_FX_REMOVE_KEY | SLOT_FX_FORGET_ENTRY;
+    slot_maybe_forget(t, s);
+    return SLOT_OK;
+}
+
 int memos_slot_rename(slot_table *t, uint64_t from, uint64_t to, unsigned *fx)
 {
     memos_slot *s = map_get(&t->names, from);
@@ -1024,6 +1048,17 @@ int memos_slot_pages_dropped(slot_table *t, uint64_t ino)
     if (!s)
         return SLOT_ENOENT;
     s->p.trusted = 0;
+    return SLOT_OK;
+}
+
+int memos_slot_pages_stale(slot_table *t, uint64_t ino)
+{
+    memos_slot *s = map_get(&t->inos, ino);
+    if (!s)
+        return SLOT_ENOENT;
+    s->p.trusted = 0;
+    if (s->p.cache_version >= 0 && !s->p.pushing)
+        s->p.cache_version = -2;
     return SLOT_OK;
 }
 

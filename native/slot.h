@@ -7,7 +7,8 @@
  * cache's drafts, memos.h) and the page-cache sub-state the kernel's caching
  * per inode needs.  Every function decides; none performs: what the caller
  * must do to the kernel or the cache comes back as an effects bitmask
- * (SLOT_FX_*).  Time is an argument (now_ns, CLOCK_MONOTONIC nanoseconds).
+ * (SLOT_FX_*).  Time is an argument (now_ns, CLOCK_REALTIME nanoseconds:
+ * a draft's mtime is taken from it).
  *
  * Names are opaque uint64 ids chosen by the caller (the tree of directories
  * and strings stays with the caller); the table knows which inode holds
@@ -348,6 +349,11 @@ int memos_slot_published(slot_table *t, uint64_t ino, uint64_t version, uint64_t
 int memos_slot_set_version(slot_table *t, uint64_t ino, uint64_t version, uint64_t size,
                            uint64_t stored, int64_t now_ns, uint64_t *holder, unsigned *fx);
 
+/* The writers' changes went with a name that is gone (unlink, a rename
+ * over it, its directory): nothing to publish, changed is 0 again.
+ * SLOT_OK, SLOT_ENOENT. */
+int memos_slot_discarded(slot_table *t, uint64_t ino);
+
 /* ---- closing ---- */
 
 /* A reader handle on `ino` is released (dio: it read around the cache). */
@@ -367,6 +373,11 @@ int memos_slot_writer_gone(slot_table *t, uint64_t ino, uint32_t tgid, int64_t n
 /* unlink(2) of `name`: its holder goes (SLOT_GONE_UNLINK).  *fx:
  * REMOVE_KEY.  SLOT_OK, SLOT_ENOENT. */
 int memos_slot_unlink(slot_table *t, uint64_t name, unsigned *fx);
+
+/* The same, for another reason: SLOT_GONE_RMDIR (its directory went while
+ * it was being created: its writers' publishes go nowhere).  SLOT_OK,
+ * SLOT_ENOENT, SLOT_EINVAL (a reason that is no removal). */
+int memos_slot_remove(slot_table *t, uint64_t name, enum memos_slot_gone why, unsigned *fx);
 
 /* rename(2) of `from` over `to` (if held): the target goes (REPLACED; an
  * open of it is served the renamed slot when that was published), the
@@ -389,6 +400,9 @@ int memos_slot_push_done(slot_table *t, uint64_t ino);
 /* The kernel's pages of `ino` were invalidated (a coherence invalidation):
  * the writers' pages are not the draft's any more. */
 int memos_slot_pages_dropped(slot_table *t, uint64_t ino);
+/* The kernel's pages of `ino` hold no version's bytes (its writers wrote
+ * bytes the version was made from, not the version: quantized storage). */
+int memos_slot_pages_stale(slot_table *t, uint64_t ino);
 
 /* ---- reading it ---- */
 

@@ -949,7 +949,7 @@ class SlotMachineVsHandlers(RuleBasedStateMachine):
                 assert (a is None) == (c is None), (p, name, a, c)
                 if a is None:
                     continue
-                self.fs.ops.inodes[a.st_ino].lookups -= 1      # (the kernel would forget)
+                self.fs.ops._looked_up(self.fs.ops.inodes[a.st_ino], -1)   # (the kernel would forget)
                 self.pair(a.st_ino, c)
                 assert a.st_size == m.stat(c, p, now)["size"], (p, name)
         for h in self.handles:

@@ -212,6 +212,7 @@ def _apply_writeback_cache(ctl: "ControlTree", value: bool) -> bool:
         raise KnobError("writeback_cache is negotiated with the kernel at mount: give it "
                         "with -o writeback_cache=0 or =1")
     ops.enable_writeback_cache = ops.wb = bool(value)
+    ops.slots.set_writeback(ops.wb)     # (the slot table plans around the kernel's cache)
     return value
 
 

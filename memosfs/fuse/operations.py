@@ -57,6 +57,7 @@ from memosfs.fuse.publish import PublishOps
 from memosfs.fuse.routing import guard_handlers, route_federated
 from memosfs.fuse.tenants import Tenants
 from memosfs.fuse.why import Reasons
+from memosfs.fuse.slots import SlotTable
 from memosfs.fuse.xattrs import XattrOps
 from memosfs.store.store import Store
 
@@ -93,7 +94,9 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         self.knobs["capacity"] = store.cache.capacity
         self.inodes: dict[int, Node] = {}
         self.handles: dict[int, Handle] = {}
-        self._next_ino = FIRST_DYNAMIC_INO
+        # every slot's state: the one owner (slots.py over native/slot.c)
+        self.slots = SlotTable(FIRST_DYNAMIC_INO, self.inodes, self._slot_like,
+                               self._slot_forgotten)
         self._next_fh = 1
         self._dir_opens: dict[int, tuple[int, int]] = {}  # directory handle ->
                                         # (its inode, the opener's tgid): readdir
@@ -226,6 +229,20 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
             node.ctime_ns = now_ns()
             self._metadata_changed(node)
 
+    def _slot_forgotten(self, node: Slot, holders) -> None:
+        """The slot table forgot node's inode: what held its bytes goes."""
+        for f in (holders.pt_mirror, holders.pt_draft, holders.pt_file):
+            if f is not None and hasattr(f, "close"):
+                f.close()
+        if holders.base is not None:
+            holders.base.release()
+        if holders.draft is not None:
+            holders.draft.free()
+        pt = self._pt_state
+        if pt is not None:
+            pt.mirrors.pop(id(node), None)
+            pt.drafts.pop(id(node), None)
+
     # ---- consistency (tests) ----
 
     def check(self) -> None:
@@ -248,6 +265,7 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         for node in self.inodes.values():
             if isinstance(node, Slot):
                 assert node.readers == readers.get(node.ino, 0), node.name
+        self.slots.check()
 
     def check_all(self) -> list[str]:
         """Every consistency check, as at the end of each mounted test (as
