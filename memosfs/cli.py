@@ -2,8 +2,10 @@
 
     memosfs SOURCE MOUNTPOINT [-o opts] [-f]   mount (the mount(8) convention)
     memosfs mount  SOURCE MOUNTPOINT [...]     the same, spelled out
-    memosfs umount MOUNTPOINT [-l]             unmount (waits for the daemon to persist
-                                               everything; exit 1 if it lost slots)
+    memosfs umount MOUNTPOINT [-l] [--force]   unmount (waits for the daemon to persist
+                                               everything; refused while dirty slots cannot
+                                               be written back, unless --force; exit 1 if
+                                               it lost slots)
     memosfs stat   MOUNTPOINT [--json]         the stats as a table
     memosfs df     MOUNTPOINT... [--json]      each tier's size, use and room, as df
                                                shows them (df adds the two tiers up)
@@ -387,6 +389,7 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
     status = 0
     unsaved = 0
     error = ""
+    lost: list[str] = []
     try:
         unmount = trio.run(_serve, ops)
     except BaseException:
@@ -402,11 +405,13 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
                 log.error("consistency check at unmount failed: %s", p)
             if not problems:
                 log.info("consistency check at unmount: ok")
+        ops.unmount_guard.release()     # (else our own unmount below is EBUSY)
         try:
             store.close()               # persists every dirty slot
         except UnsavedSlots as e:       # each one is in the log, at ERROR
             log.error("unmount: %s", e.strerror)
             unsaved, error, status = e.count, e.strerror, 1
+            lost = [k.decode("utf-8", "replace") for k in e.keys[:LOST_NAMED]]
         except OSError as e:
             said = e.strerror or str(e)
             log.error("unmount: could not persist every dirty slot: %s", said)
@@ -419,8 +424,11 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
             print(f"memosfs: unmount of {mountpoint}: {error}", file=sys.stderr, flush=True)
         if foreground:
             print(f"memosfs: unmounted {mountpoint}", flush=True)
-        _note_exit(mountpoint, status, unsaved, error)
+        _note_exit(mountpoint, status, unsaved, error, lost)
     return status
+
+
+LOST_NAMED = 100        # slots lost at unmount that the exit report names
 
 
 FUSE_HANDLE_KILLPRIV_V2 = 1 << 28      # <linux/fuse.h>: the server clears suid/sgid
@@ -517,10 +525,11 @@ def _note_daemon(mountpoint: str) -> None:
                 pass
 
 
-def _note_exit(mountpoint: str, status: int, unsaved: int, error: str) -> None:
+def _note_exit(mountpoint: str, status: int, unsaved: int, error: str,
+               lost: Sequence[str] = ()) -> None:
     _write_run_file(_run_file(mountpoint, "exit"),
                     {"pid": os.getpid(), "status": status, "slots_unsaved": unsaved,
-                     "error": error})
+                     "error": error, "lost": list(lost)})
     pid_file = _run_file(mountpoint, "pid")
     try:
         with open(pid_file or "") as f:
@@ -550,7 +559,10 @@ def _alive(pid: int) -> bool:
 
 async def _serve(ops) -> bool:
     """Run the FUSE loop until the kernel unmounts (returns False) or a signal
-    asks us to stop (returns True: we unmount)."""
+    asks us to stop (returns True: we unmount).  SIGINT and SIGHUP are
+    refused once while dirty slots cannot be written back (the terminal and
+    the log say which; the next one unmounts and loses them); SIGTERM
+    unmounts at once (memosfs/fuse/unmount.py)."""
     import pyfuse3
     import trio
 
@@ -559,9 +571,20 @@ async def _serve(ops) -> bool:
     async with trio.open_nursery() as nursery:
         async def on_signals() -> None:
             nonlocal stopped_by_signal
+            refused = False
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM,
                                            signal.SIGHUP) as signals:
                 async for sig in signals:
+                    if sig != signal.SIGTERM and not refused:
+                        held = await ops.unmount_guard.refuse_signal()
+                        if held is not None:
+                            refused = True
+                            said = (f"not unmounting {ops.mountpoint}: {held.say()}. Make "
+                                    f"room, or send the signal again (Ctrl-C) to unmount "
+                                    f"and lose them")
+                            log.warning("signal %d: %s", sig, said)
+                            print(f"memosfs: {said}", file=sys.stderr, flush=True)
+                            continue
                     log.info("signal %d: unmounting", sig)
                     stopped_by_signal = True
                     nursery.cancel_scope.cancel()
@@ -614,9 +637,36 @@ class _ProgressBar:
               f"{done >> 20}/{total >> 20} MiB", end="\n" if pct >= 100 else "", flush=True)
 
 
+def _unsaved_at(mountpoint: str):
+    """Write every dirty slot back now (root writes 1 into cache/flush);
+    what the SSD tier could not take (memosfs/fuse/unmount.py's Unsaved),
+    or None when nothing is unsaved or this user may not ask."""
+    from memosfs.fuse.unmount import Unsaved
+    cache = os.path.join(mountpoint, ".memos", "cache")
+    try:
+        fd = os.open(os.path.join(cache, "flush"), os.O_WRONLY)
+    except OSError:                     # (not root: the daemon's hold still refuses)
+        return None
+    try:
+        os.write(fd, b"1\n")
+        return None
+    except OSError:
+        pass                            # slots remain dirty: which, below
+    finally:
+        os.close(fd)
+    try:
+        with open(os.path.join(cache, "unsaved")) as f:
+            got = Unsaved.parse(f.read())
+    except (OSError, ValueError):
+        return None
+    return got if got.count else None
+
+
 def cmd_umount(args: argparse.Namespace) -> int:
     """Unmount; unless lazy, wait for the daemon to persist everything and
-    exit 1 (saying how many on stderr) if it could not save every slot."""
+    exit 1 (saying how many on stderr) if it could not save every slot.
+    Refused (exit 1, naming the slots and the room missing) while dirty
+    slots cannot be written back to the SSD tier, unless --force."""
     mountpoint = os.path.abspath(args.mountpoint)
     mounted = _mounts_at(mountpoint)
     if "fuse.memosfs" not in mounted:
@@ -625,6 +675,21 @@ def cmd_umount(args: argparse.Namespace) -> int:
             "no such directory"
         print(f"memosfs: {mountpoint} is not a memosfs mount ({what})", file=sys.stderr)
         return 1
+    unsaved = _unsaved_at(mountpoint)
+    if unsaved is not None and not args.force:
+        print(f"memosfs: not unmounting {mountpoint}: {unsaved.say()}. Make room in the SSD "
+              f"directory (or raise ssd_capacity) and run it again, or `{self_command()} "
+              f"umount --force {mountpoint}` to unmount and lose them", file=sys.stderr)
+        return 1
+    if unsaved is not None:             # --force: the daemon lets the mount go
+        try:
+            with open(os.path.join(mountpoint, ".memos", "cache", "unmount_unsaved"),
+                      "w") as f:
+                f.write("lose\n")
+        except OSError as e:
+            print(f"memosfs: {mountpoint}: cannot set unmount_unsaved=lose: {e.strerror}",
+                  file=sys.stderr)
+            return 1
     daemon = _read_run_file(_run_file(mountpoint, "pid"))
     pid = daemon.get("pid") if daemon else None
     if not isinstance(pid, int) or not _alive(pid):
@@ -633,6 +698,11 @@ def cmd_umount(args: argparse.Namespace) -> int:
     if shutil.which("fusermount3") is None:
         cmd = ["umount"] + (["-l"] if args.lazy else []) + [args.mountpoint]
     r = subprocess.run(cmd)
+    if r.returncode != 0:
+        print(f"memosfs: {mountpoint} is still mounted: a process has a file or its "
+              f"working directory there, or the daemon holds it because dirty slots "
+              f"cannot be written back to the SSD tier (its log says which; root's "
+              f"`{self_command()} umount` names them)", file=sys.stderr)
     if r.returncode != 0 or args.lazy or pid is None:
         return r.returncode
     exit_file = _run_file(mountpoint, "exit")
@@ -658,8 +728,12 @@ def cmd_umount(args: argparse.Namespace) -> int:
     except OSError:
         pass
     if report.get("status", 0) != 0 or report.get("slots_unsaved", 0):
+        lost = report.get("lost") or []
+        more = report.get("slots_unsaved", 0) - len(lost)
+        named = (": " + ", ".join(lost) + (f" and {more} more" if more > 0 else "")) \
+            if lost else ""
         print(f"memosfs: unmount of {mountpoint}: "
-              f"{report.get('error') or 'the daemon failed'}", file=sys.stderr)
+              f"{report.get('error') or 'the daemon failed'}{named}", file=sys.stderr)
         return 1
     return 0
 
@@ -897,6 +971,9 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("umount", help="unmount")
     u.add_argument("mountpoint")
     u.add_argument("-l", "--lazy", action="store_true")
+    u.add_argument("--force", action="store_true",
+                   help="unmount even if dirty slots cannot be written back to the SSD "
+                        "tier (they are lost, and named)")
     u.add_argument("--timeout", type=float, default=600,
                    help="seconds to wait for the daemon to persist everything")
     u.set_defaults(fn=cmd_umount)

@@ -247,6 +247,12 @@ KNOBS: tuple[Knob, ...] = (
             "memory's do: logged, counted in ssd_evicted_slots, shown in .memos/why) or "
             "refuse (it keeps every slot it holds; a slot that does not fit stays in memory, "
             "and new writes get ENOSPC once memory is full of such slots)"),
+    _choice("unmount_unsaved", ("refuse", "lose"), "refuse",
+            "an unmount while dirty slots cannot be written back to the SSD tier (its disk "
+            "full; ssd_capacity with ssd_full=refuse): refuse (the mount is held busy: umount "
+            "says 'target is busy', memosfs umount names the slots and the room missing) or "
+            "lose (the unmount goes on and each slot lost is logged; memosfs umount --force "
+            "sets it)"),
     Knob("warmup_ratio", "ratio", (0.0, 1.0), 0.5,
          "share of capacity preloaded from the SSD tier at mount, most recently used "
          "first, in the background", "at mount (give it with -o)"),
