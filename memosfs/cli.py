@@ -125,6 +125,24 @@ def parse_mount_options(opts: Sequence[str]) -> tuple[dict, dict, set]:
     return knobs, own, fuse
 
 
+# Every mount is nodev,nosuid, whatever starts it: libfuse mounts so by
+# default, but mount.fuse3 (mount(8), fstab, a systemd mount unit) adds
+# `dev,suid` to every mount that does not say nodev/nosuid, and mount(8)
+# passes an explicit `dev` or `suid` in the same way, so neither can be told
+# from the other.  Slots are neither device nodes nor programs to run as
+# their owner (docs/semantics.md).
+ALWAYS_OPTIONS = ("nodev", "nosuid")
+
+
+def _without_dev_suid(fuse: set[str]) -> set[str]:
+    """The libfuse options with `dev` and `suid` replaced by ALWAYS_OPTIONS."""
+    given = fuse & {"dev", "suid"}
+    if given:
+        log.info("mount options %s: not taken (memosfs mounts nodev,nosuid whatever starts "
+                 "it; mount.fuse3 adds dev,suid to every mount)", ",".join(sorted(given)))
+    return (fuse - {"dev", "suid"}) | set(ALWAYS_OPTIONS)
+
+
 def _closest(name: str) -> str:
     """`: did you mean X?` for the option name nearest to a mistyped one."""
     import difflib
@@ -356,7 +374,7 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
     options |= {f"fsname={args.source}", "subtype=memosfs", "default_permissions"}
     if os.geteuid() == 0:
         options.add("allow_other")
-    options |= fuse_opts
+    options |= _without_dev_suid(fuse_opts)
     _negotiate_kernel_flags(ops)
     try:
         pyfuse3.init(ops, mountpoint, options)
