@@ -207,7 +207,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def _why(root: str) -> str:
     try:
         with open(os.path.join(root, ".memos", "why")) as f:
-            line = f.read().strip()
+            line = f.readline().strip()       # (the last refusal: the first line)
     except OSError:
         return ""
     # `time ERRNO (message): reason`: the reason is what the caller needs
