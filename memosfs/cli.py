@@ -251,6 +251,25 @@ def _live_fuse_mount(mountpoint: str) -> Optional[str]:
             f"mount over it")
 
 
+def _mark_mountpoint(mountpoint: str) -> None:
+    """Mark the mount point directory (abi.MOUNTPOINT_XATTR, on the
+    directory beneath the mount) so that a client can tell a path below it
+    from any other once nothing is mounted there (memosfs/client/mounts.py).
+    Not over a live mount (its root is no directory of ours, and may hang)."""
+    from memosfs.abi import MOUNTPOINT_XATTR
+    if _mounts_at(mountpoint):
+        return
+    try:
+        os.getxattr(mountpoint, MOUNTPOINT_XATTR)
+        return
+    except OSError:
+        pass
+    try:
+        os.setxattr(mountpoint, MOUNTPOINT_XATTR, b"1")
+    except OSError as e:                # (a file system without user attributes)
+        log.debug("mount point %s not marked: %s", mountpoint, e)
+
+
 def _raise_readahead(mountpoint: str, kib: int = 8192) -> None:
     """FUSE starts with 128 KiB readahead; slots are large, so read ahead more."""
     dev = _mount_device(mountpoint)
@@ -376,6 +395,7 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
         options.add("allow_other")
     options |= _without_dev_suid(fuse_opts)
     _negotiate_kernel_flags(ops)
+    _mark_mountpoint(mountpoint)
     try:
         pyfuse3.init(ops, mountpoint, options)
     except RuntimeError as e:
