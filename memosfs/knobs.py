@@ -290,8 +290,12 @@ KNOBS: tuple[Knob, ...] = (
          "(FUSE passthrough, kernel 6.9 or later, a daemon run as root, not with "
          "writeback_cache): a published version of passthrough_min bytes or more is read "
          "from a copy in memory, and a whole new version (a create, O_TRUNC) is written into "
-         "one and copied into the memory tier at the close (docs/semantics.md, \"Passthrough\"); 0: every "
-         "read and write is a request to the daemon", "at mount (give it with -o)"),
+         "one and copied into the memory tier at the close (docs/semantics.md, \"Passthrough\"); "
+         "its costs today: such a version is held twice while its copy is kept (a 100 MB "
+         "slot takes 200 MB: the memory tier's and the copy, the copies within a third of "
+         "passthrough_room), and whole-file saves are slower than with 0 (the copy at the "
+         "close; docs/benchmarks.md); 0: every read and write is a request to the daemon",
+         "at mount (give it with -o)"),
     Knob("passthrough_min", "size", (0, 1 << 50), 256 << 10,
          "the smallest published version readers read by passthrough (smaller ones come "
          "from the kernel page cache)", "on the next open"),
