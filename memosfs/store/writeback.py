@@ -103,6 +103,7 @@ class WriteBackMixin:
             entry = self._put_or_make_room(ref, meta, durable, room_from_older)
         except OSError as e:
             with self.lock:                     # (unmount.py: what an unmount would lose)
+                self._unsaved.pop(key, None)
                 self._unsaved[key] = said(e)
             raise
         with self.lock:
@@ -138,7 +139,12 @@ class WriteBackMixin:
                 self.ssd.trouble = said
                 raise OSError(errno.ENOSPC, said) from None
             self._make_ssd_room(full.excess, keep=key, older_only=room_from_older)
-            return self.ssd.put(ref, meta, durable)
+            try:
+                return self.ssd.put(ref, meta, durable)
+            except SSDFull:                     # (no slot less recent left to evict)
+                raise OSError(errno.ENOSPC, f"the SSD tier reached its ssd_capacity "
+                              f"({self.ssd.capacity} bytes) and holds no less recent "
+                              f"slot to make room with") from None
 
     def _make_ssd_room(self, excess: int, keep: bytes, older_only: bool = False) -> None:
         """Evict SSD versions in the SSD tier's policy order (the evict_policy
@@ -405,18 +411,16 @@ class WriteBackMixin:
 
     def unsaved(self) -> list[tuple[bytes, int, int, str]]:
         """(key, version, bytes, why) of each slot memory holds dirty whose
-        last write-back to the SSD tier failed, most recent first: what an
-        unmount now would lose.  Empty without an SSD tier (memory-only:
-        nothing is ever written back)."""
-        if self.ssd is None:
+        last write-back to the SSD tier failed, the latest failure first:
+        what an unmount now would lose.  Empty without an SSD tier
+        (memory-only: nothing is ever written back).  Cheap when nothing
+        failed (the unmount guard asks twice a second)."""
+        if self.ssd is None or not self._unsaved:
             return []
         with self.lock:
             failed = dict(self._unsaved)
-            order = [k for k in reversed(self._recency) if k in failed]
-        seen = set(order)
-        order += [k for k in failed if k not in seen]
         out = []
-        for key in order:
+        for key in reversed(list(failed)):
             ref = self.cache.peek(key)
             if ref is None:
                 with self.lock:                 # (removed, renamed, or left memory saved)
