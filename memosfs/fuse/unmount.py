@@ -25,7 +25,8 @@ Each way to unmount, and what it gets:
 - umount -l (lazy): detaches at once; no descriptor can stop it.  The daemon
   sees its mount leave /proc/self/mountinfo and lets go: the connection
   ends when the last file open there closes, and the slots are lost, each
-  logged.  umount -f and an abort through fusectl end the connection too.
+  logged.  umount -f and an abort through fusectl end the connection: the
+  slots are lost, and the dead mount point stays until a plain umount.
 - a signal: SIGINT (Ctrl-C under `make run`) and SIGHUP flush first; while
   slots remain unsaved the first is refused, saying so on the terminal and
   in the log, and the next one unmounts and loses them.  SIGTERM (kill(1),
