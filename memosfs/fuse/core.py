@@ -494,7 +494,7 @@ class OpsCore:
             return None
         except pyfuse3.FUSEError as e:
             if getattr(e, "reason", None) and not e.noted:
-                self._note_fast_refusal(e, args)
+                self._note_fast_refusal(e, args, what)
             return -e.errno
         except Exception:
             self._refused += 1
@@ -505,12 +505,13 @@ class OpsCore:
             if about is not None:
                 SUBJECT.reset(about)
 
-    def _note_fast_refusal(self, e: "Refused", args: tuple) -> None:
-        """`.memos/why` for a refusal on the fast path, whose caller is the
-        uid of the context or handle among the twin's arguments (why.py)."""
+    def _note_fast_refusal(self, e: "Refused", args: tuple, what: str) -> None:
+        """`.memos/why` for a refusal on the fast path (of request `what`),
+        whose caller is the uid of the context or handle among the twin's
+        arguments (why.py)."""
         uid = next((a.uid for a in args if isinstance(a, (FastCtx, Handle))), None)
         if uid is not None:
-            self.why.note(uid, e.errno, e.reason or "")
+            self.why.note(uid, e.errno, e.reason or "", what)
 
     def _run_now(self, coro):
         """A handler's coroutine that the checks say cannot wait: one send

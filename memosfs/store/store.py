@@ -150,6 +150,9 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
         # Every key, least recently used first (the warm-up order, persisted).
         self._recency: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._dirty_since: dict[bytes, float] = {}   # key -> monotonic publish time
+        # key -> why its last write-back failed (cleared when one succeeds):
+        # with the key still dirty in memory, what an unmount now would lose
+        self._unsaved: dict[bytes, str] = {}
         self._drop_listeners: list[Callable[[bytes, str], None]] = []
         self.meta_of: Callable[[bytes], dict[str, Any]] = lambda key: {}
         self.namespace_of: Callable[[], Any] = lambda: []
