@@ -815,9 +815,12 @@ int memos_slot_published(slot_table *t, uint64_t ino, uint64_t version, uint64_t
     int rc = do_published(t, target, version, size, stored, mtime, now_ns, fresh, &h, fx);
     if (rc != SLOT_OK)
         return rc;
-    /* the writers go on from what is published now: a (lazily copied) base */
-    src->d.kind = SLOT_DRAFT_NONE;
-    src->d.has_base = 1;
+    /* the writers go on from what is published now: a (lazily copied) base,
+     * or the writers' file the kernel writes, which stays theirs */
+    if (src->d.kind != SLOT_DRAFT_FILE) {
+        src->d.kind = SLOT_DRAFT_NONE;
+        src->d.has_base = 1;
+    }
     src->d.size = size;
     src->d.changed = 0;
     refusals_clear(src);
