@@ -248,6 +248,15 @@ void memos_slot_set_writeback(slot_table *t, int on)
     t->wb = on != 0;
 }
 
+/* Readers that keep an inode from a writer who cannot share it: its
+ * page-cache readers, and files the kernel reads by passthrough from a
+ * backing file that is not the writers' (the kernel makes every open of an
+ * inode with a backing file use that file: any other open of it fails). */
+static inline int slot_held(const memos_slot *s)
+{
+    return s->p.readers || (s->backing_opens && s->d.kind != SLOT_DRAFT_FILE);
+}
+
 /* ---- API: lifecycle ---- */
 
 int memos_slot_create(slot_table *t, uint64_t name, uint32_t tgid, uint32_t pid,
@@ -271,9 +280,9 @@ int memos_slot_create(slot_table *t, uint64_t name, uint32_t tgid, uint32_t pid,
         *fx |= SLOT_FX_FORGET_ENTRY;    /* (the parent's listing changed) */
     } else if (!trunc) {
         /* O_CREAT of a name that exists: a join that keeps the content */
-        if (node->p.readers || node->p.pushing)
+        if (slot_held(node) || node->p.pushing)
             node = slot_supersede(t, node, fx);
-    } else if (node->p.readers || node->p.pushing || node->d.writers) {
+    } else if (slot_held(node) || node->p.pushing || node->d.writers) {
         /* readers or other writers keep that inode: a whole new version on a
          * fresh one, the last publish wins */
         node = slot_supersede(t, node, fx);
@@ -352,7 +361,7 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
     int own = !t->wb && in->d.kind != SLOT_DRAFT_FILE;
 #define PRIVATE_OR_SHARE() do { if (own) PLAN(SLOT_OPEN_PRIVATE, in->ino, SLOT_FX_DIRECT_IO); \
                                 PLAN(SLOT_OPEN_WRITE, in->ino, SLOT_FX_TRUNC_DRAFT); } while (0)
-    if (rq->retry && !rq->waited && !rq->locked && (in->p.readers || in->p.pushing)) {
+    if (rq->retry && !rq->waited && !rq->locked && (slot_held(in) || in->p.pushing)) {
         /* the kernel's one retry found an inode that page-cache readers hold
          * (the name moved on again): a second ESTALE would reach the
          * application, so wait for them, pending here meanwhile */
@@ -373,8 +382,8 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
         }
         if (!w || (node->gone != SLOT_GONE_UNLINK && node->gone != SLOT_GONE_REPLACED))
             PLAN(SLOT_OPEN_ENOENT, in->ino, 0);
-        if (node->p.readers || node->p.pushing || in->p.readers || in->p.pushing) {
-            if (rq->retry && !in->p.readers)
+        if (slot_held(node) || node->p.pushing || slot_held(in) || in->p.pushing) {
+            if (rq->retry && !slot_held(in))
                 PRIVATE_OR_SHARE();
             memos_slot *h = node->gone == SLOT_GONE_REPLACED ? slot_name_holder(t, node) : NULL;
             out->target = (h ? h : node)->ino;
@@ -390,16 +399,16 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
         PLAN(SLOT_OPEN_ENOENT, in->ino, 0);                  /* not published yet */
     int busy = node->p.pushing || in->p.pushing
         || (!rq->locked && tr && pending_has(node, rq->pid) && node->d.writers)
-        || (!rq->locked && tr && node != in && (in->d.writers || in->p.readers));
+        || (!rq->locked && tr && node != in && (in->d.writers || slot_held(in)));
     if (w && !rq->waited && busy)
         PLAN(SLOT_OPEN_WAIT, in->ino, 0);
     if (node != in) {
         /* a stale dentry: readers read the name's version around this
          * inode's cache; writers make a whole version here, or look again */
         if (w) {
-            if (tr && !(in->p.readers || in->p.pushing || in->d.writers))
+            if (tr && !(slot_held(in) || in->p.pushing || in->d.writers))
                 PLAN(SLOT_OPEN_WRITE, in->ino, SLOT_FX_TRUNC_DRAFT);
-            if (rq->retry && !in->p.readers)
+            if (rq->retry && !slot_held(in))
                 PRIVATE_OR_SHARE();
             out->target = node->ino;
             PLAN(SLOT_OPEN_SEND_BACK, in->ino, 0);
@@ -410,10 +419,10 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
     }
     if (w && (node->p.pushing || (tr && node->d.writers)
               || (!pending_has(node, rq->pid)
-                  && (node->p.readers || (tr && pending_live(node, now_ns)))))) {
+                  && (slot_held(node) || (tr && pending_live(node, now_ns)))))) {
         /* page-cache readers keep this inode, or another whole-slot writer
          * is in: the writer goes to a fresh inode (ESTALE, the kernel retries) */
-        if (rq->retry && !in->p.readers)
+        if (rq->retry && !slot_held(in))
             PRIVATE_OR_SHARE();
         out->target = node->ino;
         PLAN(SLOT_OPEN_SEND_BACK, in->ino, 0);
@@ -528,7 +537,7 @@ int memos_slot_send_back(slot_table *t, uint64_t inode, uint32_t pid, int trunc,
     *fx = 0;
     if (!s)
         return SLOT_ENOENT;
-    int move = slot_holds_name(t, s) && (s->p.readers || s->p.pushing
+    int move = slot_holds_name(t, s) && (slot_held(s) || s->p.pushing
                                          || (trunc && (s->d.writers || pending_live(s, now_ns))));
     /* marked first: a supersede moves the writers on their way to the
      * fresh inode, which then never holds the name with nobody coming */

@@ -495,6 +495,13 @@ class OpenOps(OpsCore):
             elif self.pt is not None and h.decoded is None and self._pt_reader(node, fh, ref):
                 h.pt = True             # the kernel reads the version's mirror
                 mode = 2
+            if self.pt is not None and not h.pt and node.pt_backing is not None:
+                # the kernel would refuse (EIO) any open of this inode that
+                # is not on its backing file: a reader's view serves this one
+                if ref is not None:
+                    self.tenants.unhold(uid, node.ino, ref)
+                    ref.release()
+                raise self._pt_to_view(node, node.latest(), pid)
             fx = self.slots.attach_reader(node, version, mode)
             if mode == 0:
                 if fx & _native.SLOT_FX_DIRECT_IO:      # (cannot be: checked above)
@@ -519,6 +526,11 @@ class OpenOps(OpsCore):
                 elif joined:
                     raise refuse(errno.EBUSY, "open %s: its writers' file is taken",
                                  node.name, level=logging.WARNING)
+                elif self.pt is not None and node.pt_backing is not None:
+                    # (readers' passthrough files keep the inode: the slot
+                    # table sends such a writer to a fresh one first)
+                    raise refuse(errno.EBUSY, "open %s for writing: the kernel reads its "
+                                 "inode by passthrough", node.name, level=logging.WARNING)
             except BaseException:
                 if ref is not None:
                     ref.release()

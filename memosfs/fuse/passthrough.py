@@ -447,6 +447,13 @@ class PassthroughOps:
         elif holder is inode_node and not holder.detached and not holder.writers \
                 and holder.version == held.version:
             return                      # the mirror of the version it reads
+        raise self._pt_to_view(inode_node, holder, pid)
+
+    def _pt_to_view(self, inode_node, holder, pid: int) -> Exception:
+        """ESTALE for a reader of inode_node that its backing file cannot
+        serve (the kernel makes every open of an inode with a backing file
+        use that file): the kernel's retry looks the name up again and finds
+        a reader's view of holder, the slot that holds the name."""
         if holder.detached:
             found = holder.name_holder() if holder.detached == "replaced" else None
             holder = found if found is not None else holder
@@ -456,7 +463,7 @@ class PassthroughOps:
             for p in [p for p, due in views.items() if due[1] < now]:
                 del views[p]
         views[pid] = ((id(holder.parent), holder.name), now + VIEW_RETRY_S)
-        raise refuse(errno.ESTALE, "open %s for reading: its inode's file is another "
+        return refuse(errno.ESTALE, "open %s for reading: its inode's file is another "
                      "version's (the lookup again finds one to read)", inode_node.name,
                      level=logging.DEBUG)
 
@@ -540,11 +547,17 @@ class PassthroughOps:
         cur = node.pt_backing
         if cur is None and (node.readers > 0 or ref.size < self.knobs["passthrough_min"]):
             return False                # (its open readers are in cached mode)
+        if cur is not None:
+            # the inode's files read one backing file: the mirror of this
+            # version (the gate let the reader in), or none of them
+            m = cur[1]
+            if not isinstance(m, Mirror) or m.version != ref.version or m.size != ref.size:
+                return False
+            pt.keep_mirror(node, attaching=True)
+            return self._pt_attach(node, fh, m)
         m = node.pt_mirror
         if m is None or m.version != ref.version or m.size != ref.size \
                 or m.gen != node.pubs:
-            if cur is not None:
-                return False            # (cannot happen: one version per inode's readers)
             if m is not None:
                 pt.drop_mirror(node)
             try:
@@ -692,6 +705,11 @@ class PassthroughOps:
         draft = self._native_call(self.store.draft)
         try:
             self._fair_share(h, node, draft, size)      # (quotas, per-uid bounds: EDQUOT)
+            if self.store.ssd is None:
+                # a memory-only tier's drafts evict nothing as they grow: its
+                # room is made whole first, evicting what it must, or nothing
+                # is evicted
+                self._native_call(draft.reserve, size)
             self._native_call(_copy_file, d.fd, draft, size)
         except BaseException:
             draft.free()
