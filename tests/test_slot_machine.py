@@ -57,6 +57,25 @@ class Kernel:
         self.pages: dict[int, object] = {}
         self.content: dict[int, object] = {0: "empty"}
         self.tokens = 0
+        # passthrough: inode -> the version its backing file (a mirror) holds
+        # while readers' passthrough files are open on it
+        self.mirrors: dict[int, int] = {}
+
+    def unbacked(self, ino: int, what: str) -> None:
+        """The kernel's rule for an inode with a backing file: every open of
+        it must use that file (any other fails with EIO)."""
+        left = self.m.stat(ino, 0, self.now)["backing_opens"]
+        assert not left, f"{what} of inode {ino} off its backing file " \
+            f"({left} passthrough readers): the kernel fails it with EIO"
+
+    def reader_gone(self, h: dict) -> None:
+        if h["dio"] in ("pt", "ptdio"):     # (the handlers' release: the backing first)
+            _, last = self.m.backing_detach(h["ino"])
+            if last:
+                self.mirrors.pop(h["ino"], None)
+            self.m.reader_gone(h["ino"], h["dio"] == "ptdio")
+        else:
+            self.m.reader_gone(h["ino"], h["dio"])
 
     def token(self) -> int:
         self.tokens += 1
@@ -76,10 +95,13 @@ class Kernel:
         return self.version
 
     def open(self, name: int, ino: int, tgid: int, write: bool, trunc: bool,
-             pid: int = 0):
+             pid: int = 0, pt: bool = False):
         """The kernel's open of inode ino (found by name) by thread pid of
         process tgid: (kind, ino the handle is on, the kernel's inode, dio,
-        version), or None (ENOENT)."""
+        version), or None (ENOENT).  pt: a reader the kernel serves from the
+        inode's mirror by passthrough where it may (dio "pt"); a reader of
+        an inode whose mirror holds another version, or one read around its
+        page cache, is sent to a reader's view by the handlers ("view")."""
         m = self.m
         pid = pid or tgid
         retry = waited = sent = False
@@ -114,6 +136,7 @@ class Kernel:
                     if self.sent_back is not None:
                         self.sent_back.pop(pid, None)   # (the retry is spent)
                     ino, fx = m.create(name, tgid, pid, trunc, False, self.now)
+                    self.unbacked(ino, "a create")
                     self.pages.pop(ino, None)       # (no keep_cache)
                     return "write", ino, ino, False, 0
                 if found is None:
@@ -125,6 +148,25 @@ class Kernel:
                 continue
             if act == n.SLOT_OPEN_ENOENT:
                 return None
+            info = m.stat(inode, 0, self.now) if act == n.SLOT_OPEN_READ else None
+            if info is not None and (inode in self.mirrors or pt and not (
+                    info["readers"] or info["writers"] or info["pending"])):
+                # (the kernel fails a passthrough open beside cached ones: with
+                # page-cache readers in, a pt reader reads by the daemon too;
+                # beside writers, around the page cache they use)
+                if self.mirrors.get(inode, version) != version or target != inode \
+                        or info["writers"]:
+                    return "view"
+                if fx & n.SLOT_FX_DIRECT_IO or info["pending"]:
+                    # around the page cache a writer is coming to use: the
+                    # kernel reads the mirror all the same (no page-cache reader)
+                    m.attach_reader(inode, version, 1, self.now)
+                    m.backing_attach(inode, 7)
+                    return "read", inode, inode, "ptdio", version
+                m.attach_reader(inode, version, 2, self.now)
+                m.backing_attach(inode, 7)
+                self.mirrors[inode] = version
+                return "read", inode, inode, "pt", version
             if act == n.SLOT_OPEN_READ:
                 fx = m.attach_reader(inode, version, bool(fx & n.SLOT_FX_DIRECT_IO), self.now)
                 if fx & n.SLOT_FX_KEEP_CACHE:
@@ -133,10 +175,12 @@ class Kernel:
                     self.pages.pop(inode, None)     # the open drops them
                 return "read", inode, inode, bool(fx & n.SLOT_FX_DIRECT_IO), version
             if act == n.SLOT_OPEN_WRITE:
+                self.unbacked(inode, "a writer's open")
                 m.attach_writer(inode, tgid, pid, bool(fx & n.SLOT_FX_TRUNC_DRAFT), self.now)
                 self.pages.pop(inode, None)         # writers open without keep_cache
                 return "write", inode, inode, False, 0
             assert act == n.SLOT_OPEN_PRIVATE
+            self.unbacked(inode, "a private writer's open")
             priv, fx = m.private(inode, tgid, pid, self.now)
             return "write", priv, inode, True, 0
         raise AssertionError("open did not settle")
@@ -211,6 +255,7 @@ class SlotMachineVsModel(RuleBasedStateMachine):
         except FileExistsError:
             assert self.model.create(name, p, trunc, excl) is None
             return
+        self.k.unbacked(ino, "a create")
         mh = self.model.create(name, p, trunc, excl)
         assert mh is not None
         self._add(("write", ino, ino, False, 0), mh)
@@ -224,7 +269,22 @@ class SlotMachineVsModel(RuleBasedStateMachine):
             return
         got = self.k.open(name, ino, p, False, False)
         assert got is not None
-        self._add(got, self.model.open_read(s, p))
+        if got != "view":
+            self._add(got, self.model.open_read(s, p))
+
+    @rule(p=st.sampled_from(PROCS), name=st.sampled_from(NAMES))
+    def open_read_pt(self, p, name):
+        """A reader served by passthrough from the version's mirror (a
+        large slot on a mount with passthrough=1)."""
+        ino = self.k.m.lookup(name, p)
+        s = self.model.find(name, p)
+        assert (ino is None) == (s is None)
+        if ino is None:
+            return
+        got = self.k.open(name, ino, p, False, False, pt=True)
+        assert got is not None
+        if got != "view":               # (a view reads the version by the daemon)
+            self._add(got, self.model.open_read(s, p))
 
     @rule(p=st.sampled_from(PARENTS), name=st.sampled_from(NAMES), trunc=st.booleans(),
           thread=st.sampled_from([0, 0, 1000, 2000]))
@@ -256,7 +316,7 @@ class SlotMachineVsModel(RuleBasedStateMachine):
         got = self.k.open(name, ino, p, False, False)
         mh = self.model.open_stale_read(s, p)
         assert (got is None) == (mh is None), (got, mh)
-        if got is not None:
+        if got is not None and got != "view":
             self._add(got, mh)
         self.k.m.lookups(ino, -1)
 
@@ -341,7 +401,7 @@ class SlotMachineVsModel(RuleBasedStateMachine):
         """A read through the page cache: what the pages hold is the
         reader's version, and then they hold it."""
         h = self._pick(i, "read")
-        if not h["dio"]:
+        if not h["dio"]:                # (around the pages, or by passthrough: none)
             self.k.pages_hold(h["ino"], h["version"])
             self.k.pages[h["ino"]] = self.k.content[h["version"]]
 
@@ -349,7 +409,7 @@ class SlotMachineVsModel(RuleBasedStateMachine):
     @rule(i=st.integers(0, 50))
     def close_reader(self, i):
         h = self._pick(i, "read")
-        self.k.m.reader_gone(h["ino"], h["dio"])
+        self.k.reader_gone(h)
         self.handles.remove(h)
 
     # ---- the namespace ----
@@ -361,6 +421,16 @@ class SlotMachineVsModel(RuleBasedStateMachine):
             return
         self.k.m.unlink(name)
         self.model.unlink(name)
+
+    @rule(p=st.sampled_from(PROCS))
+    def rmdir(self, p):
+        """rm -rf of the directory by p while others write names it cannot
+        see: they go with it (the machine: unlinked), then it is made again."""
+        seen = [name for name in NAMES if self.k.m.lookup(name, p) is not None]
+        gone = self.model.rmdir(p)
+        assert (gone is None) == bool(seen), (seen, gone)
+        for name in gone or ():
+            self.k.m.unlink(name)
 
     @rule(p=st.sampled_from(PARENTS), old=st.sampled_from(NAMES), new=st.sampled_from(NAMES))
     def rename(self, p, old, new):
@@ -430,7 +500,7 @@ class SlotMachineVsModel(RuleBasedStateMachine):
         m = self.k.m
         for h in list(self.handles):
             if h["kind"] == "read":
-                m.reader_gone(h["ino"], h["dio"])
+                self.k.reader_gone(h)
             else:
                 m.writer_gone(h["ino"], h["mh"].opener, self.k.now)
         for ino in self.k.pushes:
@@ -603,6 +673,28 @@ def test_a_publish_that_raced_an_eviction_puts_the_name_back():
     k.m.published(ino, k.next_version(), 3, 3, k.now)
     k.m.writer_gone(ino, A, k.now)
     assert _size(k, K, B) == 3
+    k.m.check()
+
+
+def test_a_writer_never_opens_an_inode_whose_mirror_the_kernel_reads():
+    """Passthrough: the kernel fails (EIO) any open of an inode with a
+    backing file that is not on that file.  A reader that came while a
+    writer was on its way reads the mirror around the page cache (no
+    page-cache reader); after the others left, it still holds the inode's
+    backing file: the next writer goes to a fresh inode (a regression: it
+    was answered on this one, and its open failed with EIO)."""
+    k = Kernel()
+    ino = _save(k, K, A, 100)
+    first = k.open(K, ino, B, False, False, pt=True)
+    assert first[3] == "pt" and k.mirrors[ino] == first[4]
+    k.m.wait_mark(ino, A, k.now)            # (a writer reading its base meanwhile)
+    second = k.open(K, ino, C, False, False, pt=True)
+    assert second[3] == "ptdio"
+    k.m.pending_pop(ino, A)
+    k.reader_gone(dict(ino=ino, dio="pt"))  # the first reader leaves
+    kind, at, kino, _, _ = k.open(K, ino, A, True, True)   # (checks: not on ino)
+    assert kind == "write" and at == kino != ino
+    k.reader_gone(dict(ino=ino, dio="ptdio"))
     k.m.check()
 
 
@@ -861,6 +953,27 @@ class SlotMachineVsHandlers(RuleBasedStateMachine):
         self.py_truncate(self.c2p[h["kino"]], size, h["fh"], h["opener"])
         self.k.m.truncated(h["ino"], size, self.k.now)
 
+    @precondition(lambda self: any(h["kind"] == "write" for h in self.handles))
+    @rule(i=st.integers(0, 50), how=st.sampled_from(["fallocate", "ftruncate"]))
+    def refused_extend(self, i, how):
+        """A fallocate or an extending ftruncate beyond every tier: refused,
+        and, losing no byte, it changes nothing else: the machine is not told
+        of a refusal, and the next publish of the draft must agree."""
+        import pyfuse3
+        hs = [h for h in self.handles if h["kind"] == "write"]
+        h = hs[i % len(hs)]
+        huge = 16 << 40
+        if how == "fallocate":
+            err = self.fs.ops.fallocate(h["fh"], 0, 0, huge)
+            assert err in (errno.ENOSPC, errno.EFBIG), err
+        else:
+            try:
+                self.py_truncate(self.c2p[h["kino"]], huge, h["fh"], h["opener"])
+            except pyfuse3.FUSEError as e:
+                assert e.errno in (errno.ENOSPC, errno.EFBIG), e.errno
+            else:
+                raise AssertionError("a 16 TiB ftruncate was not refused")
+
     @rule(p=st.sampled_from(PARENTS), name=st.sampled_from(NAMES),
           size=st.sampled_from([0, 3, 50]))
     def truncate_path(self, p, name, size):
@@ -918,7 +1031,7 @@ class SlotMachineVsHandlers(RuleBasedStateMachine):
                 assert (a is None) == (c is None), (p, name, a, c)
                 if a is None:
                     continue
-                self.fs.ops.inodes[a.st_ino].lookups -= 1      # (the kernel would forget)
+                self.fs.ops._looked_up(self.fs.ops.inodes[a.st_ino], -1)   # (the kernel would forget)
                 self.pair(a.st_ino, c)
                 assert a.st_size == m.stat(c, p, now)["size"], (p, name)
         for h in self.handles:

@@ -19,11 +19,14 @@ process can observe.
 - **Publish** (the opener's close, fsync, the last release): nothing when
   the draft holds no change, when a process that is not its opener closes,
   or when its slot left the tree by unlink or rename (the bytes go with the
-  name); refused (EIO) when one of its writes was refused since the last
-  publish, until it is truncated to nothing; else the draft becomes the
+  name); refused (EIO) while bytes of a write refused since the last
+  publish are missing (until they are written after all, or a truncate
+  cuts them off); else the draft becomes the
   slot's version.  A publish of an evicted slot's draft puts the name back
   if it is free, and otherwise becomes the version of the slot that holds
   the name now.
+- **A directory goes** (rmdir) when the caller finds no name in it: the
+  names only their writers find (never published) go with it, as unlinked.
 - **Who sees what**: a lookup of a name finds its slot when it was published
   or when the caller is an opener of its current draft; the size it shows
   is that draft's for its openers and the published version's for everybody
@@ -56,9 +59,31 @@ class MDraft:
     slot: MSlot
     size: int
     changed: bool = False
-    failed: bool = False
+    refused: list = dataclasses.field(default_factory=list)   # [start, end) refused, sorted
     writers: int = 0                   # write handles
     openers: dict = dataclasses.field(default_factory=dict)   # tgid -> handles
+
+    @property
+    def failed(self) -> bool:
+        """Bytes its writers wrote are missing: a refused span is left."""
+        return bool(self.refused)
+
+    def written(self, start: int, end: int) -> None:
+        """[start, end) written after all: no longer missing."""
+        out = []
+        for a, b in self.refused:
+            if b <= start or a >= end:
+                out.append((a, b))
+                continue
+            if a < start:
+                out.append((a, start))
+            if b > end:
+                out.append((end, b))
+        self.refused = out
+
+    def cut(self, size: int) -> None:
+        """Cut (or grown) to size: what lies beyond is not the draft's."""
+        self.refused = [(a, min(b, size)) for a, b in self.refused if a < size]
 
 
 @dataclasses.dataclass(eq=False)
@@ -135,7 +160,7 @@ class SlotModel:
             d = MDraft(s, 0 if trunc else s.size)
             s.current = d
         if trunc:
-            d.size, d.failed, d.changed = 0, False, True
+            d.size, d.refused, d.changed = 0, [], True
         d.writers += 1
         d.openers[tgid] = d.openers.get(tgid, 0) + 1
         return MHandle("write", tgid, {tgid}, draft=d)
@@ -147,16 +172,19 @@ class SlotModel:
         at = d.size if append else off
         d.size = max(d.size, at + n)
         d.changed = True
+        d.written(at, at + n)
         return at
 
-    def refused(self, h: MHandle) -> None:
-        h.draft.failed = True
+    def refused(self, h: MHandle, start: int = 0, end: int = 2**64 - 1) -> None:
+        """A write of [start, end) was refused: those bytes are missing."""
+        d = h.draft
+        d.written(start, end)
+        d.refused = sorted(d.refused + [(start, end)])
 
     def truncate(self, h: MHandle, size: int) -> None:
         d = h.draft
         d.size, d.changed = size, True
-        if size == 0:
-            d.failed = False
+        d.cut(size)
 
     def truncate_path(self, s: MSlot, size: int, version: int) -> None:
         """truncate(2) by path of a slot nobody writes: a version at once."""
@@ -183,7 +211,7 @@ class SlotModel:
                 self.names[s.name] = holder = s
             s = holder
         s.version, s.size = version, d.size
-        d.changed = d.failed = False
+        d.changed, d.refused = False, []
 
     def close_copy(self, h: MHandle, tgid: int) -> bool:
         """tgid closes its copy of h; whether it was the last copy (release)."""
@@ -209,6 +237,19 @@ class SlotModel:
 
     def unlink(self, name: int) -> None:
         self.names.pop(name).gone = "unlink"
+
+    def rmdir(self, tgid: int) -> Optional[list[int]]:
+        """rmdir(2) by tgid of the directory of these names, then a mkdir of
+        it again (the same names, a new directory): refused (None, ENOTEMPTY)
+        while tgid finds a name in it; otherwise the names only their writers
+        find go with it, unlinked (their writers' publishes go nowhere).
+        Returns the names that went."""
+        if any(self.find(name, tgid) is not None for name in self.names):
+            return None
+        gone = sorted(self.names)
+        for name in gone:
+            self.unlink(name)
+        return gone
 
     def rename(self, old: int, new: int) -> None:
         s = self.names.pop(old)
