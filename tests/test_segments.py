@@ -562,7 +562,10 @@ def test_durable_writes_fdatasync_their_segment_and_others_wait_for_a_sync(tmp_p
     monkeypatch.setattr(segments.os, "fdatasync", spy)
     tier = SSDTier(str(tmp_path))
     e = put(tier, cache, b"a/s/x", b"one")
-    assert synced == [] and e.synced is False and tier.unsynced_writes == 1
+    # (only the new segment's header, fdatasync'd before its rename into place)
+    assert [p.endswith(".seg.tmp") for p in synced] == [True]
+    assert e.synced is False and tier.unsynced_writes == 1
+    synced.clear()
     e = put(tier, cache, b"a/s/y", b"two", durable=True)
     assert len(synced) == 1 and synced[0].endswith(".seg") and e.synced is True
     synced.clear()
@@ -584,6 +587,7 @@ def test_a_record_replacing_a_durable_file_is_synced_before_the_file_goes(tmp_pa
     tier = SSDTier(str(tmp_path))
     put(tier, cache, b"a/s/k", os.urandom(segments.PACK_BELOW), durable=True)
     [f] = slot_files(tmp_path)
+    put(tier, cache, b"a/s/other", b"x")        # (the segment is there: its creation syncs)
     order: list[str] = []
     real_sync, real_unlink = os.fdatasync, os.unlink
     monkeypatch.setattr(segments.os, "fdatasync", lambda fd: (order.append("sync"),

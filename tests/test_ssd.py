@@ -20,7 +20,7 @@ import pytest
 
 from conftest import is_mounted
 from memosfs import _native
-from memosfs.store.ssd import MAGIC, XATTR, CorruptSlot, SSDTier
+from memosfs.store.ssd import MAGIC, XATTR, CorruptSlot, SSDTier, _name_of
 from memosfs.store.store import Store
 
 MiB = 1 << 20
@@ -82,7 +82,7 @@ def test_empty_slot_roundtrip(tmp_path, cache):
     assert e.size == 0
 
 
-@pytest.mark.parametrize("damage", ["truncate", "trailer", "footer", "empty", "foreign"])
+@pytest.mark.parametrize("damage", ["truncate", "trailer", "footer", "foreign"])
 def test_bad_files_are_set_aside_at_scan(tmp_path, cache, damage, caplog, monkeypatch):
     """Files of the trailer layout (what older memosfs wrote; payload-only
     files' damage: tests/test_ssd_bare.py)."""
@@ -114,6 +114,32 @@ def test_bad_files_are_set_aside_at_scan(tmp_path, cache, damage, caplog, monkey
     assert again.corrupt == 1
     assert list((tmp_path / "corrupt").iterdir())
     assert "corrupt slot file set aside" in caplog.text
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_an_empty_slot_file_is_what_a_power_loss_left_not_corruption(tmp_path, cache, caplog,
+                                                                      monkeypatch, bare):
+    """A slot file renamed into place before its bytes reached the disk (a
+    write-back nobody acknowledged, never fsync'd) is left empty by a power
+    loss: removed at mount with an INFO line, not set aside as corrupt.  An
+    empty slot (its trailer says 0 bytes) stays."""
+    import logging
+
+    import memosfs.store.ssd as ssd_mod
+    monkeypatch.setattr(ssd_mod, "WRITE_BARE", bare)
+    tier = SSDTier(str(tmp_path))
+    for key, data in ((b"a/s/x", os.urandom(10000)), (b"a/s/empty", b"")):
+        ref = _publish(cache, key, data)
+        tier.put(ref, {}, durable=False)
+        ref.release()
+    f = next(p for p in slot_files(tmp_path) if p.name.startswith(_name_of(b"a/s/x")))
+    os.truncate(f, 0)                   # (what the power loss left of its bytes)
+    caplog.set_level(logging.INFO)
+    again = SSDTier(str(tmp_path))
+    assert [e.key for e in again.scan()] == [b"a/s/empty"]
+    assert again.corrupt == 0 and not (tmp_path / "corrupt").exists()
+    assert not f.exists() and "an empty slot file" in caplog.text
+    assert "corrupt" not in caplog.text
 
 
 def test_payload_damage_is_caught_on_read_and_never_served(tmp_path, cache):

@@ -259,7 +259,8 @@ class SegmentStore:
         self.tier = tier
         self.dir = os.path.join(tier.root, "segments")
         self.pack_below = PACK_BELOW            # the ssd_pack_below knob
-        private_dir(self.dir)
+        if private_dir(self.dir):
+            _fsync_dir(tier.root)               # (its name durable: once)
         self.segs: dict[int, Segment] = {}      # live segments by id (writer lock)
         self.active: Optional[Segment] = None   # the one appended to (writer lock)
         self.next_id = 1
@@ -296,6 +297,9 @@ class SegmentStore:
         seg = self.active
         if seg is None or seg.size >= SEGMENT_BYTES:
             if seg is not None:
+                # its records durable before the mark: a sealed segment's
+                # bad bytes are then damage, never appends a power loss took
+                self._fsync(seg)
                 _seal(seg)
             seg = self._start()
         off = seg.size
@@ -320,18 +324,27 @@ class SegmentStore:
         return seg, off
 
     def _start(self) -> Segment:
+        """A new active segment: its header written to `<id>.seg.tmp`,
+        fdatasync'd, renamed into place (the name durable with the first
+        sync of a record, `_fsync`), so that a `.seg` always begins with
+        its header: one without it is damage, not a crash in the creation
+        (one fdatasync per segment, that is per 16 MiB of records or mount)."""
         sid = self.next_id
         path = os.path.join(self.dir, f"{sid:08x}.seg")
+        tmp = path + ".tmp"             # (a leftover one went at mount)
         try:
-            fd = open_private(path, os.O_RDWR | os.O_EXCL)
+            fd = open_private(tmp, os.O_RDWR | os.O_EXCL)
         except FileNotFoundError:
-            private_dir(self.dir)
-            fd = open_private(path, os.O_RDWR | os.O_EXCL)
+            if private_dir(self.dir):
+                _fsync_dir(self.tier.root)
+            fd = open_private(tmp, os.O_RDWR | os.O_EXCL)
         try:
             os.pwrite(fd, SEG_MAGIC + bytes(SEG_HEAD - len(SEG_MAGIC)), 0)
+            os.fdatasync(fd)
+            os.rename(tmp, path)
         except OSError:
             os.close(fd)
-            _unlink(path)
+            _unlink(tmp)
             raise
         self.next_id += 1
         seg = Segment(sid, path, fd, SEG_HEAD, synced=False)
@@ -446,12 +459,14 @@ class SegmentStore:
         self.tombstones += 1
         self._changed = True
 
-    def forgotten(self, key: bytes) -> None:
+    def forgotten(self, key: bytes, durable: bool = False) -> None:
         """key no longer has a version on the tier (its entry went): a
-        tombstone if some segment still holds a record of it."""
+        tombstone if some segment still holds a record of it.  durable: it
+        is fdatasync'd before this returns (a slot *file* that shadowed the
+        record goes next: its unlink must not outlive the tombstone)."""
         if self.recs.get(key):
             with self.tier.write_lock:
-                self.tombstone(key)
+                self.tombstone(key, sync=durable)
 
     def holds(self, path: str) -> bool:
         """path is a segment (SSDTier._unlink_locked never unlinks one)."""
@@ -617,6 +632,15 @@ class SegmentStore:
                 continue
             with os.fdopen(os.dup(fd), "rb") as f:
                 buf = f.read()
+            if not buf:
+                # created and never synced before a power loss (an older
+                # memosfs made segments in place): nothing was in it
+                log.info("ssd: %s: an empty segment (a power loss came before any of "
+                         "its bytes were on the disk); removed", path)
+                os.close(fd)
+                _unlink(path)
+                tier._dirty_dirs.add(self.dir)
+                continue
             seg = Segment(sid, path, fd, len(buf), synced=True)
             self.segs[sid] = seg
             self.next_id = max(self.next_id, sid + 1)
@@ -658,6 +682,7 @@ class SegmentStore:
                          "a crash cut short); cut off", path, len(buf) - end)
                 try:
                     os.ftruncate(fd, end)
+                    os.fdatasync(fd)            # (the cut durable before the seal)
                     seg.size = seg.durable = end
                 except OSError as e:
                     log.error("ssd: cannot cut the torn end off %s (%s)", path, e)

@@ -347,9 +347,13 @@ class SSDTier:
         self.corrupt_dir = os.path.join(self.root, "corrupt")
         # every agent's keys, owners and data are here: the daemon's user alone
         # reads it (a folder an older memosfs made 0755 is tightened now)
-        private_makedirs(self.root)
+        # (a folder made is fsync'd into its parent: a slot made durable in
+        # it must not lose the folder's name to a power loss)
+        if private_makedirs(self.root):
+            _fsync_dir(os.path.dirname(self.root))
         self.tightened = tighten_tree(self.root, "ssd directory")
-        private_dir(self.slots_dir)
+        if private_dir(self.slots_dir):
+            _fsync_dir(self.root)
         self.index: dict[bytes, SSDEntry] = {}
         self.lock = threading.RLock()           # guards index and counters
         # one writer at a time; reentrant, so that the store can hold it
@@ -393,6 +397,12 @@ class SSDTier:
         """Rebuild the index from the files; returns the entries found."""
         found: dict[bytes, SSDEntry] = {}
         logs: list[str] = []                    # extent logs, read after their slot files
+        # What a daemon killed before us left in the page cache (records,
+        # tombstones, renames, files it had not fsync'd) is made durable
+        # before the scan acts on it: a losing file removed, a rename
+        # completed, a torn tail cut must not be undone by a power loss
+        # that takes back what they assumed.
+        _syncfs(self.root)
         for name in os.listdir(self.root):
             if name.endswith(".tmp"):           # a metadata file a crash cut short
                 _discard(os.path.join(self.root, name))
@@ -411,6 +421,16 @@ class SSDTier:
                 try:
                     fd = os.open(path, os.O_RDONLY)
                     try:
+                        if os.fstat(fd).st_size == 0 and _empty_left(fd):
+                            # a write-back a power loss took before any of
+                            # its bytes reached the disk (never fsync'd:
+                            # nobody had acknowledged it): nothing to set aside
+                            log.info("ssd: %s: an empty slot file (a write-back a power "
+                                     "loss cut off before its bytes were on the disk); "
+                                     "removed", path)
+                            os.unlink(path)
+                            self._dirty_dirs.add(sdir)
+                            continue
                         entry = read_trailer(fd, path)
                     finally:
                         os.close(fd)
@@ -849,12 +869,6 @@ class SSDTier:
                 os.rename(tmp, final)
                 self._hook("renamed")
                 old = self.index.get(key)
-                if old is not None and old.log is not None:
-                    # the fold: the log goes once the whole version is in place
-                    # (a crash before leaves an old log, removed at mount)
-                    self._hook("folded")
-                    _discard(old.log.path)
-                    self.folds += 1
                 self.used_bytes += total - (old.file_bytes if old else 0)
                 self.index[key] = entry
                 self.policy.written(key)
@@ -869,12 +883,26 @@ class SSDTier:
             _discard(tmp)
             self._write_failed(e)
         self.trouble = None
-        if durable:
+        if old is not None and old.log is not None:
+            self._fold_done(old.log.path, sdir)
+        elif durable:
             _fsync_dir(sdir)
         else:
             with self.lock:
                 self._dirty_dirs.add(sdir)
         return entry
+
+    def _fold_done(self, lpath: str, sdir: str) -> None:
+        """A fold renamed the whole version over the base of the log at
+        lpath: the folder is fsync'd (the rename durable) before the log
+        goes, since the base without its log is an older version.  A crash
+        before the unlink leaves an old log, removed at mount."""
+        self._hook("folded")
+        _fsync_dir(sdir)
+        _discard(lpath)
+        with self.lock:
+            self.folds += 1
+            self._dirty_dirs.add(sdir)
 
     def put_file(self, key: bytes, fd: int, path: str, size: int, meta: dict[str, Any],
                  version: int, durable: bool, crc: int) -> SSDEntry:
@@ -914,10 +942,6 @@ class SSDTier:
                         os.rename(path, final)
                         self._hook("renamed")
                         old = self.index.get(key)
-                        if old is not None and old.log is not None:
-                            # the log of the version this replaces (a crash
-                            # before leaves an old log, removed at mount)
-                            _discard(old.log.path)
                         self.used_bytes += total - (old.file_bytes if old else 0)
                         self.index[key] = entry
                         self.policy.written(key)
@@ -939,7 +963,14 @@ class SSDTier:
             except OSError as e:
                 self._write_failed(e)
             self.trouble = None
-            if durable:
+            if old is not None and old.log is not None:
+                # the log of the version this replaces (_fold_done; not
+                # counted as a fold)
+                _fsync_dir(sdir)
+                _discard(old.log.path)
+                with self.lock:
+                    self._dirty_dirs.add(sdir)
+            elif durable:
                 _fsync_dir(sdir)
             else:
                 with self.lock:
@@ -1036,12 +1067,16 @@ class SSDTier:
         return sdir, os.path.join(sdir, name + ".slot")
 
     def _shard_dir(self, sdir: str) -> None:
-        """Make a shard folder (0700) if missing, and slots/ too if it went."""
+        """Make a shard folder (0700) if missing, and slots/ too if it went;
+        a folder made is fsync'd into its parent (once per folder)."""
         try:
-            private_dir(sdir)
+            made = private_dir(sdir)
         except FileNotFoundError:
-            private_dir(self.slots_dir)
-            private_dir(sdir)
+            if private_dir(self.slots_dir):
+                _fsync_dir(self.root)
+            made = private_dir(sdir)
+        if made:
+            _fsync_dir(self.slots_dir)
 
     def _tmp_path(self, sdir: str, key: bytes) -> str:
         return os.path.join(sdir, f".{_name_of(key)}.{os.getpid()}.{next(self._seq)}.tmp")
@@ -1267,7 +1302,9 @@ class SSDTier:
             self.used_bytes -= entry.file_bytes
             self.policy.removed(entry.key)
             self._unsynced.pop(entry.key, None)
-        self.segs.forgotten(entry.key)          # no older record comes back
+        # no older record comes back: the tombstone is durable before a slot
+        # file that shadowed the record is set aside
+        self.segs.forgotten(entry.key, durable=not isinstance(entry, _segments.PackedEntry))
 
     def remove(self, key: bytes, entry: Optional[SSDEntry] = None,
                evicted: bool = False) -> bool:
@@ -1283,7 +1320,10 @@ class SSDTier:
                 self.used_bytes -= current.file_bytes
                 self.policy.removed(key, evicted=evicted)
                 self.evictions += evicted
-            self.segs.forgotten(key)            # a tombstone if a segment holds it
+            # a tombstone if a segment holds a record of key; before a slot
+            # file goes it is durable, or a power loss that keeps the unlink
+            # and not the tombstone brings the older record back
+            self.segs.forgotten(key, durable=not isinstance(current, _segments.PackedEntry))
             self._unlink_locked(current.path)
         self.trouble = None                 # (room came: the next write tells)
         return True
@@ -1366,9 +1406,6 @@ class SSDTier:
                     self._hook("renamed")
                     self.write_bytes += copied
                     replaced = self.index.pop(new, None)
-                    if replaced is not None and replaced.log is not None:
-                        _discard(replaced.log.path)     # (an old log: removed at mount)
-                        self._dirty_dirs.add(sdir)
                     if replaced is not None:
                         self.used_bytes -= replaced.file_bytes
                         self._unsynced.pop(new, None)
@@ -1387,8 +1424,17 @@ class SSDTier:
                     self.write_errors += 1
                 _discard(tmp)
                 raise
+            if replaced is not None and replaced.log is not None:
+                # the replaced version's log, now that the rename over its
+                # base is durable (a crash before: an old log, removed at mount)
+                _discard(replaced.log.path)
+                with self.lock:
+                    self._dirty_dirs.add(sdir)
+            # old's tombstone (if a segment holds a record of it) is durable
+            # before old's file goes: the unlink kept and the tombstone lost
+            # would bring that older record back under old's name
+            self.segs.forgotten(old, durable=True)
             self._unlink_locked(entry.path)
-            self.segs.forgotten(old)
             return moved
 
     def rewrite_meta(self, key: bytes, meta: dict[str, Any]) -> Optional[SSDEntry]:
@@ -1450,10 +1496,6 @@ class SSDTier:
                 with self.lock:
                     os.rename(tmp, final)
                     self._hook("renamed")
-                    if entry.log is not None:
-                        self._hook("folded")
-                        _discard(entry.log.path)
-                        self.folds += 1
                     self.write_bytes += copied
                     self.index[key] = new
                     self.used_bytes += total - entry.file_bytes
@@ -1467,6 +1509,8 @@ class SSDTier:
                     self.write_errors += 1
                 _discard(tmp)
                 raise
+            if entry.log is not None:
+                self._fold_done(entry.log.path, sdir)
             return new
 
     # ---- consistency (tests; memosfs at unmount with MEMOSFS_CHECK_AT_UNMOUNT=1) ----
@@ -1585,25 +1629,40 @@ class SSDTier:
                 raise
         self.segs.sync()                        # segments: tombstones, unsynced records
 
-    def write_json(self, name: str, obj: Any, durable: bool) -> None:
-        """Replace root/name atomically with obj as JSON."""
+    def write_json(self, name: str, obj: Any, durable: bool, fsync: bool = True,
+                   dir_sync: bool = True) -> None:
+        """Replace root/name atomically with obj as JSON: a temporary file,
+        fdatasync'd (unless fsync is False), renamed over the old one.
+        durable: the rename too is made durable (the folder fsync'd, unless
+        dir_sync is False: the caller fsyncs it once for several files,
+        sync_root).  A file whose bytes were not fsync'd before its rename
+        can be left empty by a power loss that keeps the rename: only the
+        files the mount can do without (order.json, policy.json: the mount
+        falls back) are written so (fsync=False), never namespace.json."""
         path = os.path.join(self.root, name)
         tmp = f"{path}.{os.getpid()}.{next(self._seq)}.tmp"     # callers may race
         data = json.dumps(obj, separators=(",", ":")).encode()
         try:
             with open(open_private(tmp, os.O_WRONLY | os.O_EXCL), "wb") as f:
                 f.write(data)
-                if durable:
+                if durable or fsync:
                     f.flush()
-                    os.fsync(f.fileno())
+                    os.fdatasync(f.fileno())
             os.replace(tmp, path)
         except OSError:
             _discard(tmp)
             raise
-        if durable:
+        if durable and dir_sync:
             _fsync_dir(self.root)
 
-    def read_json(self, name: str, default: Any) -> Any:
+    def sync_root(self) -> None:
+        """fsync the SSD directory itself (the renames of its JSON files)."""
+        _fsync_dir(self.root)
+
+    def read_json(self, name: str, default: Any, level: int = logging.ERROR) -> Any:
+        """root/name as JSON; default if it is missing, or unreadable (logged
+        at `level`: ERROR for namespace.json, whose loss loses directories;
+        WARNING for the files the mount rebuilds otherwise)."""
         path = os.path.join(self.root, name)
         try:
             with open(path, "rb") as f:
@@ -1611,7 +1670,7 @@ class SSDTier:
         except FileNotFoundError:
             return default
         except (OSError, ValueError) as e:
-            log.error("ssd: %s unreadable (%s); using defaults", path, e)
+            log.log(level, "ssd: %s unreadable (%s); using defaults", path, e)
             return default
 
     def disk_free(self) -> int:
@@ -1659,7 +1718,7 @@ class SSDTier:
     def policy_dirty(self) -> bool:
         return self.policy.dirty
 
-    def save_policy(self, durable: bool) -> None:
+    def save_policy(self, durable: bool, dir_sync: bool = True) -> None:
         """policy.json, as order.json is written (atomically, 0600; fsync'd
         when durable).  A save that is not durable is skipped when the last
         one is less than POLICY_SAVE_S old (the state is larger than
@@ -1673,7 +1732,9 @@ class SSDTier:
             self.policy.dirty = False
             self._policy_saved = now
         try:
-            self.write_json(STATE_NAME, state, durable)
+            # (not fsync'd unless durable: a power loss that empties it
+            # costs the eviction history only, restore_policy falls back)
+            self.write_json(STATE_NAME, state, durable, fsync=durable, dir_sync=dir_sync)
         except BaseException:
             self.policy.dirty = True
             raise
@@ -1692,8 +1753,7 @@ class SSDTier:
         except FileNotFoundError:
             saved = None
         except (OSError, ValueError) as e:
-            log.error("ssd: %s unreadable (%s)", path, e)
-            saved = {"unreadable": str(e)}
+            saved = {"unreadable": str(e)}     # (policy.restore says so: a WARNING)
         with self.lock:
             self.policy.restore(saved, set(self.index), order_lru_first, path)
             return self.policy.restored
@@ -2039,6 +2099,44 @@ def _discard(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def _empty_left(fd: int) -> bool:
+    """A 0-byte slot file is what a power loss leaves of a write-back it took
+    before any byte reached the disk, unless it is a valid empty slot (its
+    attribute says 0 bytes)."""
+    try:
+        attr = _slot_attr(fd)
+    except OSError:
+        return True
+    if attr is None or len(attr) < _FIXED.size:
+        return True
+    return _FIXED.unpack_from(attr)[1] != 0
+
+
+_libc = None
+
+
+def _syncfs(path: str) -> None:
+    """syncfs(2) of the file system holding path (every dirty page and
+    inode of it written and flushed); a failure is logged, not raised."""
+    global _libc
+    try:
+        if _libc is None:
+            import ctypes
+            import ctypes.util
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if _libc.syncfs(fd) != 0:
+                import ctypes
+                code = ctypes.get_errno()
+                raise OSError(code, os.strerror(code))
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError) as e:
+        log.warning("ssd: cannot syncfs %s (%s): what a crashed daemon left unsynced "
+                    "may still be lost to a power loss", path, e)
 
 
 def _fsync_dir(path: str) -> None:
