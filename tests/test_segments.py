@@ -433,6 +433,35 @@ def test_compaction_rewrites_sparse_segments_and_loses_nothing(tmp_path, cache, 
         assert load(again, cache, k) == v
 
 
+def test_a_damaged_record_compacted_away_leaves_the_count_of_its_keys_records(
+        tmp_path, cache, small_segments):
+    """A record whose payload fails its checksum at mount is set aside and
+    its key falls back to its record before; a compaction then drops the
+    damaged one as dead.  The key's count of records must still include
+    the older one, or its removal writes no tombstone and the older record
+    comes back at the next mount."""
+    tier = SSDTier(str(tmp_path))
+    put(tier, cache, b"a/s/k", b"one" * 500, durable=True)
+    e = put(tier, cache, b"a/s/k", b"two" * 500, durable=True)
+    for i in range(30):                     # more segments, so the damaged one is sealed
+        put(tier, cache, f"a/s/o{i}".encode(), os.urandom(3000), durable=True)
+    tier.segs.close()
+    raw = bytearray(Path(e.path).read_bytes())
+    raw[e.data_off + 7] ^= 0xFF
+    Path(e.path).write_bytes(bytes(raw))
+    tier = SSDTier(str(tmp_path))
+    tier.scan()
+    assert tier.corrupt == 1 and load(tier, cache, b"a/s/k") == b"one" * 500
+    for i in range(30):                     # the segment goes dead, and is compacted
+        tier.remove(f"a/s/o{i}".encode())
+    assert tier.segs.maintain() > 0
+    tier.check()
+    tier.remove(b"a/s/k")
+    tier.sync()
+    tier.segs.close()
+    assert b"a/s/k" not in reopen(tmp_path).keys()
+
+
 def test_a_compaction_cut_short_before_the_old_segments_went(tmp_path, cache, small_segments):
     """The new segment is in place and the old ones still there (the crash
     came before their unlink): every record twice, the same result."""

@@ -653,6 +653,9 @@ class SegmentStore:
                 max_seq = max(max_seq, rec.seq)
                 entry = None
                 if rec.kind == KIND_SLOT:
+                    # every whole record of the key counts, a damaged one too:
+                    # a compaction drops it as dead and takes it off the count
+                    self.recs[rec.key] = self.recs.get(rec.key, 0) + 1
                     data_off = rec.off + rec.length - rec.size
                     if _native.crc32c(buf[data_off:data_off + rec.size]) != rec.crc:
                         self._set_aside(seg, rec.off, buf[rec.off:end],
@@ -665,7 +668,6 @@ class SegmentStore:
                         self._set_aside(seg, rec.off, buf[rec.off:end],
                                         f"{path}@{rec.off}: bad metadata ({e})")
                         continue
-                    self.recs[rec.key] = self.recs.get(rec.key, 0) + 1
                     entry = PackedEntry(rec.key, rec.version, rec.size, rec.crc, path,
                                         rec.length, meta, synced=None, seg=seg, off=rec.off,
                                         data_off=data_off, seq=rec.seq)
