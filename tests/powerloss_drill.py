@@ -69,6 +69,7 @@ PAGE = 4096
 KiB, MiB = 1 << 10, 1 << 20
 QUOTA = "user.memos.quota"
 ABSENT = ("absent",)
+DUMP_DIR = ""                           # where observe() keeps a slot's bad bytes
 
 
 # ---------------------------------------------------------------- content
@@ -91,7 +92,8 @@ def version_of(data: bytes) -> int:
     if magic != MAGIC:
         raise ValueError(f"no header magic ({magic[:8]!r})")
     if size != len(data):
-        raise ValueError(f"the header says {size} bytes, the slot has {len(data)}")
+        raise ValueError(f"the header says version {version} of {size} bytes, the slot "
+                         f"has {len(data)}")
     return version
 
 
@@ -130,6 +132,10 @@ def observe(mnt: str) -> dict[str, Any]:
                 v = version_of(data)
             except ValueError as e:
                 out[rel] = ("bad", str(e))
+                if DUMP_DIR:                    # (the bytes, for whoever looks into it)
+                    with open(os.path.join(DUMP_DIR, f"bad-{rel.replace('/', '_')}-"
+                                           f"{time.monotonic_ns()}"), "wb") as f:
+                        f.write(data)
                 return
             out[rel] = ("slot", v, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
             hashes[rel] = v
@@ -439,7 +445,15 @@ def writer_main(argv: list[str]) -> int:
     ap.add_argument("--count", type=int, default=0)
     a = ap.parse_args(argv)
     os.umask(0)
-    w = Writer(a.mnt, a.journal, a.seed, a.base)
+    try:
+        w = Writer(a.mnt, a.journal, a.seed, a.base)
+    except OSError as e:                    # (killed while it looked at the tree)
+        fd = os.open(a.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(fd, (json.dumps({"op": "err", "errno": e.errno or 0,
+                                  "ns": time.monotonic_ns(), "stage": "start",
+                                  "what": str(e)}) + "\n").encode())
+        os.close(fd)
+        return 0
     try:
         w.run(a.max_seconds, a.count)
     except OSError as e:
@@ -703,6 +717,8 @@ def run_drill(workdir: str, cycles: int, mount: Callable[[], Any],
     .logtext(), .stop()); kill(m): kill -9 of its daemon; power_loss(): the
     loss itself (the daemon gone); ssd_on_disk(): the SSD directory as the
     disk holds it (where damage is done, nothing mounted over it)."""
+    global DUMP_DIR
+    DUMP_DIR = workdir
     rng = random.Random(seed)
     hist = History()
     rep = DrillReport(fs=fs)
