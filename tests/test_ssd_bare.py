@@ -473,6 +473,22 @@ def test_a_rename_a_crash_cut_short_completes_with_payload_only_files(tmp_path, 
     assert t2.keys() == [b"a/s/y"] and not src.exists()
 
 
+def test_a_rename_cut_short_completes_when_a_power_loss_changed_the_sources_times(
+        tmp_path, cache):
+    """The mark names the source by the seq in its trailer: a power loss that
+    takes back a change of the source inode's ctime (its rename into place not
+    yet committed; LazyFS reports other times after a restart) must not leave
+    the slot under both names."""
+    tier = SSDTier(str(tmp_path))
+    put(tier, cache, b"a/s/x", os.urandom(100 * KiB))
+    src = file_of(tier, b"a/s/x")
+    tier._unlink_locked = lambda path: None     # the crash: the source's unlink never ran
+    tier.rename(b"a/s/x", b"a/s/y", {"mode": 0o600})
+    os.chmod(src, 0o640)                        # (its ctime is another now)
+    t2 = reopen(tmp_path)
+    assert t2.keys() == [b"a/s/y"] and not src.exists()
+
+
 # ---------------------------------------------------------------- open_backing
 
 

@@ -27,7 +27,14 @@ once per new segment; others are synced by the next `sync` (as unsynced
 slot files are).  A version that replaces a slot *file* that may be durable
 is synced before that file is unlinked; one that replaces a packed record
 needs no sync, because the older record stays in its segment until a
-compaction, and a compaction syncs everything first.
+compaction, and a compaction syncs everything first.  Conversely a slot
+*file* that shadows an older record of its key is unlinked (removed,
+evicted, renamed away, set aside) only after the key's tombstone is
+fdatasync'd (`forgotten(durable=True)`): a power loss that kept the unlink
+and lost the tombstone would bring the old record back.  A new segment is
+made as `<id>.seg.tmp`, its header fdatasync'd, then renamed into place; a
+segment is fdatasync'd before it is sealed; an empty `.seg` (what an older
+memosfs left of a segment a power loss took) is removed at mount.
 
 Crash.  A record torn by a crash fails its header or payload checksum: the
 scan stops at a bad header and skips a record whose payload fails (set

@@ -35,6 +35,13 @@ mount.  A slot renamed to another key is copied under the new key's name
 fsync'd, and only then is the old key's file removed: at every point one of
 the two names holds it.  Removals and renames are durable once `sync` has
 fsync'd the folders they touched (the fsync of a directory on the mount).
+Power loss: what recovery depends on is fsync'd before what assumes it (a
+fold's rename before its log's unlink, a tombstone before the slot file it
+shadows goes, namespace.json's bytes before its rename, a new folder into
+its parent); a scan first syncfs'es the folder's file system, so nothing it
+acts on is lost to a later power loss; an empty slot file (a write-back a
+power loss took before its bytes reached the disk) is removed at mount, not
+called corrupt (docs/ssd-format.md, "What a power loss leaves").
 
 A file whose footer, trailer or size does not check out is reported (log
 and `ssd_corrupt`) and moved aside into `corrupt/` at mount; a payload whose
@@ -459,10 +466,11 @@ class SSDTier:
 
     def _complete_renames(self, found: dict[bytes, SSDEntry]) -> None:
         """A rename moves a slot by copying its file under the new key's name
-        (marked `moved_from`: the old file's key, inode and ctime), then
+        (marked `moved_from`: the old file's key, seq, inode and ctime), then
         unlinking the old file.  A crash between the two leaves both; the old
-        file, still the very one the copy came from (same inode and ctime: not
-        a later slot of that name), goes now, so the slot has exactly one
+        file, still the very one the copy came from (the seq of its trailer, or
+        for a file without one the same inode and ctime: not a later slot of
+        that name), goes now, so the slot has exactly one
         name, as rename(2) leaves it."""
         for entry in list(found.values()):
             mark = entry.meta.get("moved_from")
@@ -472,14 +480,20 @@ class SSDTier:
                 src = found.get(bytes.fromhex(str(mark.get("key", ""))))
             except ValueError:
                 continue
-            if src is None or src is entry:
+            if src is None or src is entry or isinstance(src, _segments.PackedEntry):
                 continue
-            try:
-                st = os.stat(src.path)
-            except OSError:
-                continue
-            if (st.st_ino, st.st_ctime_ns) != (mark.get("ino"), mark.get("ctime_ns")):
-                continue
+            if mark.get("seq") and src.fseq:
+                # (the old file's own seq: its inode and ctime may not be what
+                # they were once a power loss took a change of them back)
+                if _int(mark["seq"]) != src.fseq:
+                    continue
+            else:
+                try:
+                    st = os.stat(src.path)
+                except OSError:
+                    continue
+                if (st.st_ino, st.st_ctime_ns) != (mark.get("ino"), mark.get("ctime_ns")):
+                    continue
             log.info("ssd: completing a rename a crash interrupted: %r -> %r",
                      src.key, entry.key)
             try:
@@ -1371,8 +1385,12 @@ class SSDTier:
             # leaves both, and the next scan completes the rename (see scan)
             try:
                 st = os.stat(entry.path)
-                meta = dict(meta, moved_from={"key": old.hex(), "ino": st.st_ino,
-                                              "ctime_ns": st.st_ctime_ns})
+                mark = {"key": old.hex(), "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
+                if entry.fseq:
+                    # the seq in the old file's trailer names that very file
+                    # whatever a power loss does to its inode's times
+                    mark["seq"] = entry.fseq
+                meta = dict(meta, moved_from=mark)
             except FileNotFoundError:
                 pass
             stamped = self.segs.stamp(meta)
