@@ -47,7 +47,6 @@ unreadable (EIO) or an older version, never wrong bytes.
 from __future__ import annotations
 
 import argparse
-import errno
 import hashlib
 import json
 import os
@@ -106,7 +105,6 @@ def observe(mnt: str) -> dict[str, Any]:
     where its read failed), ("dir", mode, uid, gid, quota), ("link",
     target, uid, gid), ("special", st_mode, rdev, uid, gid)."""
     out: dict[str, Any] = {}
-    hashes: dict[str, int] = {}
 
     def walk(rel: str) -> None:
         full = os.path.join(mnt, rel)
@@ -138,7 +136,6 @@ def observe(mnt: str) -> dict[str, Any]:
                         f.write(data)
                 return
             out[rel] = ("slot", v, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-            hashes[rel] = v
             out[("hash", rel)] = digest(data)
         else:
             out[rel] = ("special", st.st_mode, st.st_rdev, st.st_uid, st.st_gid)
