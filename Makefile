@@ -40,7 +40,7 @@ TEST_PKGS += systemd
 # aggregation); the tests take `test` and `bench` (peers, tenseal, hypothesis, ...).
 RUN_EXTRAS  := run
 TEST_EXTRAS := run,test,bench
-NATIVE_SRC := $(wildcard native/*.c native/*.h native/policies/*.c native/policies/*.h native/fuse/*.c)
+NATIVE_SRC := $(wildcard native/*.c native/*.h native/policies/*.c native/policies/*.h native/fuse/*.c native/fuse/*.h)
 PYTEST_ARGS ?=
 MODEL    ?= 1
 FUZZ_SECONDS ?= 20

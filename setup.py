@@ -37,7 +37,8 @@ setup(
         # fallocate and the flusher's pid for pyfuse3 (loaded before it, RTLD_GLOBAL)
         Extension(
             "memosfs._fuseshim",
-            sources=["native/fuse/fuseshim.c"],
+            sources=sorted(glob.glob("native/fuse/*.c")),
+            depends=sorted(glob.glob("native/fuse/*.h")),
             include_dirs=FUSE_INCLUDES,
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra",
                                 "-Wno-unused-parameter", "-fvisibility=hidden"],

@@ -12,7 +12,7 @@ __all__ = ["__version__"]
 def _preload_fuse_shim() -> None:
     """Load memosfs._fuseshim with RTLD_GLOBAL before anything imports
     pyfuse3, so that pyfuse3's session gets fallocate and the flusher's pid
-    (native/fuse/fuseshim.c explains how)."""
+    (native/fuse/interpose.c explains how)."""
     import os
     import sys
     if "pyfuse3" in sys.modules:

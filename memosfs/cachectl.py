@@ -16,7 +16,8 @@ and `evict` and `drop` write the PATH relative to the mount into
 kernel and the daemon decide, by owners and modes, what the caller may see
 and steer, so any user may run them on their own agents, and root on all.
 A slot that stays (pinned, dirty for `drop`, no SSD tier) is named on stderr
-with the reason, and the exit status is 1.
+with the reason, and the exit status is 1.  A PATH on no memosfs mount is
+said once (`PATH: not a memosfs mount`, exit 1) and never walked.
 
 The age of a slot is the time since its current version was written (its
 mtime); hits count the reads of the version memory holds (0 once it left).
@@ -145,11 +146,30 @@ def _age(s: float) -> str:
     return f"{s:.0f}s"
 
 
+def _off_mount(path: str) -> Optional[str]:
+    """`PATH: not a memosfs mount` when path exists on no memosfs mount (ls,
+    pin and unpin then never walk it: a home directory is no cache), else
+    None (a path that does not exist is said by the walk)."""
+    if not os.path.lexists(path):
+        return None
+    for p in (path, os.path.realpath(path)):
+        try:
+            mount_root(p)
+            return None
+        except OSError:
+            pass
+    return f"{path}: not a memosfs mount"
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     errors: list[str] = []
     rows: list[SlotInfo] = []
     now = time.time()
     for top in args.paths or ["."]:
+        off = _off_mount(top)
+        if off:
+            errors.append(off)
+            continue
         for path in walk(top, errors):
             try:
                 rows.append(slot_info(path, now))
@@ -187,7 +207,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def _why(root: str) -> str:
     try:
         with open(os.path.join(root, ".memos", "why")) as f:
-            line = f.read().strip()
+            line = f.readline().strip()       # (the last refusal: the first line)
     except OSError:
         return ""
     # `time ERRNO (message): reason`: the reason is what the caller needs
@@ -242,6 +262,10 @@ def cmd_pin(args: argparse.Namespace) -> int:
     status = 0
     errors: list[str] = []
     for top in args.paths:
+        off = _off_mount(top)
+        if off:
+            errors.append(off)
+            continue
         for path in walk(top, errors):
             try:
                 os.setxattr(path, ATTR + "pin", value, follow_symlinks=False)

@@ -2,8 +2,10 @@
 
     memosfs SOURCE MOUNTPOINT [-o opts] [-f]   mount (the mount(8) convention)
     memosfs mount  SOURCE MOUNTPOINT [...]     the same, spelled out
-    memosfs umount MOUNTPOINT [-l]             unmount (waits for the daemon to persist
-                                               everything; exit 1 if it lost slots)
+    memosfs umount MOUNTPOINT [-l] [--force]   unmount (waits for the daemon to persist
+                                               everything; refused while dirty slots cannot
+                                               be written back, unless --force; exit 1 if
+                                               it lost slots)
     memosfs stat   MOUNTPOINT [--json]         the stats as a table
     memosfs df     MOUNTPOINT... [--json]      each tier's size, use and room, as df
                                                shows them (df adds the two tiers up)
@@ -123,6 +125,24 @@ def parse_mount_options(opts: Sequence[str]) -> tuple[dict, dict, set]:
     return knobs, own, fuse
 
 
+# Every mount is nodev,nosuid, whatever starts it: libfuse mounts so by
+# default, but mount.fuse3 (mount(8), fstab, a systemd mount unit) adds
+# `dev,suid` to every mount that does not say nodev/nosuid, and mount(8)
+# passes an explicit `dev` or `suid` in the same way, so neither can be told
+# from the other.  Slots are neither device nodes nor programs to run as
+# their owner (docs/semantics.md).
+ALWAYS_OPTIONS = ("nodev", "nosuid")
+
+
+def _without_dev_suid(fuse: set[str]) -> set[str]:
+    """The libfuse options with `dev` and `suid` replaced by ALWAYS_OPTIONS."""
+    given = fuse & {"dev", "suid"}
+    if given:
+        log.info("mount options %s: not taken (memosfs mounts nodev,nosuid whatever starts "
+                 "it; mount.fuse3 adds dev,suid to every mount)", ",".join(sorted(given)))
+    return (fuse - {"dev", "suid"}) | set(ALWAYS_OPTIONS)
+
+
 def _closest(name: str) -> str:
     """`: did you mean X?` for the option name nearest to a mistyped one."""
     import difflib
@@ -229,6 +249,25 @@ def _live_fuse_mount(mountpoint: str) -> Optional[str]:
     return (f"memosfs: {mountpoint} already has a {fuse[-1]} mount{who}; unmount it "
             f"first ({self_command()} umount {mountpoint}) or pass -o nonempty / --force to "
             f"mount over it")
+
+
+def _mark_mountpoint(mountpoint: str) -> None:
+    """Mark the mount point directory (abi.MOUNTPOINT_XATTR, on the
+    directory beneath the mount) so that a client can tell a path below it
+    from any other once nothing is mounted there (memosfs/client/mounts.py).
+    Not over a live mount (its root is no directory of ours, and may hang)."""
+    from memosfs.abi import MOUNTPOINT_XATTR
+    if _mounts_at(mountpoint):
+        return
+    try:
+        os.getxattr(mountpoint, MOUNTPOINT_XATTR)
+        return
+    except OSError:
+        pass
+    try:
+        os.setxattr(mountpoint, MOUNTPOINT_XATTR, b"1")
+    except OSError as e:                # (a file system without user attributes)
+        log.debug("mount point %s not marked: %s", mountpoint, e)
 
 
 def _raise_readahead(mountpoint: str, kib: int = 8192) -> None:
@@ -354,8 +393,9 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
     options |= {f"fsname={args.source}", "subtype=memosfs", "default_permissions"}
     if os.geteuid() == 0:
         options.add("allow_other")
-    options |= fuse_opts
+    options |= _without_dev_suid(fuse_opts)
     _negotiate_kernel_flags(ops)
+    _mark_mountpoint(mountpoint)
     try:
         pyfuse3.init(ops, mountpoint, options)
     except RuntimeError as e:
@@ -387,6 +427,7 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
     status = 0
     unsaved = 0
     error = ""
+    lost: list[str] = []
     try:
         unmount = trio.run(_serve, ops)
     except BaseException:
@@ -402,11 +443,13 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
                 log.error("consistency check at unmount failed: %s", p)
             if not problems:
                 log.info("consistency check at unmount: ok")
+        ops.unmount_guard.release()     # (else our own unmount below is EBUSY)
         try:
             store.close()               # persists every dirty slot
         except UnsavedSlots as e:       # each one is in the log, at ERROR
             log.error("unmount: %s", e.strerror)
             unsaved, error, status = e.count, e.strerror, 1
+            lost = [k.decode("utf-8", "replace") for k in e.keys[:LOST_NAMED]]
         except OSError as e:
             said = e.strerror or str(e)
             log.error("unmount: could not persist every dirty slot: %s", said)
@@ -419,8 +462,11 @@ def _mount_locked(args, knobs, own, fuse_opts, foreground, mountpoint, ssd, lock
             print(f"memosfs: unmount of {mountpoint}: {error}", file=sys.stderr, flush=True)
         if foreground:
             print(f"memosfs: unmounted {mountpoint}", flush=True)
-        _note_exit(mountpoint, status, unsaved, error)
+        _note_exit(mountpoint, status, unsaved, error, lost)
     return status
+
+
+LOST_NAMED = 100        # slots lost at unmount that the exit report names
 
 
 FUSE_HANDLE_KILLPRIV_V2 = 1 << 28      # <linux/fuse.h>: the server clears suid/sgid
@@ -517,10 +563,11 @@ def _note_daemon(mountpoint: str) -> None:
                 pass
 
 
-def _note_exit(mountpoint: str, status: int, unsaved: int, error: str) -> None:
+def _note_exit(mountpoint: str, status: int, unsaved: int, error: str,
+               lost: Sequence[str] = ()) -> None:
     _write_run_file(_run_file(mountpoint, "exit"),
                     {"pid": os.getpid(), "status": status, "slots_unsaved": unsaved,
-                     "error": error})
+                     "error": error, "lost": list(lost)})
     pid_file = _run_file(mountpoint, "pid")
     try:
         with open(pid_file or "") as f:
@@ -550,7 +597,10 @@ def _alive(pid: int) -> bool:
 
 async def _serve(ops) -> bool:
     """Run the FUSE loop until the kernel unmounts (returns False) or a signal
-    asks us to stop (returns True: we unmount)."""
+    asks us to stop (returns True: we unmount).  SIGINT and SIGHUP are
+    refused once while dirty slots cannot be written back (the terminal and
+    the log say which; the next one unmounts and loses them); SIGTERM
+    unmounts at once (memosfs/fuse/unmount.py)."""
     import pyfuse3
     import trio
 
@@ -559,9 +609,20 @@ async def _serve(ops) -> bool:
     async with trio.open_nursery() as nursery:
         async def on_signals() -> None:
             nonlocal stopped_by_signal
+            refused = False
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM,
                                            signal.SIGHUP) as signals:
                 async for sig in signals:
+                    if sig != signal.SIGTERM and not refused:
+                        held = await ops.unmount_guard.refuse_signal()
+                        if held is not None:
+                            refused = True
+                            said = (f"not unmounting {ops.mountpoint}: {held.say()}. Make "
+                                    f"room, or send the signal again (Ctrl-C) to unmount "
+                                    f"and lose them")
+                            log.warning("signal %d: %s", sig, said)
+                            print(f"memosfs: {said}", file=sys.stderr, flush=True)
+                            continue
                     log.info("signal %d: unmounting", sig)
                     stopped_by_signal = True
                     nursery.cancel_scope.cancel()
@@ -614,9 +675,36 @@ class _ProgressBar:
               f"{done >> 20}/{total >> 20} MiB", end="\n" if pct >= 100 else "", flush=True)
 
 
+def _unsaved_at(mountpoint: str):
+    """Write every dirty slot back now (root writes 1 into cache/flush);
+    what the SSD tier could not take (memosfs/fuse/unmount.py's Unsaved),
+    or None when nothing is unsaved or this user may not ask."""
+    from memosfs.fuse.unmount import Unsaved
+    cache = os.path.join(mountpoint, ".memos", "cache")
+    try:
+        fd = os.open(os.path.join(cache, "flush"), os.O_WRONLY)
+    except OSError:                     # (not root: the daemon's hold still refuses)
+        return None
+    try:
+        os.write(fd, b"1\n")
+        return None
+    except OSError:
+        pass                            # slots remain dirty: which, below
+    finally:
+        os.close(fd)
+    try:
+        with open(os.path.join(cache, "unsaved")) as f:
+            got = Unsaved.parse(f.read())
+    except (OSError, ValueError):
+        return None
+    return got if got.count else None
+
+
 def cmd_umount(args: argparse.Namespace) -> int:
     """Unmount; unless lazy, wait for the daemon to persist everything and
-    exit 1 (saying how many on stderr) if it could not save every slot."""
+    exit 1 (saying how many on stderr) if it could not save every slot.
+    Refused (exit 1, naming the slots and the room missing) while dirty
+    slots cannot be written back to the SSD tier, unless --force."""
     mountpoint = os.path.abspath(args.mountpoint)
     mounted = _mounts_at(mountpoint)
     if "fuse.memosfs" not in mounted:
@@ -625,6 +713,21 @@ def cmd_umount(args: argparse.Namespace) -> int:
             "no such directory"
         print(f"memosfs: {mountpoint} is not a memosfs mount ({what})", file=sys.stderr)
         return 1
+    unsaved = _unsaved_at(mountpoint)
+    if unsaved is not None and not args.force:
+        print(f"memosfs: not unmounting {mountpoint}: {unsaved.say()}. Make room in the SSD "
+              f"directory (or raise ssd_capacity) and run it again, or `{self_command()} "
+              f"umount --force {mountpoint}` to unmount and lose them", file=sys.stderr)
+        return 1
+    if unsaved is not None:             # --force: the daemon lets the mount go
+        try:
+            with open(os.path.join(mountpoint, ".memos", "cache", "unmount_unsaved"),
+                      "w") as f:
+                f.write("lose\n")
+        except OSError as e:
+            print(f"memosfs: {mountpoint}: cannot set unmount_unsaved=lose: {e.strerror}",
+                  file=sys.stderr)
+            return 1
     daemon = _read_run_file(_run_file(mountpoint, "pid"))
     pid = daemon.get("pid") if daemon else None
     if not isinstance(pid, int) or not _alive(pid):
@@ -633,6 +736,11 @@ def cmd_umount(args: argparse.Namespace) -> int:
     if shutil.which("fusermount3") is None:
         cmd = ["umount"] + (["-l"] if args.lazy else []) + [args.mountpoint]
     r = subprocess.run(cmd)
+    if r.returncode != 0:
+        print(f"memosfs: {mountpoint} is still mounted: a process has a file or its "
+              f"working directory there, or the daemon holds it because dirty slots "
+              f"cannot be written back to the SSD tier (its log says which; root's "
+              f"`{self_command()} umount` names them)", file=sys.stderr)
     if r.returncode != 0 or args.lazy or pid is None:
         return r.returncode
     exit_file = _run_file(mountpoint, "exit")
@@ -658,8 +766,12 @@ def cmd_umount(args: argparse.Namespace) -> int:
     except OSError:
         pass
     if report.get("status", 0) != 0 or report.get("slots_unsaved", 0):
+        lost = report.get("lost") or []
+        more = report.get("slots_unsaved", 0) - len(lost)
+        named = (": " + ", ".join(lost) + (f" and {more} more" if more > 0 else "")) \
+            if lost else ""
         print(f"memosfs: unmount of {mountpoint}: "
-              f"{report.get('error') or 'the daemon failed'}", file=sys.stderr)
+              f"{report.get('error') or 'the daemon failed'}{named}", file=sys.stderr)
         return 1
     return 0
 
@@ -897,6 +1009,9 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("umount", help="unmount")
     u.add_argument("mountpoint")
     u.add_argument("-l", "--lazy", action="store_true")
+    u.add_argument("--force", action="store_true",
+                   help="unmount even if dirty slots cannot be written back to the SSD "
+                        "tier (they are lost, and named)")
     u.add_argument("--timeout", type=float, default=600,
                    help="seconds to wait for the daemon to persist everything")
     u.set_defaults(fn=cmd_umount)

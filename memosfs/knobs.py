@@ -247,6 +247,12 @@ KNOBS: tuple[Knob, ...] = (
             "memory's do: logged, counted in ssd_evicted_slots, shown in .memos/why) or "
             "refuse (it keeps every slot it holds; a slot that does not fit stays in memory, "
             "and new writes get ENOSPC once memory is full of such slots)"),
+    _choice("unmount_unsaved", ("refuse", "lose"), "refuse",
+            "an unmount while dirty slots cannot be written back to the SSD tier (its disk "
+            "full; ssd_capacity with ssd_full=refuse): refuse (the mount is held busy: umount "
+            "says 'target is busy', memosfs umount names the slots and the room missing) or "
+            "lose (the unmount goes on and each slot lost is logged; memosfs umount --force "
+            "sets it)"),
     Knob("warmup_ratio", "ratio", (0.0, 1.0), 0.5,
          "share of capacity preloaded from the SSD tier at mount, most recently used "
          "first, in the background", "at mount (give it with -o)"),
@@ -284,8 +290,12 @@ KNOBS: tuple[Knob, ...] = (
          "(FUSE passthrough, kernel 6.9 or later, a daemon run as root, not with "
          "writeback_cache): a published version of passthrough_min bytes or more is read "
          "from a copy in memory, and a whole new version (a create, O_TRUNC) is written into "
-         "one and copied into the memory tier at the close (docs/semantics.md, \"Passthrough\"); 0: every "
-         "read and write is a request to the daemon", "at mount (give it with -o)"),
+         "one and copied into the memory tier at the close (docs/semantics.md, \"Passthrough\"); "
+         "its costs today: such a version is held twice while its copy is kept (a 100 MB "
+         "slot takes 200 MB: the memory tier's and the copy, the copies within a third of "
+         "passthrough_room), and whole-file saves are slower than with 0 (the copy at the "
+         "close; docs/benchmarks.md); 0: every read and write is a request to the daemon",
+         "at mount (give it with -o)"),
     Knob("passthrough_min", "size", (0, 1 << 50), 256 << 10,
          "the smallest published version readers read by passthrough (smaller ones come "
          "from the kernel page cache)", "on the next open"),

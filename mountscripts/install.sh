@@ -53,10 +53,17 @@ for p in $needs; do
   done
 done
 
+# The checkout the venv belongs to (CHECKOUT/VENV/bin/memosfs, beside its
+# Makefile), for the wrapper's advice; empty when it is not one.
+checkout=$(dirname "$(dirname "$(dirname "$target")")")
+venv=$(basename "$(dirname "$(dirname "$target")")")
+[ -f "$checkout/Makefile" ] || checkout=""
+
 tmp="$dest.tmp.$$"
 {
   printf '#!/bin/sh\n# installed by memosfs mountscripts/install.sh\n'
   printf '# runs %s; checks first that the caller can reach it and its Python\n' "$target"
+  printf "target='%s'; checkout='%s'; venv='%s'\n" "$target" "$checkout" "$venv"
   printf 'for p in'
   for p in $needs; do printf " '%s'" "$p"; done
   printf '; do\n'
@@ -73,9 +80,16 @@ tmp="$dest.tmp.$$"
     why="it is not executable for $who"
   fi
   echo "memosfs: user $who cannot run $p: $why." >&2
-  echo "memosfs: run memosfs as the user who installed it, or install it where every" \
-       "user can reach it: a checkout and a Python outside private homes (e.g." \
-       "/opt/memosfs), then 'make install' there (mountscripts/README.md)." >&2
+  if [ "$p" != "$target" ] && [ -n "$checkout" ] && [ -x "$checkout" ]; then
+    # the checkout is reachable, the Python its venv was made from is not
+    fix="make its venv from a Python every user can reach, as root: cd $checkout &&"
+    fix="$fix make install PYTHON=/usr/bin/python3 VENV=$venv-shared"
+  else
+    fix="install it where every user can reach it: a checkout outside private homes"
+    fix="$fix (e.g. /opt/memosfs) and, there, make install PYTHON=/usr/bin/python3"
+  fi
+  echo "memosfs: run memosfs as the user who installed it, or $fix" \
+       "(docs/operating.md, \"Other users\")." >&2
   exit 126
 done
 EOF
@@ -88,6 +102,6 @@ if [ -n "$private" ]; then
   for d in $private; do
     echo "install.sh: warning: $d is mode $(stat -c '%a, owner %U' "$d"): other" \
          "users may not be able to run memosfs; the wrapper tells them so and what" \
-         "to do (mountscripts/README.md)" >&2
+         "to do (docs/operating.md, \"Other users\")" >&2
   done
 fi

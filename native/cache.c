@@ -146,6 +146,8 @@ struct memos_cache {
     unsigned     prefetch_open; /* 1: guarded prefetches may be victims (lock) */
     uint64_t     prefetch_passed; /* guarded entries the current walk passed over (lock) */
     uint64_t     prefetch_pages;  /* pages of the guarded entries (lock) */
+    int          draft_evicts;  /* 1: a draft's write may evict; 0: it is refused
+                                   instead (memos_set_draft_evicts) (lock) */
 };
 
 /* How long an allocation waits for other threads' evictions (write-backs to
@@ -171,12 +173,14 @@ static void     entry_destroy(memos_cache *c, memos_entry *e);
 static void     kill_entry(memos_cache *c, memos_entry *e, int in_index);
 static void     do_unpin(memos_cache *c, memos_entry *e);
 static int      held_by_others(memos_cache *c);
-static int      do_alloc(memos_cache *c, unsigned k, uint32_t gen, extent *out);
+static int      do_alloc(memos_cache *c, unsigned k, uint32_t gen, int may_evict,
+                         extent *out);
+static uint64_t do_room_pages(memos_cache *c);
 static int      do_evict_run(memos_cache *c, uint32_t gen, size_t *picked);
-static int      draft_reserve(memos_cache *c, memos_entry *d, uint64_t size);
+static int      draft_reserve(memos_cache *c, memos_entry *d, uint64_t size, int may_evict);
 static void     draft_shrink(memos_cache *c, memos_entry *d, uint64_t size);
 static int      draft_fill(memos_cache *c, memos_entry *d, uint64_t off,
-                           const void *src, size_t n, int set_size);
+                           const void *src, size_t n, int set_size, int may_evict);
 static void     entry_copy_in(memos_entry *e, uint64_t off, const void *src, size_t n);
 static void     entry_zero(memos_entry *e, uint64_t off, uint64_t n);
 static void     changes_free(memos_entry *e);
@@ -229,6 +233,7 @@ memos_cache *memos_cache_new(uint64_t capacity, unsigned evict_batch,
     pthread_cond_init(&c->evicted, NULL);
     c->all.all_next = c->all.all_prev = &c->all;
     c->evict_batch = evict_batch;
+    c->draft_evicts = 1;
     c->cb = cb;
     c->cb_ctx = cb_ctx;
     return c;
@@ -443,7 +448,7 @@ int memos_draft_new(memos_cache *c, memos_entry *base, memos_entry **out)
         *out = d;
         return MEMOS_OK;
     }
-    int rc = draft_reserve(c, d, base->size);
+    int rc = draft_reserve(c, d, base->size, c->draft_evicts);
     if (rc != MEMOS_OK) {
         c->st.drafts--;
         entry_destroy(c, d);
@@ -477,12 +482,42 @@ int memos_draft_write(memos_cache *c, memos_entry *d, uint64_t off,
         return MEMOS_OK;
     if (off > UINT64_MAX - n)
         return MEMOS_ETOOBIG;
-    return draft_fill(c, d, off, src, n, 0);
+    return draft_fill(c, d, off, src, n, 0, -1);
 }
 
 int memos_draft_truncate(memos_cache *c, memos_entry *d, uint64_t size)
 {
-    return draft_fill(c, d, size, NULL, 0, 1);
+    return draft_fill(c, d, size, NULL, 0, 1, -1);
+}
+
+void memos_set_draft_evicts(memos_cache *c, int on)
+{
+    lock(c);
+    c->draft_evicts = on != 0;
+    unlock(c);
+}
+
+int memos_draft_reserve(memos_cache *c, memos_entry *d, uint64_t size)
+{
+    lock(c);
+    if (!d->draft || d->busy || size < d->size) {
+        unlock(c);
+        return MEMOS_EINVAL;
+    }
+    uint64_t want = pages_for(size);
+    if (want > arena_page_limit(&c->ar)) {
+        unlock(c);
+        return MEMOS_ETOOBIG;
+    }
+    /* all or nothing: nothing is evicted for a draft the room cannot be
+     * made for whole */
+    if (want > d->pages && want - d->pages > do_room_pages(c)) {
+        c->st.alloc_failures++;
+        unlock(c);
+        return MEMOS_ENOMEM;
+    }
+    unlock(c);
+    return draft_fill(c, d, size, NULL, 0, 1, 1);
 }
 
 void memos_draft_free(memos_cache *c, memos_entry *d)
@@ -1012,9 +1047,39 @@ static int held_by_others(memos_cache *c)
     return 0;
 }
 
+/* Pages an allocation could have now: free ones (freed pages awaiting the
+ * sweep included) and those of every entry an eviction could take (no
+ * reader, no pin, not being evicted, not protected by its agent's quota).
+ * Lock held; O(entries), for the all-or-nothing reserve only. */
+typedef struct room_ctx {
+    memos_cache *c;             /* the cache (lock held) */
+    uint64_t     pages;         /* pages counted so far */
+} room_ctx;
+
+static void room_count(void *ctx, policy_node *n)
+{
+    room_ctx *r = ctx;
+    const memos_entry *e = entry_of_pnode(n);
+    if (e->refs || e->sticky || e->evicting)
+        return;
+    if (e->tenant) {
+        const tenant *t = &r->c->tenants[e->tenant - 1];
+        if (t->bytes <= t->quota)
+            return;
+    }
+    r->pages += e->pages;
+}
+
+static uint64_t do_room_pages(memos_cache *c)
+{
+    room_ctx r = { c, arena_pages_free(&c->ar) };
+    policy_foreach(&c->pol, room_count, &r);
+    return r.pages;
+}
+
 /* k pages (32 = a whole block), evicting until they fit.  Lock held; it is
  * dropped and retaken around eviction callbacks. */
-static int do_alloc(memos_cache *c, unsigned k, uint32_t gen, extent *out)
+static int do_alloc(memos_cache *c, unsigned k, uint32_t gen, int may_evict, extent *out)
 {
     unsigned waited_ms = 0;
     for (;;) {
@@ -1026,6 +1091,13 @@ static int do_alloc(memos_cache *c, unsigned k, uint32_t gen, extent *out)
         c->st.alloc_failures++;
         if (c->ar.last_injected)
             return MEMOS_ENOMEM;
+        if (!may_evict) {
+            /* a draft that may not evict (memos_set_draft_evicts): freed
+             * pages awaiting the sweep are all it may take */
+            if (arena_reclaim(&c->ar) == 0)
+                return MEMOS_ENOMEM;
+            continue;
+        }
         size_t picked = 0;
         do_evict_run(c, gen, &picked);
         /* No victim left: pages still awaiting the sweep are the last resort,
@@ -1126,7 +1198,7 @@ static int do_evict_run(memos_cache *c, uint32_t gen, size_t *picked)
 
 /* Grow draft d's pages to hold `size` bytes (lock held; may drop it to
  * evict).  On failure d holds exactly what it held before. */
-static int draft_reserve(memos_cache *c, memos_entry *d, uint64_t size)
+static int draft_reserve(memos_cache *c, memos_entry *d, uint64_t size, int may_evict)
 {
     uint64_t want = pages_for(size), had = d->pages;
     if (want <= had)
@@ -1163,7 +1235,7 @@ static int draft_reserve(memos_cache *c, memos_entry *d, uint64_t size)
             return MEMOS_ENOMEM;
         } else {
             extent x;
-            if ((rc = do_alloc(c, k, gen, &x)) != MEMOS_OK)
+            if ((rc = do_alloc(c, k, gen, may_evict, &x)) != MEMOS_OK)
                 return rc;
             d->ext[old_next - 1] = x;
             moved = 1;
@@ -1175,7 +1247,7 @@ static int draft_reserve(memos_cache *c, memos_entry *d, uint64_t size)
         uint64_t left = want - d->pages;
         unsigned k = left >= MEMOS_PAGES_PER_BLOCK ? MEMOS_PAGES_PER_BLOCK : (unsigned)left;
         extent x;
-        if ((rc = do_alloc(c, k, gen, &x)) != MEMOS_OK)
+        if ((rc = do_alloc(c, k, gen, may_evict, &x)) != MEMOS_OK)
             break;
         d->ext[d->next++] = x;
         d->pages += k;
@@ -1225,9 +1297,11 @@ static void draft_shrink(memos_cache *c, memos_entry *d, uint64_t size)
 /* Write n bytes of src at off (set_size == 0), or set the size to off
  * (set_size == 1), in the three phases described at the top. */
 static int draft_fill(memos_cache *c, memos_entry *d, uint64_t off,
-                      const void *src, size_t n, int set_size)
+                      const void *src, size_t n, int set_size, int may_evict)
 {
     lock(c);
+    if (may_evict < 0)
+        may_evict = c->draft_evicts;
     if (!d->draft || d->busy) {
         unlock(c);
         return MEMOS_EINVAL;
@@ -1240,7 +1314,7 @@ static int draft_fill(memos_cache *c, memos_entry *d, uint64_t off,
         unlock(c);
         return MEMOS_OK;
     }
-    int rc = draft_reserve(c, d, new_size);
+    int rc = draft_reserve(c, d, new_size, may_evict);
     if (rc != MEMOS_OK) {
         unlock(c);
         return rc;

@@ -167,6 +167,16 @@ int memos_draft_write(memos_cache *c, memos_entry *d, uint64_t off,
                       const void *src, size_t n);
 /* Set the draft's size (shrinking frees pages, growing zero-fills). */
 int memos_draft_truncate(memos_cache *c, memos_entry *d, uint64_t size);
+/* Whether a draft's writes, truncates and copies may evict to make room
+ * (default 1).  With 0 they return MEMOS_ENOMEM where they would evict (a
+ * tier whose evictions lose slots: nothing is evicted for a draft that may
+ * still be refused); memos_draft_reserve evicts all the same. */
+void memos_set_draft_evicts(memos_cache *c, int on);
+/* Grow draft d (zero-filled) to size, evicting what it must, all or
+ * nothing: MEMOS_ENOMEM, with nothing evicted, when even every evictable
+ * entry would not make room; MEMOS_ETOOBIG beyond the tier's capacity;
+ * MEMOS_EINVAL (not a draft, in use, size below its size). */
+int memos_draft_reserve(memos_cache *c, memos_entry *d, uint64_t size);
 /* Drop a draft that will not be published. */
 void memos_draft_free(memos_cache *c, memos_entry *d);
 /* Make draft d the live entry for key, replacing (and killing) any older one.

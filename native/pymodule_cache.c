@@ -404,6 +404,18 @@ static PyObject *Cache_tenant(CacheObject *self, PyObject *arg)
                          (unsigned long long)slots);
 }
 
+static PyObject *Cache_set_draft_evicts(CacheObject *self, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    if (cache_enter(self) < 0)
+        return NULL;
+    memos_set_draft_evicts(self->c, on);
+    cache_leave(self);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Cache_set_evict_batch(CacheObject *self, PyObject *arg)
 {
     long n = PyLong_AsLong(arg);
@@ -683,6 +695,9 @@ static PyMethodDef Cache_methods[] = {
       "versions, 3 other drafts or readers' pins, 0 none of them (try again now)" },
     { "set_capacity", (PyCFunction)Cache_set_capacity, METH_O, "set_capacity(n)" },
     { "set_evict_batch", (PyCFunction)Cache_set_evict_batch, METH_O, "set_evict_batch(n)" },
+    { "set_draft_evicts", (PyCFunction)Cache_set_draft_evicts, METH_O,
+      "set_draft_evicts(on): whether drafts' writes may evict (off: they are refused "
+      "where they would, and Draft.reserve makes the room of a whole version)" },
     { "set_quota", (PyCFunction)Cache_set_quota, METH_VARARGS,
       "set_quota(agent, bytes): protect the agent's slots up to bytes (0 = none)" },
     { "tenant", (PyCFunction)Cache_tenant, METH_O,

@@ -142,6 +142,28 @@ static PyObject *Draft_truncate(DraftObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *Draft_reserve(DraftObject *self, PyObject *arg)
+{
+    long long size = PyLong_AsLongLong(arg);
+    if (size == -1 && PyErr_Occurred())
+        return NULL;
+    if (draft_usable(self) < 0)
+        return NULL;
+    if (size < 0)
+        return memos_error(MEMOS_EINVAL, "size must be >= 0", NULL);
+    memos_cache *c = self->cache->c;
+    memos_entry *d = self->d;
+    int rc;
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = memos_draft_reserve(c, d, (uint64_t)size);
+    Py_END_ALLOW_THREADS
+    self->busy--;
+    if (rc != MEMOS_OK)
+        return memos_error(rc, "draft reserve", NULL);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Draft_free(DraftObject *self, PyObject *noarg)
 {
     if (self->busy)
@@ -176,6 +198,9 @@ static PyMethodDef Draft_methods[] = {
       "crc32c(off=0, n=-1) -> int: CRC-32C of bytes [off, off+n) (n < 0: to the end)" },
     { "truncate", (PyCFunction)Draft_truncate, METH_O, "truncate(size)" },
     { "free", (PyCFunction)Draft_free, METH_NOARGS, "free(): abort the draft" },
+    { "reserve", (PyCFunction)Draft_reserve, METH_O,
+      "reserve(size): grow to size (zeros), evicting what it must, all or nothing: "
+      "OSError(ENOSPC), nothing evicted, when the room cannot be made" },
     { "changes", (PyCFunction)Draft_changes, METH_NOARGS,
       "changes() -> None | (base_version, base_size, cut, runs): this draft is version "
       "base_version's bytes [0, cut), zeros to its size, then its own bytes at each run "

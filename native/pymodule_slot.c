@@ -1,7 +1,7 @@
 /*
  * pymodule_slot.c — memosfs._native.SlotMachine, the slot state machine
  * (slot.c) for Python.  Inodes, names, processes and versions are ints;
- * times are CLOCK_MONOTONIC nanoseconds; effects are SLOT_FX_* bitmasks.
+ * times are CLOCK_REALTIME nanoseconds (drafts' mtimes come from them); effects are SLOT_FX_* bitmasks.
  *
  * Owns.  The SlotMachine type: one slot_table per object, and the methods
  * that map each memos_slot_* call and its results to Python values; the
@@ -16,6 +16,8 @@
  * May call.  The memos_slot_* API (slot.h) only.
  */
 #include "pymodule.h"
+
+#include <time.h>
 
 #include "slot.h"
 
@@ -108,11 +110,11 @@ static PyObject *sm_lookup(SlotMachineObject *self, PyObject *args)
 static PyObject *sm_open_plan(SlotMachineObject *self, PyObject *args)
 {
     unsigned long long ino;
-    memos_open_req rq;
+    memos_open_req rq = { 0 };
     long long now;
     memos_open_plan p;
-    if (!PyArg_ParseTuple(args, "KIIppppL", &ino, &rq.tgid, &rq.pid, &rq.write, &rq.trunc,
-                          &rq.retry, &rq.waited, &now))
+    if (!PyArg_ParseTuple(args, "KIIppppL|p", &ino, &rq.tgid, &rq.pid, &rq.write, &rq.trunc,
+                          &rq.retry, &rq.waited, &now, &rq.locked))
         return NULL;
     RC(memos_slot_open_plan(self->t, ino, &rq, now, &p), "open_plan");
     return Py_BuildValue("iKKKI", (int)p.action, (unsigned long long)p.inode,
@@ -125,7 +127,7 @@ static PyObject *sm_attach_reader(SlotMachineObject *self, PyObject *args)
     int around;
     long long now;
     unsigned fx;
-    if (!PyArg_ParseTuple(args, "KKpL", &ino, &version, &around, &now))
+    if (!PyArg_ParseTuple(args, "KKiL", &ino, &version, &around, &now))
         return NULL;
     RC(memos_slot_attach_reader(self->t, ino, version, around, now, &fx), "attach_reader");
     return PyLong_FromUnsignedLong(fx);
@@ -221,9 +223,192 @@ static PyObject *sm_truncated(SlotMachineObject *self, PyObject *args)
         Py_RETURN_NONE; \
     }
 
-INO_METHOD(sm_refused, memos_slot_refused)
+INO_METHOD(sm_refusal_told, memos_slot_refusal_told)
 INO_METHOD(sm_push_done, memos_slot_push_done)
 INO_METHOD(sm_pages_dropped, memos_slot_pages_dropped)
+INO_METHOD(sm_pages_stale, memos_slot_pages_stale)
+INO_METHOD(sm_discarded, memos_slot_discarded)
+
+static PyObject *sm_refused(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino, start = 0, end = UINT64_MAX;
+    int code = 5;                       /* EIO: no cause given */
+    if (!PyArg_ParseTuple(args, "K|KKi", &ino, &start, &end, &code))
+        return NULL;
+    RC(memos_slot_refused(self->t, ino, start, end, code), "refused");
+    Py_RETURN_NONE;
+}
+
+static PyObject *sm_draft_made(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino, size;
+    int kind;
+    if (!PyArg_ParseTuple(args, "KiK", &ino, &kind, &size))
+        return NULL;
+    RC(memos_slot_draft_made(self->t, ino, (enum memos_draft_kind)kind, size), "draft_made");
+    Py_RETURN_NONE;
+}
+
+static PyObject *sm_changed(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino, size;
+    long long mtime;
+    if (!PyArg_ParseTuple(args, "KKL", &ino, &size, &mtime))
+        return NULL;
+    RC(memos_slot_changed(self->t, ino, size, mtime), "changed");
+    Py_RETURN_NONE;
+}
+
+static PyObject *sm_draft_mtime(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    long long mtime;
+    if (!PyArg_ParseTuple(args, "KL", &ino, &mtime))
+        return NULL;
+    RC(memos_slot_draft_mtime(self->t, ino, mtime), "draft_mtime");
+    Py_RETURN_NONE;
+}
+
+static PyObject *sm_pending_pop(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    unsigned pid;
+    if (!PyArg_ParseTuple(args, "KI", &ino, &pid))
+        return NULL;
+    RC(memos_slot_pending_pop(self->t, ino, pid), "pending_pop");
+    Py_RETURN_NONE;
+}
+
+static PyObject *sm_is_pending(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    unsigned pid;
+    if (!PyArg_ParseTuple(args, "KI", &ino, &pid))
+        return NULL;
+    int rc = memos_slot_is_pending(self->t, ino, pid);
+    RC(rc, "is_pending");
+    return PyBool_FromLong(rc);
+}
+
+static PyObject *sm_is_writer(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    unsigned tgid;
+    if (!PyArg_ParseTuple(args, "KI", &ino, &tgid))
+        return NULL;
+    int rc = memos_slot_is_writer(self->t, ino, tgid);
+    if (rc < 0)
+        Py_RETURN_FALSE;                /* (no such inode: no writer of it) */
+    return PyBool_FromLong(rc);
+}
+
+static PyObject *sm_private_of_tgid(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    unsigned tgid;
+    if (!PyArg_ParseTuple(args, "KI", &ino, &tgid))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(memos_slot_private_of_tgid(self->t, ino, tgid));
+}
+
+static PyObject *sm_view(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    long long now;
+    uint64_t view;
+    if (!PyArg_ParseTuple(args, "KL", &ino, &now))
+        return NULL;
+    RC(memos_slot_view(self->t, ino, now, &view), "view");
+    return PyLong_FromUnsignedLongLong(view);
+}
+
+static PyObject *sm_backing_attach(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long ino;
+    int backing;
+    if (!PyArg_ParseTuple(args, "Ki", &ino, &backing))
+        return NULL;
+    RC(memos_slot_backing_attach(self->t, ino, backing), "backing_attach");
+    Py_RETURN_NONE;
+}
+
+static PyObject *sm_backing_detach(SlotMachineObject *self, PyObject *arg)
+{
+    unsigned long long ino = PyLong_AsUnsignedLongLong(arg);
+    int32_t backing;
+    int last;
+    if (PyErr_Occurred())
+        return NULL;
+    RC(memos_slot_backing_detach(self->t, ino, &backing, &last), "backing_detach");
+    return Py_BuildValue("iO", (int)backing, last ? Py_True : Py_False);
+}
+
+static PyObject *sm_new_ino(SlotMachineObject *self, PyObject *noarg)
+{
+    return PyLong_FromUnsignedLongLong(memos_slot_new_ino(self->t));
+}
+
+static PyObject *sm_take_freed(SlotMachineObject *self, PyObject *noarg)
+{
+    uint64_t buf[256];
+    PyObject *out = PyList_New(0);
+    if (!out)
+        return NULL;
+    size_t n;
+    while ((n = memos_slot_take_freed(self->t, buf, 256)) > 0) {
+        for (size_t i = 0; i < n; i++) {
+            PyObject *v = PyLong_FromUnsignedLongLong(buf[i]);
+            if (!v || PyList_Append(out, v) < 0) {
+                Py_XDECREF(v);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(v);
+        }
+    }
+    return out;
+}
+
+static PyObject *sm_set_writeback(SlotMachineObject *self, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    memos_slot_set_writeback(self->t, on);
+    Py_RETURN_NONE;
+}
+
+/* field(ino, f) -> int: one number of the inode (SLOT_F_*); KeyError when
+ * there is no such inode.  METH_FASTCALL: the handlers' every read. */
+static PyObject *sm_field(SlotMachineObject *self, PyObject *const *args, Py_ssize_t n)
+{
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "field(ino, f)");
+        return NULL;
+    }
+    unsigned long long ino = PyLong_AsUnsignedLongLong(args[0]);
+    long f = PyLong_AsLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int found;
+    int64_t v = memos_slot_field(self->t, ino, (enum memos_slot_field)f,
+                                 (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec, &found);
+    if (!found) {
+        PyErr_Format(PyExc_KeyError, "inode %llu", ino);
+        return NULL;
+    }
+    return PyLong_FromLongLong(v);
+}
+
+static PyObject *sm_holder(SlotMachineObject *self, PyObject *arg)
+{
+    unsigned long long name = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromUnsignedLongLong(memos_slot_holder(self->t, name));
+}
 
 static PyObject *sm_publish_plan(SlotMachineObject *self, PyObject *args)
 {
@@ -299,6 +484,17 @@ static PyObject *sm_writer_gone(SlotMachineObject *self, PyObject *args)
 NAME_METHOD(sm_unlink, memos_slot_unlink)
 NAME_METHOD(sm_drop, memos_slot_drop)
 
+static PyObject *sm_remove(SlotMachineObject *self, PyObject *args)
+{
+    unsigned long long name;
+    int why;
+    unsigned fx;
+    if (!PyArg_ParseTuple(args, "Ki", &name, &why))
+        return NULL;
+    RC(memos_slot_remove(self->t, name, (enum memos_slot_gone)why, &fx), "remove");
+    return PyLong_FromUnsignedLong(fx);
+}
+
 static PyObject *sm_rename(SlotMachineObject *self, PyObject *args)
 {
     unsigned long long from, to;
@@ -337,7 +533,7 @@ static PyObject *sm_stat(SlotMachineObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "KIL", &ino, &tgid, &now))
         return NULL;
     RC(memos_slot_stat(self->t, ino, tgid, now, &in), "stat");
-    return Py_BuildValue(
+    PyObject *d = Py_BuildValue(
         "{sssssKsKsKsKsKsLsOsOsIsIsOsOsLsK}",
         "state", memos_slot_state_name(in.state), "gone", memos_slot_gone_name(in.gone),
         "version", (unsigned long long)in.version, "size", (unsigned long long)in.size,
@@ -349,6 +545,30 @@ static PyObject *sm_stat(SlotMachineObject *self, PyObject *args)
         "write_failed", in.write_failed ? Py_True : Py_False,
         "cache_version", (long long)in.cache_version,
         "successor", (unsigned long long)in.successor);
+    if (!d)
+        return NULL;
+    PyObject *more = Py_BuildValue(
+        "{sssOsOsisOsOsisOsKsOsKsKsKsKsKsLsLsisI}",
+        "kind", memos_slot_kind_name(in.kind), "has_base", in.has_base ? Py_True : Py_False,
+        "trunc_only", in.trunc_only ? Py_True : Py_False, "refused_code", in.refused_code,
+        "refused_told", in.refused_told ? Py_True : Py_False,
+        "pending", in.pending ? Py_True : Py_False, "pushing", (int)in.pushing,
+        "trusted", in.trusted ? Py_True : Py_False,
+        "pages_version", (unsigned long long)in.pages_version,
+        "privates", in.privates ? Py_True : Py_False,
+        "private_of", (unsigned long long)in.private_of,
+        "view_of", (unsigned long long)in.view_of,
+        "replaced_by", (unsigned long long)in.replaced_by,
+        "name", (unsigned long long)in.name, "pubs", (unsigned long long)in.pubs,
+        "lookups", (long long)in.lookups, "handles", (long long)in.handles,
+        "backing", (int)in.backing, "backing_opens", in.backing_opens);
+    if (!more || PyDict_Update(d, more) < 0) {
+        Py_XDECREF(more);
+        Py_DECREF(d);
+        return NULL;
+    }
+    Py_DECREF(more);
+    return d;
 }
 
 static PyObject *sm_check(SlotMachineObject *self, PyObject *args)
@@ -395,7 +615,40 @@ static PyMethodDef sm_methods[] = {
      "write_plan(ino, off, append) -> (at, fx): where a write lands (pure)"},
     {"wrote", (PyCFunction)sm_wrote, METH_VARARGS, "wrote(ino, at, n, now)"},
     {"truncated", (PyCFunction)sm_truncated, METH_VARARGS, "truncated(ino, size, now)"},
-    {"refused", (PyCFunction)sm_refused, METH_O, "refused(ino): a change was refused"},
+    {"refused", (PyCFunction)sm_refused, METH_VARARGS,
+     "refused(ino, start=0, end=2**64-1, code=EIO): a write of [start, end) was refused"},
+    {"refusal_told", (PyCFunction)sm_refusal_told, METH_O,
+     "refusal_told(ino): the refused publish was logged"},
+    {"draft_made", (PyCFunction)sm_draft_made, METH_VARARGS,
+     "draft_made(ino, kind, size): the draft's bytes are held by a SLOT_DRAFT_* kind now"},
+    {"changed", (PyCFunction)sm_changed, METH_VARARGS,
+     "changed(ino, size, mtime): the draft changed without a write request"},
+    {"draft_mtime", (PyCFunction)sm_draft_mtime, METH_VARARGS,
+     "draft_mtime(ino, mtime): the mtime the draft's publish will carry"},
+    {"pending_pop", (PyCFunction)sm_pending_pop, METH_VARARGS,
+     "pending_pop(ino, pid): a writer marked on its way gave up"},
+    {"is_pending", (PyCFunction)sm_is_pending, METH_VARARGS,
+     "is_pending(ino, pid) -> bool"},
+    {"is_writer", (PyCFunction)sm_is_writer, METH_VARARGS,
+     "is_writer(ino, tgid) -> bool: tgid has a write handle on the inode"},
+    {"private_of_tgid", (PyCFunction)sm_private_of_tgid, METH_VARARGS,
+     "private_of_tgid(ino, tgid) -> ino or 0: tgid's own draft of the inode"},
+    {"view", (PyCFunction)sm_view, METH_VARARGS,
+     "view(ino, now) -> view_ino: a readers' view of the slot ino holds the name for"},
+    {"backing_attach", (PyCFunction)sm_backing_attach, METH_VARARGS,
+     "backing_attach(ino, backing_id): a passthrough handle on the inode"},
+    {"backing_detach", (PyCFunction)sm_backing_detach, METH_O,
+     "backing_detach(ino) -> (backing_id, last)"},
+    {"new_ino", (PyCFunction)sm_new_ino, METH_NOARGS,
+     "new_ino() -> ino: a number for a node that is no slot"},
+    {"take_freed", (PyCFunction)sm_take_freed, METH_NOARGS,
+     "take_freed() -> [ino]: the inodes forgotten since the last call"},
+    {"set_writeback", (PyCFunction)sm_set_writeback, METH_O,
+     "set_writeback(on): the kernel's writeback cache is on"},
+    {"field", (PyCFunction)(void (*)(void))sm_field, METH_FASTCALL,
+     "field(ino, f) -> int: one SLOT_F_* number of the inode (KeyError: none)"},
+    {"holder", (PyCFunction)sm_holder, METH_O,
+     "holder(name) -> ino or 0: the inode that holds the name"},
     {"publish_plan", (PyCFunction)sm_publish_plan, METH_VARARGS,
      "publish_plan(ino, opener, closer) -> (action, target); closer 0: fsync or last release"},
     {"published", (PyCFunction)sm_published, METH_VARARGS,
@@ -408,12 +661,18 @@ static PyMethodDef sm_methods[] = {
      "writer_gone(ino, tgid, now) -> fx"},
     {"unlink", (PyCFunction)sm_unlink, METH_O, "unlink(name) -> fx"},
     {"rename", (PyCFunction)sm_rename, METH_VARARGS, "rename(from, to) -> fx"},
+    {"remove", (PyCFunction)sm_remove, METH_VARARGS,
+     "remove(name, why) -> fx: unlink for a reason (SLOT_GONE_UNLINK, SLOT_GONE_RMDIR)"},
     {"drop", (PyCFunction)sm_drop, METH_O, "drop(name) -> fx: no tier holds it now"},
     {"push_claim", (PyCFunction)sm_push_claim, METH_VARARGS,
      "push_claim(ino, version) -> bool: whether the pages must be dropped first"},
     {"own_cache", (PyCFunction)sm_own_cache, METH_VARARGS, "own_cache(ino, version)"},
     {"push_done", (PyCFunction)sm_push_done, METH_O, "push_done(ino)"},
     {"pages_dropped", (PyCFunction)sm_pages_dropped, METH_O, "pages_dropped(ino)"},
+    {"discarded", (PyCFunction)sm_discarded, METH_O,
+     "discarded(ino): the writers' changes went with a name that is gone"},
+    {"pages_stale", (PyCFunction)sm_pages_stale, METH_O,
+     "pages_stale(ino): the kernel's pages hold no version's bytes"},
     {"stat", (PyCFunction)sm_stat, METH_VARARGS,
      "stat(ino, tgid, now) -> dict: what tgid sees of the inode"},
     {"check", (PyCFunction)sm_check, METH_VARARGS,
@@ -455,6 +714,23 @@ int pym_slot_register(PyObject *m)
         {"SLOT_PUBLISH_NOTHING", SLOT_PUBLISH_NOTHING},
         {"SLOT_PUBLISH_REFUSED", SLOT_PUBLISH_REFUSED}, {"SLOT_PUBLISH_DO", SLOT_PUBLISH_DO},
         {"SLOT_RETRY_NS", (long)SLOT_RETRY_NS},
+        {"SLOT_DRAFT_NONE", SLOT_DRAFT_NONE}, {"SLOT_DRAFT_ARENA", SLOT_DRAFT_ARENA},
+        {"SLOT_DRAFT_SPILL", SLOT_DRAFT_SPILL}, {"SLOT_DRAFT_OVERLAY", SLOT_DRAFT_OVERLAY},
+        {"SLOT_DRAFT_FILE", SLOT_DRAFT_FILE},
+        {"SLOT_CREATED", SLOT_CREATED}, {"SLOT_PUBLISHED", SLOT_PUBLISHED},
+        {"SLOT_WRITING", SLOT_WRITING}, {"SLOT_SUPERSEDED", SLOT_SUPERSEDED},
+        {"SLOT_PRIVATE", SLOT_PRIVATE}, {"SLOT_GONE", SLOT_GONE}, {"SLOT_VIEW", SLOT_VIEW},
+        {"SLOT_GONE_NOT", SLOT_GONE_NOT}, {"SLOT_GONE_UNPUBLISHED", SLOT_GONE_UNPUBLISHED},
+        {"SLOT_GONE_UNLINK", SLOT_GONE_UNLINK}, {"SLOT_GONE_REPLACED", SLOT_GONE_REPLACED},
+        {"SLOT_GONE_EVICTED", SLOT_GONE_EVICTED}, {"SLOT_GONE_RMDIR", SLOT_GONE_RMDIR},
+#define F(x) {"SLOT_F_" #x, SLOT_F_##x}
+        F(STATE), F(GONE), F(VERSION), F(PUB_SIZE), F(STORED), F(READERS), F(WRITERS),
+        F(PUSHING), F(CHANGED), F(KIND), F(HAS_BASE), F(TRUNC_ONLY), F(REFUSED),
+        F(REFUSED_CODE), F(REFUSED_TOLD), F(CACHE_VERSION), F(TRUSTED), F(PAGES_VERSION),
+        F(SUCCESSOR), F(REPLACED_BY), F(PRIVATE_OF), F(VIEW_OF), F(PRIVATES), F(LOOKUPS),
+        F(HANDLES), F(PUBS), F(BACKING), F(BACKING_OPENS), F(DRAFT_SIZE), F(DRAFT_MTIME),
+        F(NAME), F(PENDING), F(LATEST), F(HOLDS_NAME), F(NAME_HOLDER),
+#undef F
     };
     if (PyType_Ready(&SlotMachineType) < 0)
         return -1;

@@ -85,18 +85,28 @@ struct slot_pages {
     uint32_t cap_pending;   /* allocated entries of pending */
 };
 
+/* A byte range of a draft whose write was refused: [start, end). */
+typedef struct slot_span {
+    uint64_t start;         /* first byte (offset) */
+    uint64_t end;           /* one past the last byte (offset) */
+} slot_span;
+
 /* The writers' shared draft (table lock); the bytes are the caller's. */
 struct slot_draft {
     uint32_t   writers;     /* write handles (count) */
     slot_tgid *tgids;       /* the processes that opened them (array) */
     uint32_t   ntgids;      /* used entries of tgids */
     uint32_t   cap_tgids;   /* allocated entries of tgids */
-    int        has_draft;   /* a draft exists (0/1) */
+    enum memos_draft_kind kind; /* what holds the draft's bytes (NONE: no draft) */
     int        has_base;    /* the version the draft will start from is pinned (0/1) */
     uint64_t   size;        /* bytes of the draft, or of the base (when either is held) */
     int        changed;     /* unpublished changes (0/1) */
-    int        write_failed;/* a change was refused since the last publish (0/1) */
+    int        trunc_only;  /* as an O_TRUNC open left it: nothing written since (0/1) */
     int64_t    mtime_ns;    /* the mtime the writers see (ns since the epoch) */
+    slot_span  refused[SLOT_REFUSALS_MAX]; /* refused ranges, sorted, disjoint */
+    uint32_t   nrefused;    /* used entries of refused (0: the draft may publish) */
+    int        refused_code;/* errno of the first refusal left (0: none) */
+    int        refused_told;/* its refused publish was logged (0/1) */
 };
 
 typedef struct memos_slot {
@@ -117,6 +127,10 @@ typedef struct memos_slot {
     struct memos_slot *privates;    /* PRIVATE inodes for this inode (list head) */
     struct memos_slot *next_private;/* PRIVATE: next in its owner's list */
     uint32_t private_tgid;          /* PRIVATE: the process whose draft it is */
+    struct memos_slot *view_of;     /* VIEW: the inode whose writers' file keeps readers off */
+    uint64_t pubs;                  /* publishes on this inode (count) */
+    int32_t  backing;               /* passthrough backing id its open files use (0: none) */
+    uint32_t backing_opens;         /* passthrough handles on it (count) */
     struct slot_draft d;            /* the writers' draft */
     struct slot_pages p;            /* the kernel's page cache */
 } memos_slot;
@@ -135,6 +149,10 @@ struct slot_table {
     slot_map names;         /* name -> the inode that holds it */
     uint64_t next_ino;      /* the next inode number handed out */
     uint64_t fail_after;    /* allocations until an injected failure (0: none) */
+    uint64_t *freed;        /* inodes forgotten since memos_slot_take_freed (array) */
+    size_t   nfreed;        /* used entries of freed */
+    size_t   cap_freed;     /* allocated entries of freed */
+    int      wb;            /* the kernel's writeback cache is on (memos_slot_set_writeback) */
 };
 
 /* ---- private prototypes ---- */
@@ -164,8 +182,12 @@ static void pending_pop(memos_slot *s, uint32_t pid);
 static int  pending_merge(slot_table *t, memos_slot *to, const memos_slot *from);
 static uint64_t draft_size(const memos_slot *s);
 static int  do_published(slot_table *t, memos_slot *node, uint64_t version, uint64_t size,
-                         uint64_t stored, int64_t mtime_ns, int64_t now_ns,
+                         uint64_t stored, int64_t mtime_ns, int64_t now_ns, int fresh,
                          memos_slot **holder, unsigned *fx);
+static void refusals_clear(memos_slot *s);
+static void refusals_note(memos_slot *s, uint64_t start, uint64_t end, int code);
+static void refusals_written(memos_slot *s, uint64_t start, uint64_t end);
+static void refusals_cut(memos_slot *s, uint64_t size);
 static void link_to(memos_slot **field, memos_slot *to);
 static void unlink_from(slot_table *t, memos_slot **field);
 
@@ -192,6 +214,7 @@ void memos_slot_table_free(slot_table *t)
     free(t->inos.vals);
     free(t->names.keys);
     free(t->names.vals);
+    free(t->freed);
     free(t);
 }
 
@@ -205,6 +228,24 @@ uint64_t memos_slot_fail_after(slot_table *t, uint64_t n)
     uint64_t left = t->fail_after;
     t->fail_after = n;
     return left;
+}
+
+uint64_t memos_slot_new_ino(slot_table *t)
+{
+    return t->next_ino++;
+}
+
+size_t memos_slot_take_freed(slot_table *t, uint64_t *out, size_t max)
+{
+    size_t n = t->nfreed < max ? t->nfreed : max;
+    memcpy(out, t->freed + (t->nfreed - n), n * sizeof *out);
+    t->nfreed -= n;
+    return n;
+}
+
+void memos_slot_set_writeback(slot_table *t, int on)
+{
+    t->wb = on != 0;
 }
 
 /* ---- API: lifecycle ---- */
@@ -304,7 +345,14 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
     if (!in || in->state == SLOT_PRIVATE)
         return SLOT_ENOENT;
     int w = rq->write, tr = rq->trunc;
-    if (rq->retry && !rq->waited && (in->p.readers || in->p.pushing)) {
+    /* a draft of its own is no option under the writeback cache (the
+     * kernel truncates the inode's pages for an O_TRUNC open) nor beside a
+     * writers' file (the one backing file the inode may have): such a
+     * writer shares the inode's draft and truncates it */
+    int own = !t->wb && in->d.kind != SLOT_DRAFT_FILE;
+#define PRIVATE_OR_SHARE() do { if (own) PLAN(SLOT_OPEN_PRIVATE, in->ino, SLOT_FX_DIRECT_IO); \
+                                PLAN(SLOT_OPEN_WRITE, in->ino, SLOT_FX_TRUNC_DRAFT); } while (0)
+    if (rq->retry && !rq->waited && !rq->locked && (in->p.readers || in->p.pushing)) {
         /* the kernel's one retry found an inode that page-cache readers hold
          * (the name moved on again): a second ESTALE would reach the
          * application, so wait for them, pending here meanwhile */
@@ -327,7 +375,7 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
             PLAN(SLOT_OPEN_ENOENT, in->ino, 0);
         if (node->p.readers || node->p.pushing || in->p.readers || in->p.pushing) {
             if (rq->retry && !in->p.readers)
-                PLAN(SLOT_OPEN_PRIVATE, in->ino, SLOT_FX_DIRECT_IO);
+                PRIVATE_OR_SHARE();
             memos_slot *h = node->gone == SLOT_GONE_REPLACED ? slot_name_holder(t, node) : NULL;
             out->target = (h ? h : node)->ino;
             PLAN(SLOT_OPEN_SEND_BACK, in->ino, 0);
@@ -335,14 +383,14 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
         /* as if the open came first: its bytes go with the inode it found;
          * a second whole-slot writer there gets a draft of its own */
         if (in->d.writers && tr && !slot_has_tgid(in, rq->tgid))
-            PLAN(SLOT_OPEN_PRIVATE, in->ino, SLOT_FX_DIRECT_IO);
+            PRIVATE_OR_SHARE();
         PLAN(SLOT_OPEN_WRITE, in->ino, SLOT_FX_TRUNC_DRAFT);
     }
     if (!node->version && !slot_has_tgid(node, rq->tgid) && (!w || !node->d.writers))
         PLAN(SLOT_OPEN_ENOENT, in->ino, 0);                  /* not published yet */
     int busy = node->p.pushing || in->p.pushing
-        || (tr && pending_has(node, rq->pid) && node->d.writers)
-        || (tr && node != in && (in->d.writers || in->p.readers));
+        || (!rq->locked && tr && pending_has(node, rq->pid) && node->d.writers)
+        || (!rq->locked && tr && node != in && (in->d.writers || in->p.readers));
     if (w && !rq->waited && busy)
         PLAN(SLOT_OPEN_WAIT, in->ino, 0);
     if (node != in) {
@@ -352,7 +400,7 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
             if (tr && !(in->p.readers || in->p.pushing || in->d.writers))
                 PLAN(SLOT_OPEN_WRITE, in->ino, SLOT_FX_TRUNC_DRAFT);
             if (rq->retry && !in->p.readers)
-                PLAN(SLOT_OPEN_PRIVATE, in->ino, SLOT_FX_DIRECT_IO);
+                PRIVATE_OR_SHARE();
             out->target = node->ino;
             PLAN(SLOT_OPEN_SEND_BACK, in->ino, 0);
         }
@@ -366,13 +414,13 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
         /* page-cache readers keep this inode, or another whole-slot writer
          * is in: the writer goes to a fresh inode (ESTALE, the kernel retries) */
         if (rq->retry && !in->p.readers)
-            PLAN(SLOT_OPEN_PRIVATE, in->ino, SLOT_FX_DIRECT_IO);
+            PRIVATE_OR_SHARE();
         out->target = node->ino;
         PLAN(SLOT_OPEN_SEND_BACK, in->ino, 0);
     }
     if (w) {
         unsigned fx = tr ? SLOT_FX_TRUNC_DRAFT
-            : (node->version && !node->d.has_draft && !node->d.has_base) ? SLOT_FX_NEED_BASE : 0;
+            : (node->version && !node->d.kind && !node->d.has_base) ? SLOT_FX_NEED_BASE : 0;
         PLAN(SLOT_OPEN_WRITE, node->ino, fx);
     }
     out->target = node->ino;
@@ -380,6 +428,7 @@ int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_r
     PLAN(SLOT_OPEN_READ, node->ino, 0);
 }
 
+#undef PRIVATE_OR_SHARE
 #undef PLAN
 
 int memos_slot_attach_reader(slot_table *t, uint64_t inode, uint64_t version, int around,
@@ -391,6 +440,10 @@ int memos_slot_attach_reader(slot_table *t, uint64_t inode, uint64_t version, in
         return SLOT_ENOENT;
     s->handles++;
     pending_prune(s, now_ns);
+    if (around == 2) {                  /* passthrough: its own backing file */
+        s->p.readers++;
+        return SLOT_OK;
+    }
     if (s->d.writers || s->p.npending || around) {
         *fx = SLOT_FX_DIRECT_IO;        /* the writers' draft lives in these pages */
         return SLOT_OK;
@@ -415,13 +468,15 @@ int memos_slot_attach_writer(slot_table *t, uint64_t inode, uint32_t tgid, uint3
         if (s->d.has_base)
             *fx |= SLOT_FX_FREE_DRAFT;
         s->d.has_base = 0;
-        s->d.has_draft = 1;
+        if (!s->d.kind)
+            s->d.kind = SLOT_DRAFT_ARENA;
         s->d.size = 0;
-        s->d.write_failed = 0;          /* a whole new version */
+        refusals_clear(s);              /* a whole new version */
         s->d.changed = 1;
+        s->d.trunc_only = 1;            /* (until a write: the shell's `>`) */
         s->d.mtime_ns = now_ns;
         *fx |= SLOT_FX_TRUNC_DRAFT;
-    } else if (s->version && !s->d.has_draft && !s->d.has_base) {
+    } else if (s->version && !s->d.kind && !s->d.has_base) {
         s->d.has_base = 1;              /* the caller pins the published version */
         s->d.size = s->pub_size;
         *fx |= SLOT_FX_NEED_BASE;
@@ -493,6 +548,91 @@ int memos_slot_wait_mark(slot_table *t, uint64_t inode, uint32_t pid, int64_t no
     return pending_set(t, s, pid, now_ns + SLOT_RETRY_NS) < 0 ? SLOT_ENOMEM : SLOT_OK;
 }
 
+int memos_slot_pending_pop(slot_table *t, uint64_t inode, uint32_t pid)
+{
+    memos_slot *s = map_get(&t->inos, inode);
+    if (!s)
+        return SLOT_ENOENT;
+    pending_pop(s, pid);
+    return SLOT_OK;
+}
+
+int memos_slot_is_pending(const slot_table *t, uint64_t inode, uint32_t pid)
+{
+    memos_slot *s = map_get(&t->inos, inode);
+    if (!s)
+        return SLOT_ENOENT;
+    return pending_has(s, pid);
+}
+
+int memos_slot_is_writer(const slot_table *t, uint64_t ino, uint32_t tgid)
+{
+    memos_slot *s = map_get(&t->inos, ino);
+    if (!s)
+        return SLOT_ENOENT;
+    return slot_has_tgid(s, tgid);
+}
+
+uint64_t memos_slot_private_of_tgid(const slot_table *t, uint64_t ino, uint32_t tgid)
+{
+    memos_slot *s = map_get(&t->inos, ino);
+    if (!s)
+        return 0;
+    for (memos_slot *p = s->privates; p; p = p->next_private)
+        if (p->private_tgid == tgid && p->d.writers)
+            return p->ino;
+    return 0;
+}
+
+int memos_slot_view(slot_table *t, uint64_t ino, int64_t now_ns, uint64_t *view)
+{
+    memos_slot *s = map_get(&t->inos, ino);
+    (void)now_ns;
+    if (!s)
+        return SLOT_ENOENT;
+    memos_slot *v = slot_alloc(t, s->name);
+    if (!v)
+        return SLOT_ENOMEM;
+    v->state = SLOT_VIEW;
+    v->version = s->version;
+    v->pub_size = s->pub_size;
+    v->stored = s->stored;
+    v->mtime_ns = s->mtime_ns;
+    link_to(&v->successor, s);          /* it reads the name's version */
+    link_to(&v->view_of, s);
+    *view = v->ino;
+    return SLOT_OK;
+}
+
+int memos_slot_backing_attach(slot_table *t, uint64_t ino, int32_t backing)
+{
+    memos_slot *s = map_get(&t->inos, ino);
+    if (!s)
+        return SLOT_ENOENT;
+    if (backing <= 0 || (s->backing && s->backing != backing))
+        return SLOT_EINVAL;             /* one backing file per inode (the kernel's rule) */
+    s->backing = backing;
+    s->backing_opens++;
+    return SLOT_OK;
+}
+
+int memos_slot_backing_detach(slot_table *t, uint64_t ino, int32_t *backing, int *last)
+{
+    memos_slot *s = map_get(&t->inos, ino);
+    *last = 0;
+    *backing = 0;
+    if (!s)
+        return SLOT_ENOENT;
+    if (!s->backing_opens)
+        return SLOT_EINVAL;
+    *backing = s->backing;
+    if (--s->backing_opens == 0) {
+        s->backing = 0;
+        *last = 1;
+    }
+    return SLOT_OK;
+}
+
 /* ---- API: writing ---- */
 
 int memos_slot_write_plan(const slot_table *t, uint64_t ino, uint64_t off, int append,
@@ -504,7 +644,7 @@ int memos_slot_write_plan(const slot_table *t, uint64_t ino, uint64_t off, int a
         return SLOT_ENOENT;
     if (!s->d.writers)
         return SLOT_EINVAL;
-    if (!s->d.has_draft)
+    if (!s->d.kind)
         *fx |= SLOT_FX_MAKE_DRAFT;
     uint64_t end = draft_size(s);
     *at = off;
@@ -525,11 +665,14 @@ int memos_slot_wrote(slot_table *t, uint64_t ino, uint64_t at, uint64_t n, int64
     if (!s->d.writers)
         return SLOT_EINVAL;
     uint64_t size = draft_size(s);
-    s->d.has_draft = 1;
+    if (!s->d.kind)
+        s->d.kind = SLOT_DRAFT_ARENA;
     s->d.has_base = 0;
     s->d.size = at + n > size ? at + n : size;
     s->d.changed = 1;
+    s->d.trunc_only = 0;
     s->d.mtime_ns = now_ns;
+    refusals_written(s, at, at + n);    /* what was refused there is written now */
     return SLOT_OK;
 }
 
@@ -540,25 +683,77 @@ int memos_slot_truncated(slot_table *t, uint64_t ino, uint64_t size, int64_t now
         return SLOT_ENOENT;
     if (!s->d.writers)
         return SLOT_EINVAL;
-    s->d.has_draft = 1;
+    if (!s->d.kind)
+        s->d.kind = SLOT_DRAFT_ARENA;
     s->d.has_base = 0;
     s->d.size = size;
     s->d.changed = 1;
+    s->d.trunc_only = 0;
     s->d.mtime_ns = now_ns;
-    if (size == 0)
-        s->d.write_failed = 0;          /* nothing of what was refused is left */
+    refusals_cut(s, size);              /* what was refused beyond size is not wanted */
     return SLOT_OK;
 }
 
-int memos_slot_refused(slot_table *t, uint64_t ino)
+int memos_slot_refused(slot_table *t, uint64_t ino, uint64_t start, uint64_t end, int code)
 {
     memos_slot *s = map_get(&t->inos, ino);
     if (!s)
         return SLOT_ENOENT;
     if (!s->d.writers)
         return SLOT_EINVAL;
-    s->d.write_failed = 1;
+    refusals_note(s, start, end, code);
+    s->d.trunc_only = 0;
     s->p.trusted = 0;                   /* the kernel's pages may hold what was refused */
+    return SLOT_OK;
+}
+
+int memos_slot_refusal_told(slot_table *t, uint64_t ino)
+{
+    memos_slot *s = map_get(&t->inos, ino);
+    if (!s)
+        return SLOT_ENOENT;
+    if (s->d.nrefused)
+        s->d.refused_told = 1;
+    return SLOT_OK;
+}
+
+int memos_slot_draft_made(slot_table *t, uint64_t ino, enum memos_draft_kind kind,
+                          uint64_t size)
+{
+    memos_slot *s = map_get(&t->inos, ino);
+    if (!s)
+        return SLOT_ENOENT;
+    if (!s->d.writers || kind <= SLOT_DRAFT_NONE || kind >= SLOT_DRAFT_NKINDS)
+        return SLOT_EINVAL;
+    s->d.kind = kind;
+    s->d.has_base = 0;
+    s->d.size = size;
+    return SLOT_OK;
+}
+
+int memos_slot_changed(slot_table *t, uint64_t ino, uint64_t size, int64_t mtime_ns)
+{
+    memos_slot *s = map_get(&t->inos, ino);
+    if (!s)
+        return SLOT_ENOENT;
+    if (!s->d.writers)
+        return SLOT_EINVAL;
+    if (!s->d.kind)
+        s->d.kind = SLOT_DRAFT_ARENA;
+    s->d.has_base = 0;
+    s->d.size = size;
+    s->d.changed = 1;
+    s->d.trunc_only = 0;
+    s->d.mtime_ns = mtime_ns;
+    return SLOT_OK;
+}
+
+int memos_slot_draft_mtime(slot_table *t, uint64_t ino, int64_t mtime_ns)
+{
+    memos_slot *s = map_get(&t->inos, ino);
+    if (!s)
+        return SLOT_ENOENT;
+    s->d.mtime_ns = mtime_ns;
     return SLOT_OK;
 }
 
@@ -578,7 +773,7 @@ int memos_slot_publish_plan(const slot_table *t, uint64_t ino, uint32_t opener_t
     memos_slot *node = slot_latest(src);
     if (node->state == SLOT_GONE && node->gone != SLOT_GONE_EVICTED)
         return SLOT_PUBLISH_NOTHING;         /* written to a name that is gone (POSIX) */
-    if (src->d.write_failed)
+    if (src->d.nrefused)
         return SLOT_PUBLISH_REFUSED;         /* never a version with a refused write */
     memos_slot *cur = map_get(&t->names, node->name);
     *target = (node->state == SLOT_GONE && cur ? cur : node)->ino;
@@ -592,7 +787,7 @@ int memos_slot_published(slot_table *t, uint64_t ino, uint64_t version, uint64_t
     *fx = 0;
     if (!src)
         return SLOT_ENOENT;
-    if (!src->d.writers || !src->d.changed || src->d.write_failed)
+    if (!src->d.writers || !src->d.changed || src->d.nrefused)
         return SLOT_EINVAL;
     memos_slot *node = slot_latest(src);
     if (node->state == SLOT_GONE && node->gone != SLOT_GONE_EVICTED)
@@ -613,15 +808,22 @@ int memos_slot_published(slot_table *t, uint64_t ino, uint64_t version, uint64_t
     }
     int64_t mtime = src->d.mtime_ns ? src->d.mtime_ns : now_ns;
     memos_slot *h = NULL;
-    int rc = do_published(t, target, version, size, stored, mtime, now_ns, &h, fx);
+    /* with the writeback cache the kernel keeps the size of an inode it
+     * knows: a version written elsewhere (an older inode's writers, a draft
+     * of its own) goes to a fresh inode */
+    int fresh = t->wb && target != src && (target->lookups > 0 || target->handles > 0);
+    int rc = do_published(t, target, version, size, stored, mtime, now_ns, fresh, &h, fx);
     if (rc != SLOT_OK)
         return rc;
-    /* the writers go on from what is published now: a (lazily copied) base */
-    src->d.has_draft = 0;
-    src->d.has_base = 1;
+    /* the writers go on from what is published now: a (lazily copied) base,
+     * or the writers' file the kernel writes, which stays theirs */
+    if (src->d.kind != SLOT_DRAFT_FILE) {
+        src->d.kind = SLOT_DRAFT_NONE;
+        src->d.has_base = 1;
+    }
     src->d.size = size;
     src->d.changed = 0;
-    src->d.write_failed = 0;
+    refusals_clear(src);
     if (target == src && src->version == version)
         src->p.pages_version = version; /* its writers' pages hold this version */
     else
@@ -641,10 +843,20 @@ int memos_slot_set_version(slot_table *t, uint64_t ino, uint64_t version, uint64
     if (!slot_holds_name(t, s))
         return SLOT_ENOENT;
     memos_slot *h = NULL;
-    int rc = do_published(t, s, version, size, stored, now_ns, now_ns, &h, fx);
+    int rc = do_published(t, s, version, size, stored, now_ns, now_ns, 0, &h, fx);
     if (rc == SLOT_OK)
         *holder = h->ino;
     return rc;
+}
+
+int memos_slot_discarded(slot_table *t, uint64_t ino)
+{
+    memos_slot *s = map_get(&t->inos, ino);
+    if (!s)
+        return SLOT_ENOENT;
+    s->d.changed = 0;
+    s->d.trunc_only = 0;
+    return SLOT_OK;
 }
 
 /* ---- API: closing ---- */
@@ -688,12 +900,21 @@ int memos_slot_writer_gone(slot_table *t, uint64_t ino, uint32_t tgid, int64_t n
         }
         s->next_private = NULL;
     }
+    if (t->wb && s->d.nrefused && s->version && slot_holds_name(t, s)) {
+        /* writes were refused and nothing was published: the kernel keeps
+         * this inode's size as the writers left it, not the version's; the
+         * name goes to a fresh inode that holds the version (and its size) */
+        if (!slot_supersede(t, s, fx))
+            return SLOT_ENOMEM;
+    }
     int clean = !s->d.changed;
-    if (s->d.has_draft || s->d.has_base)
+    if (s->d.kind || s->d.has_base)
         *fx |= SLOT_FX_FREE_DRAFT;
-    s->d.has_draft = s->d.has_base = 0;
+    s->d.kind = SLOT_DRAFT_NONE;
+    s->d.has_base = 0;
     s->d.size = 0;
-    s->d.changed = s->d.write_failed = 0;
+    s->d.changed = s->d.trunc_only = 0;
+    refusals_clear(s);
     /* the writers' pages are the published version's when every write since
      * the first writer's open went through them into the draft they
      * published here last, and nothing else changed the version since */
@@ -727,6 +948,20 @@ int memos_slot_unlink(slot_table *t, uint64_t name, unsigned *fx)
     if (!s)
         return SLOT_ENOENT;
     slot_go(t, s, SLOT_GONE_UNLINK);
+    *fx = SLOT_FX_REMOVE_KEY | SLOT_FX_FORGET_ENTRY;
+    slot_maybe_forget(t, s);
+    return SLOT_OK;
+}
+
+int memos_slot_remove(slot_table *t, uint64_t name, enum memos_slot_gone why, unsigned *fx)
+{
+    memos_slot *s = map_get(&t->names, name);
+    *fx = 0;
+    if (!s)
+        return SLOT_ENOENT;
+    if (why != SLOT_GONE_UNLINK && why != SLOT_GONE_RMDIR)
+        return SLOT_EINVAL;
+    slot_go(t, s, why);
     *fx = SLOT_FX_REMOVE_KEY | SLOT_FX_FORGET_ENTRY;
     slot_maybe_forget(t, s);
     return SLOT_OK;
@@ -819,6 +1054,17 @@ int memos_slot_pages_dropped(slot_table *t, uint64_t ino)
     return SLOT_OK;
 }
 
+int memos_slot_pages_stale(slot_table *t, uint64_t ino)
+{
+    memos_slot *s = map_get(&t->inos, ino);
+    if (!s)
+        return SLOT_ENOENT;
+    s->p.trusted = 0;
+    if (s->p.cache_version >= 0 && !s->p.pushing)
+        s->p.cache_version = -2;
+    return SLOT_OK;
+}
+
 /* ---- API: reading it ---- */
 
 int memos_slot_stat(const slot_table *t, uint64_t ino, uint32_t tgid, int64_t now_ns,
@@ -838,11 +1084,30 @@ int memos_slot_stat(const slot_table *t, uint64_t ino, uint32_t tgid, int64_t no
     out->writers = s->d.writers;
     out->readers = s->p.readers;
     out->changed = s->d.changed;
-    out->write_failed = s->d.write_failed;
+    out->write_failed = s->d.nrefused > 0;
+    out->kind = s->d.kind;
+    out->has_base = s->d.has_base;
+    out->trunc_only = s->d.trunc_only;
+    out->refused_code = s->d.nrefused ? s->d.refused_code : 0;
+    out->refused_told = s->d.refused_told;
+    out->pending = pending_live(s, now_ns);
+    out->pushing = s->p.pushing;
+    out->trusted = s->p.trusted;
+    out->pages_version = s->p.pages_version;
+    out->privates = s->privates != NULL;
+    out->private_of = s->private_of ? s->private_of->ino : 0;
+    out->view_of = s->view_of ? s->view_of->ino : 0;
+    out->replaced_by = s->replaced_by ? s->replaced_by->ino : 0;
+    out->name = s->name;
+    out->pubs = s->pubs;
+    out->lookups = s->lookups;
+    out->handles = s->handles;
+    out->backing = s->backing;
+    out->backing_opens = s->backing_opens;
     out->cache_version = s->p.cache_version;
     out->successor = s->successor ? s->successor->ino : 0;
     out->found = s->version || slot_has_tgid(s, tgid);
-    if ((s->d.writers || s->d.has_draft) && slot_has_tgid(s, tgid)) {
+    if ((s->d.writers || s->d.kind) && slot_has_tgid(s, tgid)) {
         out->size = draft_size(s);
         out->writer_view = 1;
         if (s->d.changed)
@@ -859,17 +1124,80 @@ int memos_slot_stat(const slot_table *t, uint64_t ino, uint32_t tgid, int64_t no
     return SLOT_OK;
 }
 
+int64_t memos_slot_field(const slot_table *t, uint64_t ino, enum memos_slot_field f,
+                         int64_t now_ns, int *found)
+{
+    memos_slot *s = map_get(&t->inos, ino);
+    *found = s != NULL;
+    if (!s)
+        return 0;
+    switch (f) {
+    case SLOT_F_STATE:          return s->state;
+    case SLOT_F_GONE:           return s->gone;
+    case SLOT_F_VERSION:        return (int64_t)s->version;
+    case SLOT_F_PUB_SIZE:       return (int64_t)s->pub_size;
+    case SLOT_F_STORED:         return (int64_t)s->stored;
+    case SLOT_F_READERS:        return s->p.readers;
+    case SLOT_F_WRITERS:        return s->d.writers;
+    case SLOT_F_PUSHING:        return s->p.pushing;
+    case SLOT_F_CHANGED:        return s->d.changed;
+    case SLOT_F_KIND:           return s->d.kind;
+    case SLOT_F_HAS_BASE:       return s->d.has_base;
+    case SLOT_F_TRUNC_ONLY:     return s->d.trunc_only;
+    case SLOT_F_REFUSED:        return s->d.nrefused;
+    case SLOT_F_REFUSED_CODE:   return s->d.nrefused ? s->d.refused_code : 0;
+    case SLOT_F_REFUSED_TOLD:   return s->d.refused_told;
+    case SLOT_F_CACHE_VERSION:  return s->p.cache_version;
+    case SLOT_F_TRUSTED:        return s->p.trusted;
+    case SLOT_F_PAGES_VERSION:  return (int64_t)s->p.pages_version;
+    case SLOT_F_SUCCESSOR:      return s->successor ? (int64_t)s->successor->ino : 0;
+    case SLOT_F_REPLACED_BY:    return s->replaced_by ? (int64_t)s->replaced_by->ino : 0;
+    case SLOT_F_PRIVATE_OF:     return s->private_of ? (int64_t)s->private_of->ino : 0;
+    case SLOT_F_VIEW_OF:        return s->view_of ? (int64_t)s->view_of->ino : 0;
+    case SLOT_F_PRIVATES:       return s->privates != NULL;
+    case SLOT_F_LOOKUPS:        return s->lookups;
+    case SLOT_F_HANDLES:        return s->handles;
+    case SLOT_F_PUBS:           return (int64_t)s->pubs;
+    case SLOT_F_BACKING:        return s->backing;
+    case SLOT_F_BACKING_OPENS:  return s->backing_opens;
+    case SLOT_F_DRAFT_SIZE:     return (int64_t)draft_size(s);
+    case SLOT_F_DRAFT_MTIME:    return s->d.mtime_ns;
+    case SLOT_F_NAME:           return (int64_t)s->name;
+    case SLOT_F_PENDING:        return pending_live(s, now_ns);
+    case SLOT_F_LATEST:         return (int64_t)slot_latest(s)->ino;
+    case SLOT_F_HOLDS_NAME:     return slot_holds_name(t, s);
+    case SLOT_F_NAME_HOLDER: {
+        memos_slot *h = slot_name_holder(t, s);
+        return h ? (int64_t)h->ino : 0;
+    }
+    default:                    *found = 0; return 0;
+    }
+}
+
+uint64_t memos_slot_holder(const slot_table *t, uint64_t name)
+{
+    memos_slot *s = map_get(&t->names, name);
+    return s ? s->ino : 0;
+}
+
 const char *memos_slot_state_name(enum memos_slot_state st)
 {
     static const char *names[] = { "CREATED", "PUBLISHED", "WRITING", "SUPERSEDED",
-                                   "PRIVATE", "GONE" };
+                                   "PRIVATE", "GONE", "VIEW" };
     return st < SLOT_NSTATES ? names[st] : "?";
 }
 
 const char *memos_slot_gone_name(enum memos_slot_gone g)
 {
-    static const char *names[] = { "", "unpublished", "unlink", "replaced", "evicted" };
-    return g <= SLOT_GONE_EVICTED ? names[g] : "?";
+    static const char *names[] = { "", "unpublished", "unlink", "replaced", "evicted",
+                                   "rmdir" };
+    return g <= SLOT_GONE_RMDIR ? names[g] : "?";
+}
+
+const char *memos_slot_kind_name(enum memos_draft_kind k)
+{
+    static const char *names[] = { "none", "arena", "spill", "overlay", "file" };
+    return k < SLOT_DRAFT_NKINDS ? names[k] : "?";
 }
 
 /* ---- private helpers: the map ---- */
@@ -1022,14 +1350,27 @@ static void unlink_from(slot_table *t, memos_slot **field)
  * handle, no push, no other inode's link. */
 static void slot_maybe_forget(slot_table *t, memos_slot *s)
 {
-    if (s->state != SLOT_GONE && s->state != SLOT_SUPERSEDED && s->state != SLOT_PRIVATE)
+    if (s->state != SLOT_GONE && s->state != SLOT_SUPERSEDED && s->state != SLOT_PRIVATE
+        && s->state != SLOT_VIEW)
         return;
     if (s->lookups > 0 || s->handles > 0 || s->p.pushing > 0 || s->links || s->privates)
         return;
     map_del(&t->inos, s->ino);
+    if (t->nfreed == t->cap_freed) {
+        size_t cap = t->cap_freed ? t->cap_freed * 2 : 64;
+        uint64_t *a = realloc(t->freed, cap * sizeof *a);  /* (never injected: the
+                                                               caller's view of it) */
+        if (a) {
+            t->freed = a;
+            t->cap_freed = cap;
+        }
+    }
+    if (t->nfreed < t->cap_freed)
+        t->freed[t->nfreed++] = s->ino;
     unlink_from(t, &s->successor);
     unlink_from(t, &s->replaced_by);
     unlink_from(t, &s->private_of);
+    unlink_from(t, &s->view_of);
     slot_release(t, s);
 }
 
@@ -1103,10 +1444,10 @@ static void slot_go(slot_table *t, memos_slot *s, enum memos_slot_gone why)
 }
 
 static int do_published(slot_table *t, memos_slot *node, uint64_t version, uint64_t size,
-                        uint64_t stored, int64_t mtime_ns, int64_t now_ns,
+                        uint64_t stored, int64_t mtime_ns, int64_t now_ns, int fresh,
                         memos_slot **holder, unsigned *fx)
 {
-    if (node->p.readers || node->p.pushing) {
+    if (node->p.readers || node->p.pushing || fresh) {
         node = slot_supersede(t, node, fx);     /* readers keep their snapshot */
         if (!node)
             return SLOT_ENOMEM;
@@ -1117,6 +1458,7 @@ static int do_published(slot_table *t, memos_slot *node, uint64_t version, uint6
     node->pub_size = size;
     node->stored = stored;
     node->mtime_ns = mtime_ns;
+    node->pubs++;                       /* (a mirror of the version before is stale) */
     slot_settle(node);
     *fx |= SLOT_FX_FORGET_ATTRS;
     pending_prune(node, now_ns);
@@ -1128,7 +1470,7 @@ static int do_published(slot_table *t, memos_slot *node, uint64_t version, uint6
 
 static uint64_t draft_size(const memos_slot *s)
 {
-    return s->d.has_draft || s->d.has_base ? s->d.size : s->pub_size;
+    return s->d.kind || s->d.has_base ? s->d.size : s->pub_size;
 }
 
 static int slot_has_tgid(const memos_slot *s, uint32_t tgid)
@@ -1230,6 +1572,101 @@ static int pending_merge(slot_table *t, memos_slot *to, const memos_slot *from)
     return 0;
 }
 
+/* ---- private helpers: refused ranges ---- */
+
+static void refusals_clear(memos_slot *s)
+{
+    s->d.nrefused = 0;
+    s->d.refused_code = 0;
+    s->d.refused_told = 0;
+}
+
+/* [start, end) was refused with errno code: merged into the sorted,
+ * disjoint ranges; beyond SLOT_REFUSALS_MAX they become one span. */
+static void refusals_note(memos_slot *s, uint64_t start, uint64_t end, int code)
+{
+    if (end <= start)
+        end = start + 1;                /* (a refused truncate to `start`: one byte) */
+    if (!s->d.nrefused) {
+        s->d.refused_code = code;
+        s->d.refused_told = 0;
+    }
+    slot_span out[SLOT_REFUSALS_MAX + 1];
+    uint32_t n = 0, placed = 0;
+    for (uint32_t i = 0; i < s->d.nrefused; i++) {
+        slot_span r = s->d.refused[i];
+        if (r.end < start || r.start > end) {
+            if (!placed && r.start > end) {
+                out[n++] = (slot_span){ start, end };
+                placed = 1;
+            }
+            out[n++] = r;
+        } else {                        /* overlaps or touches: merged */
+            if (r.start < start)
+                start = r.start;
+            if (r.end > end)
+                end = r.end;
+        }
+    }
+    if (!placed)
+        out[n++] = (slot_span){ start, end };
+    if (n > SLOT_REFUSALS_MAX) {        /* stricter, never looser */
+        uint64_t hi = out[0].end;
+        for (uint32_t i = 1; i < n; i++)
+            if (out[i].end > hi)
+                hi = out[i].end;
+        out[0].end = hi;
+        n = 1;
+    }
+    memcpy(s->d.refused, out, n * sizeof *out);
+    s->d.nrefused = n;
+}
+
+/* [start, end) was written: what of the refused ranges it covers is there. */
+static void refusals_written(memos_slot *s, uint64_t start, uint64_t end)
+{
+    if (!s->d.nrefused || end <= start)
+        return;
+    slot_span out[SLOT_REFUSALS_MAX + 1];
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->d.nrefused; i++) {
+        slot_span r = s->d.refused[i];
+        if (r.end <= start || r.start >= end) {
+            out[n++] = r;
+            continue;
+        }
+        if (r.start < start)
+            out[n++] = (slot_span){ r.start, start };
+        if (r.end > end)
+            out[n++] = (slot_span){ end, r.end };
+    }
+    if (n > SLOT_REFUSALS_MAX) {        /* (a write inside one range splits it) */
+        out[0].end = out[n - 1].end;
+        n = 1;
+    }
+    memcpy(s->d.refused, out, n * sizeof *out);
+    s->d.nrefused = n;
+    if (!n)
+        s->d.refused_code = 0;
+}
+
+/* The draft was cut (or grown) to size: ranges beyond it are not the draft's. */
+static void refusals_cut(memos_slot *s, uint64_t size)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->d.nrefused; i++) {
+        slot_span r = s->d.refused[i];
+        if (r.start >= size)
+            continue;
+        if (r.end > size)
+            r.end = size;
+        s->d.refused[n++] = r;
+    }
+    s->d.nrefused = n;
+    if (!n)
+        s->d.refused_code = 0;
+}
+
 /* ---- debugging: the invariants ---- */
 
 #define BROKEN(...) do { snprintf(why, whylen, "inode %llu (%s): ", \
@@ -1257,7 +1694,8 @@ static int check_one(const slot_table *t, const memos_slot *s, char *why, size_t
         BROKEN("%u writers", s->d.writers);
     if (s->state == SLOT_WRITING && !s->d.writers)
         BROKEN("no writer");
-    if ((s->state == SLOT_SUPERSEDED || s->state == SLOT_PRIVATE) != (s->successor != NULL))
+    if ((s->state == SLOT_SUPERSEDED || s->state == SLOT_PRIVATE || s->state == SLOT_VIEW)
+        != (s->successor != NULL))
         BROKEN("successor %s", s->successor ? "set" : "missing");
     if ((s->state == SLOT_PRIVATE) != (s->private_of != NULL))
         BROKEN("private_of %s", s->private_of ? "set" : "missing");
@@ -1267,11 +1705,24 @@ static int check_one(const slot_table *t, const memos_slot *s, char *why, size_t
         BROKEN("page-cache readers on a private draft");
     if (s->p.readers && s->d.writers)
         BROKEN("%u page-cache readers beside %u writers", s->p.readers, s->d.writers);
-    if (s->d.has_draft && s->d.has_base)
+    if (s->d.kind && s->d.has_base)
         BROKEN("a draft and a base both held");
-    if (!s->d.writers && (s->d.has_draft || s->d.has_base || s->d.changed
-                          || s->d.write_failed || s->d.ntgids))
+    if (!s->d.writers && (s->d.kind || s->d.has_base || s->d.changed
+                          || s->d.nrefused || s->d.ntgids || s->d.trunc_only))
         BROKEN("draft state with no writer");
+    if (s->d.trunc_only && (s->d.size || s->d.nrefused))
+        BROKEN("as an O_TRUNC left it, but %llu bytes and %u refused ranges",
+               (unsigned long long)s->d.size, s->d.nrefused);
+    for (uint32_t i = 0; i < s->d.nrefused; i++)
+        if (s->d.refused[i].start >= s->d.refused[i].end
+            || (i && s->d.refused[i - 1].end >= s->d.refused[i].start))
+            BROKEN("refused ranges not sorted and disjoint at %u", i);
+    if ((s->state == SLOT_VIEW) != (s->view_of != NULL))
+        BROKEN("view_of %s", s->view_of ? "set" : "missing");
+    if (s->state == SLOT_VIEW && (s->d.writers || s->p.readers))
+        BROKEN("a view with %u writers, %u page-cache readers", s->d.writers, s->p.readers);
+    if ((s->backing != 0) != (s->backing_opens != 0))
+        BROKEN("backing id %d with %u opens", s->backing, s->backing_opens);
     uint64_t sum = 0;
     for (uint32_t i = 0; i < s->d.ntgids; i++)
         sum += s->d.tgids[i].n;
@@ -1291,7 +1742,7 @@ static int check_one(const slot_table *t, const memos_slot *s, char *why, size_t
     for (int n = 0; l->successor; n++, l = l->successor)
         if (n > 1 << 20)
             BROKEN("a loop of successors");
-    if (l->state == SLOT_SUPERSEDED || l->state == SLOT_PRIVATE)
+    if (l->state == SLOT_SUPERSEDED || l->state == SLOT_PRIVATE || l->state == SLOT_VIEW)
         BROKEN("its chain ends at inode %llu in %s", (unsigned long long)l->ino,
                memos_slot_state_name(l->state));
     if (map_get(&t->inos, l->ino) != l)

@@ -7,7 +7,8 @@
  * cache's drafts, memos.h) and the page-cache sub-state the kernel's caching
  * per inode needs.  Every function decides; none performs: what the caller
  * must do to the kernel or the cache comes back as an effects bitmask
- * (SLOT_FX_*).  Time is an argument (now_ns, CLOCK_MONOTONIC nanoseconds).
+ * (SLOT_FX_*).  Time is an argument (now_ns, CLOCK_REALTIME nanoseconds:
+ * a draft's mtime is taken from it).
  *
  * Names are opaque uint64 ids chosen by the caller (the tree of directories
  * and strings stays with the caller); the table knows which inode holds
@@ -54,7 +55,19 @@ enum memos_slot_state {
     SLOT_SUPERSEDED,    /* a fresh inode took its name; serves its handles */
     SLOT_PRIVATE,       /* a retried O_TRUNC writer's own draft, never named */
     SLOT_GONE,          /* out of the tree (why: enum memos_slot_gone) */
+    SLOT_VIEW,          /* a readers' view of the name's slot while a writers' file
+                           backs its inode (passthrough): never named */
     SLOT_NSTATES
+};
+
+/* What holds a draft's bytes (the caller's; the table names the kind). */
+enum memos_draft_kind {
+    SLOT_DRAFT_NONE = 0,    /* no draft: the writers start from the base, if any */
+    SLOT_DRAFT_ARENA,       /* pages of the memory tier (memos.h drafts) */
+    SLOT_DRAFT_SPILL,       /* a spill file (the SSD directory's, or a memory file) */
+    SLOT_DRAFT_OVERLAY,     /* a spill file over the SSD tier's version (only what changed) */
+    SLOT_DRAFT_FILE,        /* a writers' file the kernel writes itself (passthrough) */
+    SLOT_DRAFT_NKINDS
 };
 
 enum memos_slot_gone {
@@ -62,8 +75,13 @@ enum memos_slot_gone {
     SLOT_GONE_UNPUBLISHED,  /* created, its last writer left, nothing published */
     SLOT_GONE_UNLINK,       /* unlink(2) */
     SLOT_GONE_REPLACED,     /* a rename put another slot on its name */
-    SLOT_GONE_EVICTED       /* no tier holds it (eviction, ring, reset, ...) */
+    SLOT_GONE_EVICTED,      /* no tier holds it (eviction, ring, reset, ...) */
+    SLOT_GONE_RMDIR         /* its directory was removed while it was being created */
 };
+
+/* At most this many refused byte ranges are kept per draft; beyond, they
+ * merge into one span (stricter, never looser). */
+#define SLOT_REFUSALS_MAX 8
 
 /* ---- open: a pure plan ---- */
 
@@ -83,6 +101,9 @@ typedef struct memos_open_req {
     int      trunc;     /* 1: O_TRUNC */
     int      retry;     /* 1: the kernel's retry of an open answered ESTALE */
     int      waited;    /* 1: this open waited already (plan again after SLOT_OPEN_WAIT) */
+    int      locked;    /* 1: the kernel holds the inode's lock until this open is
+                           answered (an O_TRUNC open under the writeback cache): it
+                           may wait for pushes only, never for other openers */
 } memos_open_req;
 
 typedef struct memos_open_plan {
@@ -123,7 +144,27 @@ typedef struct memos_slot_info {
     int      changed;       /* the draft holds unpublished changes */
     int      write_failed;  /* a write was refused since the last publish */
     int64_t  cache_version; /* -1 none known, -2 stale, else the pages' version */
-    uint64_t successor;     /* SUPERSEDED, PRIVATE: the inode that holds the name */
+    uint64_t successor;     /* SUPERSEDED, PRIVATE, VIEW: the inode that holds the name */
+    enum memos_draft_kind kind; /* what holds this inode's draft */
+    int      has_base;      /* the writers' base (the published version) is pinned */
+    int      trunc_only;    /* the draft is as an O_TRUNC open left it: nothing
+                               written, truncated or refused since */
+    int      refused_code;  /* errno of the first refusal left (0: none) */
+    int      refused_told;  /* that refusal's publish was refused and logged once */
+    int      pending;       /* writers sent here (ESTALE) or waiting are on their way */
+    int32_t  pushing;       /* page-cache pushes copying a version into its pages */
+    int      trusted;       /* the writers' pages are the draft (since the first writer) */
+    uint64_t pages_version; /* the version its writers published into it last */
+    int      privates;      /* retried writers' drafts of their own follow this inode */
+    uint64_t private_of;    /* PRIVATE: the inode the kernel opened */
+    uint64_t view_of;       /* VIEW: the inode whose writers' file keeps readers off it */
+    uint64_t replaced_by;   /* GONE(replaced): the slot renamed over it */
+    uint64_t name;          /* the caller's id of its name */
+    uint64_t pubs;          /* publishes on this inode (a mirror's generation) */
+    int64_t  lookups;       /* the kernel's lookup count */
+    int64_t  handles;       /* open handles of any kind */
+    int32_t  backing;       /* passthrough: the backing id its open files use (0: none) */
+    uint32_t backing_opens; /* passthrough handles on that backing file */
 } memos_slot_info;
 
 typedef struct slot_table slot_table;
@@ -137,6 +178,15 @@ size_t memos_slot_count(const slot_table *t);           /* inodes held */
 /* Testing: the n-th allocation from now fails (once; 0 disarms).  Returns
  * the countdown left of the previous setting (0: it fired, or none). */
 uint64_t memos_slot_fail_after(slot_table *t, uint64_t n);
+
+/* An inode number for a node of the caller's that is no slot (a directory,
+ * a link): one numbering for every inode of the mount. */
+uint64_t memos_slot_new_ino(slot_table *t);
+
+/* The inodes the table forgot since the last call (no lookup, handle, push
+ * or link kept them), up to max into out: the caller drops what it keeps
+ * beside them.  Returns how many. */
+size_t memos_slot_take_freed(slot_table *t, uint64_t *out, size_t max);
 
 /* ---- lifecycle ---- */
 
@@ -173,9 +223,10 @@ int memos_slot_lookup(const slot_table *t, uint64_t name, uint32_t tgid, uint64_
 int memos_slot_open_plan(const slot_table *t, uint64_t inode, const memos_open_req *rq,
                          int64_t now_ns, memos_open_plan *out);
 
-/* A reader handle on `inode` reading `version` (around: it reads around the
- * page cache; so does every reader while writers are open or on their way).
- * *fx: KEEP_CACHE or DIRECT_IO.  SLOT_OK, SLOT_ENOENT. */
+/* A reader handle on `inode` reading `version` (around 1: it reads around
+ * the page cache, as every reader does while writers are open or on their
+ * way; 2: the kernel reads a backing file, passthrough: a reader that holds
+ * no pages).  *fx: KEEP_CACHE or DIRECT_IO.  SLOT_OK, SLOT_ENOENT. */
 int memos_slot_attach_reader(slot_table *t, uint64_t inode, uint64_t version, int around,
                              int64_t now_ns, unsigned *fx);
 
@@ -220,10 +271,59 @@ int memos_slot_wrote(slot_table *t, uint64_t ino, uint64_t at, uint64_t n, int64
  * SLOT_ENOENT, SLOT_EINVAL (no writer). */
 int memos_slot_truncated(slot_table *t, uint64_t ino, uint64_t size, int64_t now_ns);
 
-/* A write, truncate or fallocate of the draft was refused (EFBIG, ENOSPC,
- * EDQUOT): the draft is as it was, and it is never published now until the
- * writers truncate it to nothing.  SLOT_OK, SLOT_ENOENT. */
-int memos_slot_refused(slot_table *t, uint64_t ino);
+/* A write of the draft's bytes [start, end) (or a copy into it, or a
+ * truncate that was to cut it) was refused with errno `code` (EFBIG,
+ * ENOSPC, EDQUOT): the draft is as it was, and it is not published while a
+ * refused range is left -- a later write covering it, or a truncate below
+ * it, takes it away.  A refused fallocate or extending truncate loses no
+ * byte and is not a refusal here: the caller is told, nothing else changes.
+ * SLOT_OK, SLOT_ENOENT, SLOT_EINVAL (no writer). */
+int memos_slot_refused(slot_table *t, uint64_t ino, uint64_t start, uint64_t end, int code);
+
+/* The refused publish of ino's draft was logged: later ones are quieter. */
+int memos_slot_refusal_told(slot_table *t, uint64_t ino);
+
+/* The caller made the draft the writers' changes need (MAKE_DRAFT), moved
+ * it (a spill), or opened a writers' file for it: `kind` holds its bytes
+ * now, of `size` bytes.  SLOT_OK, SLOT_ENOENT, SLOT_EINVAL (no writer). */
+int memos_slot_draft_made(slot_table *t, uint64_t ino, enum memos_draft_kind kind,
+                          uint64_t size);
+
+/* The writers' draft changed without a write request (the kernel wrote the
+ * writers' file, passthrough): its size now, its mtime.  SLOT_OK,
+ * SLOT_ENOENT, SLOT_EINVAL (no writer). */
+int memos_slot_changed(slot_table *t, uint64_t ino, uint64_t size, int64_t mtime_ns);
+
+/* setattr of the mtime through a writer's descriptor: the writers' draft
+ * carries it to its publish.  SLOT_OK, SLOT_ENOENT. */
+int memos_slot_draft_mtime(slot_table *t, uint64_t ino, int64_t mtime_ns);
+
+/* A writer marked pending on `inode` (memos_slot_wait_mark) gave up on its
+ * way (its open failed).  SLOT_OK, SLOT_ENOENT. */
+int memos_slot_pending_pop(slot_table *t, uint64_t inode, uint32_t pid);
+
+/* Whether `pid` is marked on its way to `inode` (1/0), SLOT_ENOENT. */
+int memos_slot_is_pending(const slot_table *t, uint64_t inode, uint32_t pid);
+
+/* Whether tgid has a write handle on `ino` (1/0), SLOT_ENOENT. */
+int memos_slot_is_writer(const slot_table *t, uint64_t ino, uint32_t tgid);
+
+/* The inode of tgid's own draft on `ino` (memos_slot_private), 0 if none. */
+uint64_t memos_slot_private_of_tgid(const slot_table *t, uint64_t ino, uint32_t tgid);
+
+/* A readers' view of the slot `ino` holds its name for (passthrough: its
+ * inode is backed by a writers' file whose bytes are not published, or a
+ * mirror of another version): a VIEW inode, never named, reading the
+ * name's version around its page cache.  SLOT_OK, SLOT_ENOENT, SLOT_ENOMEM. */
+int memos_slot_view(slot_table *t, uint64_t ino, int64_t now_ns, uint64_t *view);
+
+/* Passthrough: an open file of `ino` reads or writes the backing file
+ * `backing` (the first registers it; the same id for the others).
+ * SLOT_OK, SLOT_ENOENT, SLOT_EINVAL (another backing id is in use). */
+int memos_slot_backing_attach(slot_table *t, uint64_t ino, int32_t backing);
+/* One passthrough handle of `ino` is gone: the backing id to close when it
+ * was the last (then *last = 1).  SLOT_OK, SLOT_ENOENT, SLOT_EINVAL. */
+int memos_slot_backing_detach(slot_table *t, uint64_t ino, int32_t *backing, int *last);
 
 /* ---- publishing ---- */
 
@@ -249,6 +349,11 @@ int memos_slot_published(slot_table *t, uint64_t ino, uint64_t version, uint64_t
 int memos_slot_set_version(slot_table *t, uint64_t ino, uint64_t version, uint64_t size,
                            uint64_t stored, int64_t now_ns, uint64_t *holder, unsigned *fx);
 
+/* The writers' changes went with a name that is gone (unlink, a rename
+ * over it, its directory): nothing to publish, changed is 0 again.
+ * SLOT_OK, SLOT_ENOENT. */
+int memos_slot_discarded(slot_table *t, uint64_t ino);
+
 /* ---- closing ---- */
 
 /* A reader handle on `ino` is released (dio: it read around the cache). */
@@ -268,6 +373,11 @@ int memos_slot_writer_gone(slot_table *t, uint64_t ino, uint32_t tgid, int64_t n
 /* unlink(2) of `name`: its holder goes (SLOT_GONE_UNLINK).  *fx:
  * REMOVE_KEY.  SLOT_OK, SLOT_ENOENT. */
 int memos_slot_unlink(slot_table *t, uint64_t name, unsigned *fx);
+
+/* The same, for another reason: SLOT_GONE_RMDIR (its directory went while
+ * it was being created: its writers' publishes go nowhere).  SLOT_OK,
+ * SLOT_ENOENT, SLOT_EINVAL (a reason that is no removal). */
+int memos_slot_remove(slot_table *t, uint64_t name, enum memos_slot_gone why, unsigned *fx);
 
 /* rename(2) of `from` over `to` (if held): the target goes (REPLACED; an
  * open of it is served the renamed slot when that was published), the
@@ -290,6 +400,9 @@ int memos_slot_push_done(slot_table *t, uint64_t ino);
 /* The kernel's pages of `ino` were invalidated (a coherence invalidation):
  * the writers' pages are not the draft's any more. */
 int memos_slot_pages_dropped(slot_table *t, uint64_t ino);
+/* The kernel's pages of `ino` hold no version's bytes (its writers wrote
+ * bytes the version was made from, not the version: quantized storage). */
+int memos_slot_pages_stale(slot_table *t, uint64_t ino);
 
 /* ---- reading it ---- */
 
@@ -297,6 +410,25 @@ int memos_slot_pages_dropped(slot_table *t, uint64_t ino);
  * SLOT_OK, SLOT_ENOENT. */
 int memos_slot_stat(const slot_table *t, uint64_t ino, uint32_t tgid, int64_t now_ns,
                     memos_slot_info *out);
+
+/* One number of what the table holds of `ino` (the fields of
+ * memos_slot_info, by SLOT_F_*: a cheap read for the caller's every
+ * decision); *found 0 when there is no such inode. */
+enum memos_slot_field {
+    SLOT_F_STATE = 0, SLOT_F_GONE, SLOT_F_VERSION, SLOT_F_PUB_SIZE, SLOT_F_STORED,
+    SLOT_F_READERS, SLOT_F_WRITERS, SLOT_F_PUSHING, SLOT_F_CHANGED, SLOT_F_KIND,
+    SLOT_F_HAS_BASE, SLOT_F_TRUNC_ONLY, SLOT_F_REFUSED, SLOT_F_REFUSED_CODE,
+    SLOT_F_REFUSED_TOLD, SLOT_F_CACHE_VERSION, SLOT_F_TRUSTED, SLOT_F_PAGES_VERSION,
+    SLOT_F_SUCCESSOR, SLOT_F_REPLACED_BY, SLOT_F_PRIVATE_OF, SLOT_F_VIEW_OF,
+    SLOT_F_PRIVATES, SLOT_F_LOOKUPS, SLOT_F_HANDLES, SLOT_F_PUBS, SLOT_F_BACKING,
+    SLOT_F_BACKING_OPENS, SLOT_F_DRAFT_SIZE, SLOT_F_DRAFT_MTIME, SLOT_F_NAME,
+    SLOT_F_PENDING, SLOT_F_LATEST, SLOT_F_HOLDS_NAME, SLOT_F_NAME_HOLDER, SLOT_NFIELDS
+};
+int64_t memos_slot_field(const slot_table *t, uint64_t ino, enum memos_slot_field f,
+                         int64_t now_ns, int *found);
+
+/* The inode that holds `name` now, whoever asks (0: none). */
+uint64_t memos_slot_holder(const slot_table *t, uint64_t name);
 
 /* The invariants of one inode (ino) or of the whole table (ino 0): SLOT_OK,
  * or SLOT_EINVAL with the first broken one in why. */
@@ -307,5 +439,11 @@ int memos_slot_check(const slot_table *t, uint64_t ino, char *why, size_t whylen
 
 const char *memos_slot_state_name(enum memos_slot_state st);
 const char *memos_slot_gone_name(enum memos_slot_gone g);
+const char *memos_slot_kind_name(enum memos_draft_kind k);
+
+/* The kernel's writeback cache is on (0/1): it keeps the size of an inode
+ * it knows, so a version written elsewhere gets a fresh inode, and a
+ * retried O_TRUNC writer shares the inode (the kernel truncates its pages). */
+void memos_slot_set_writeback(slot_table *t, int on);
 
 #endif /* MEMOS_SLOT_H */

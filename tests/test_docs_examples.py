@@ -51,6 +51,8 @@ from typing import Optional
 
 import pytest
 
+from conftest import is_mounted
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 COMMAND_LANGS = {"console", "sh", "bash", "shell", "python"}
@@ -239,7 +241,24 @@ def test_example_runs_as_the_page_shows(b: Block, make_mount, tmp_path):
     assert b.lang in COMMAND_LANGS, f"{b.name}: an example in {b.lang!r}"
     _skip_if_missing(b)
     m = make_mount(**_opts(b))
-    mnt = str(m.path)
+    run_example(b, str(m.path), tmp_path)
+
+
+def test_the_readme_pasted_in_order_runs_on_one_live_mount(make_mount, tmp_path):
+    """A reader pastes the README's examples one after the other into one
+    mount: each finds the mount up (only the last may unmount it)."""
+    readme = [b for b in EXAMPLES if b.page.name == "README.md"
+              and not any(_missing(n) for n in filter(None, b.attrs.get("needs", "").split(",")))]
+    m = make_mount(**DEFAULT_OPTS)
+    for i, b in enumerate(readme):
+        assert is_mounted(m.path), f"{b.name} runs after the mount is gone " \
+            f"(an example before it unmounted: {readme[i - 1].name})"
+        work = tmp_path / f"example{i}"
+        work.mkdir()
+        run_example(b, str(m.path), work)
+
+
+def run_example(b: Block, mnt: str, tmp_path: Path) -> None:
     if b.lang in ("console", "sh", "bash", "shell"):
         run_session(b, mnt, tmp_path)
         return

@@ -563,15 +563,20 @@ def test_mkdir_then_fsync_parent_survives_kill9(make_mount):
 
 @needs_fuse
 def test_unmount_that_loses_slots_says_so(make_mount):
-    """A clean unmount with an SSD tier that cannot take every slot: the
-    daemon logs each lost slot, prints how many to stderr and exits non-zero,
-    and so does `memosfs umount`."""
+    """An unmount forced with an SSD tier that cannot take every slot (a
+    plain one is refused: tests/test_unmount_unsaved.py): the daemon logs
+    each lost slot, prints how many to stderr and exits non-zero, and so
+    does `memosfs umount --force`."""
     m = make_mount(capacity="32M", ssd_capacity="3M", writeback_delay_ms=600000)
     s = m.p("a", "s")
     s.mkdir(parents=True)
     for i in range(12):
         (s / f"k{i:02d}").write_bytes(bytes([i]) * (600 * 1024))
     r = subprocess.run([sys.executable, "-m", "memosfs", "umount", str(m.path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "not unmounting" in r.stderr, r
+    assert "ssd_capacity (3145728 bytes)" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "memosfs", "umount", "--force", str(m.path)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0, r
     assert "could not be saved" in r.stderr, r.stderr

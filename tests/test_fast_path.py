@@ -13,6 +13,7 @@ import os
 import pytest
 import trio
 
+from memosfs.fuse.slots import SlotTable
 from memosfs.fuse.nodes import AGENT, ROOT, SESSION, Dir, Slot
 from memosfs.fuse.pagecache import PageCachePusher
 
@@ -255,8 +256,10 @@ def test_a_push_the_kernel_refuses_never_stops_the_daemon():
     root = Dir(1, "", None, 0o755, 0, 0, ROOT)
     agent = Dir(2, "a", root, 0o755, 0, 0, AGENT)
     session = Dir(3, "s", agent, 0o755, 0, 0, SESSION)
-    node = Slot(4, "x", session, 0o644, 0, 0)
-    node.version = 1
+    inodes: dict = {}
+    table = SlotTable(100, inodes, lambda ino, like: None, lambda node, held: None)
+    node = table.restore(session, "x", 1, 2 * PageCachePusher.SPLIT, 0,
+                         lambda ino: Slot(table, ino, "x", session, 0o644, 0, 0))
     ref = _Ref(2 * PageCachePusher.SPLIT)
 
     async def main():

@@ -12,6 +12,7 @@ import pytest
 
 from memosfs.fuse import fedtree, routing
 from memosfs.fuse.control import KNOB_APPLY
+from memosfs.fuse.slots import SlotTable
 from memosfs.fuse.nodes import AGENT, ROOT, SESSION, SUBDIR, Dir, Slot
 from memosfs.fuse.operations import MemosOperations
 from memosfs.knobs import KNOB_BY_NAME, KnobError
@@ -50,13 +51,29 @@ def session_dir():
     return Dir(3, "s", agent, 0o750, 7, 8, SESSION)
 
 
+def _table():
+    inodes: dict = {}
+    return SlotTable(100, inodes, lambda ino, like: None, lambda node, held: None)
+
+
+def _restored(table, sess, name, meta, version, stored, size, uid=0, gid=0):
+    def make(ino):
+        node = Slot(table, ino, name, sess, int(meta.get("mode", 0o644)) & 0o7777,
+                    int(meta.get("uid", uid)), int(meta.get("gid", gid)))
+        node.apply_meta(meta)
+        return node
+    return table.restore(sess, name, version, int(meta.get("logical_size", size)), stored,
+                         make)
+
+
 def test_slot_meta_round_trip():
     sess = session_dir()
-    s = Slot(10, "x", sess, 0o640, 1001, 1002)
-    s.version, s.stored, s.pub_size = 4, 8192, 5000
+    t = _table()
+    s = _restored(t, sess, "x", {"mode": 0o640, "uid": 1001, "gid": 1002,
+                                 "logical_size": 5000}, 4, 8192, 5000)
     s.mtime_ns, s.atime_ns = 111, 222
     s.xattrs = {b"user.tag": b"\x00\xffv"}
-    back = Slot.from_meta(11, "x", sess, s.meta(), version=4, stored=8192, size=3000)
+    back = _restored(_table(), sess, "x", s.meta(), version=4, stored=8192, size=3000)
     assert (back.mode, back.uid, back.gid) == (s.mode, 1001, 1002)
     assert (back.version, back.stored, back.pub_size) == (4, 8192, 5000)
     assert (back.mtime_ns, back.ctime_ns, back.atime_ns) == (111, 111, 222)
@@ -65,8 +82,8 @@ def test_slot_meta_round_trip():
 
 def test_slot_from_sparse_or_damaged_meta():
     sess = session_dir()
-    s = Slot.from_meta(12, "y", sess, {"xattrs": {"zz": "not hex"}}, version=2,
-                       stored=4096, size=100, uid=7, gid=8)
+    s = _restored(_table(), sess, "y", {"xattrs": {"zz": "not hex"}}, version=2,
+                  stored=4096, size=100, uid=7, gid=8)
     assert (s.mode & 0o7777, s.uid, s.gid) == (0o644, 7, 8)
     assert s.pub_size == 100 and s.xattrs == {}
     assert s.atime_ns == s.mtime_ns
@@ -184,10 +201,10 @@ def test_a_directory_counts_its_subdirectories_for_nlink():
     assert s.nlink() == 2
     d1 = Dir(10, "d1", s, 0o755, 0, 0, SUBDIR)
     s.children["d1"] = d1
-    s.children["f"] = Slot(11, "f", s, 0o644, 0, 0)
+    s.children["f"] = Slot(_table(), 11, "f", s, 0o644, 0, 0)
     s.children["d2"] = Dir(12, "d2", s, 0o755, 0, 0, SUBDIR)
     assert s.nlink() == 4
-    s.children["d2"] = Slot(13, "d2", s, 0o644, 0, 0)      # a rename over it
+    s.children["d2"]= Slot(_table(), 13, "d2", s, 0o644, 0, 0)     # a rename over it
     assert s.nlink() == 3
     s.children["f"] = Dir(14, "f", s, 0o755, 0, 0, SUBDIR)
     assert s.nlink() == 4
@@ -259,7 +276,7 @@ def test_a_slot_key_follows_every_move_above_it():
     s = session_dir()
     d = Dir(20, "d", s, 0o755, 0, 0, SUBDIR)
     s.children["d"] = d
-    x = Slot(21, "x", d, 0o644, 0, 0)
+    x = Slot(_table(), 21, "x", d, 0o644, 0, 0)
     assert x.key == b"a/s/d/x" and x.key is x.key          # computed once, then kept
     d.move("e", s)                                         # a directory above it
     assert x.key == b"a/s/e/x"
@@ -267,7 +284,7 @@ def test_a_slot_key_follows_every_move_above_it():
     x.move("y", other)
     assert x.key == b"a/t/y"
     s.parent.move("b", s.parent.parent)                    # the agent
-    assert x.key == b"b/t/y" and Slot(23, "z", d, 0o644, 0, 0).key == b"b/s/e/z"
+    assert x.key == b"b/t/y" and Slot(_table(), 23, "z", d, 0o644, 0, 0).key == b"b/s/e/z"
 
 
 class _Token:

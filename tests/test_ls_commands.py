@@ -206,9 +206,19 @@ def test_owners_steer_their_own_slots_and_nobody_elses(make_mount):
     assert os.getxattr(m.p("bob", "s", "kv"), "user.memos.tier") == b"ssd"
 
 
-def test_ls_outside_a_mount_says_so(tmp_path):
-    (tmp_path / "f").write_bytes(b"x")
-    r = memosfs("ls", str(tmp_path))
-    assert r.returncode == 1 and "not a slot of a memosfs mount" in r.stderr
-    r = memosfs("evict", str(tmp_path / "f"))
+def test_outside_a_mount_each_command_says_so_once_and_walks_nothing(tmp_path):
+    """`memosfs ls` of a home directory listed every file in it, one error
+    line each: a PATH on no memosfs mount is said once, never walked."""
+    for i in range(60):
+        d = tmp_path / f"d{i % 6}"
+        d.mkdir(exist_ok=True)
+        (d / f"f{i}").write_bytes(b"x")
+    for cmd in ("ls", "pin", "unpin"):
+        r = memosfs(cmd, str(tmp_path))
+        assert (r.returncode, r.stdout, r.stderr) == \
+            (1, "", f"memosfs {cmd}: {tmp_path}: not a memosfs mount\n")
+    r = memosfs("ls", cwd=tmp_path)                 # (PATH defaults to .)
+    assert (r.returncode, r.stderr) == (1, "memosfs ls: .: not a memosfs mount\n")
+    assert not any("user.memos.pin" in os.listxattr(f) for f in tmp_path.rglob("f*"))
+    r = memosfs("evict", str(tmp_path / "d0" / "f0"))
     assert r.returncode == 1 and "not on a memosfs mount" in r.stderr

@@ -55,6 +55,8 @@ def test_mount_t_fuse_memosfs_and_umount(helper, tmp_path):
         assert is_mounted(mnt)                    # mount(8) returned with the fs up
         fstype = [ln.split()[2] for ln in open("/proc/mounts") if ln.split()[1] == str(mnt)]
         assert fstype == ["fuse.memosfs"]
+        assert {"nodev", "nosuid"} <= mount_flags(mnt)    # as make run's (mount.fuse3
+                                                          # adds dev,suid)
         assert (mnt / ".memos/cache/evict_batch").read_text() == "24\n"
         (mnt / "a").mkdir()
         (mnt / "a/s").mkdir()
@@ -69,6 +71,33 @@ def test_mount_t_fuse_memosfs_and_umount(helper, tmp_path):
         time.sleep(0.1)
     text = log.read_text()
     assert "unmounted" in text and "Traceback" not in text
+
+
+def mount_flags(mnt: Path) -> set[str]:
+    """The per-mount flags of the mount at mnt (/proc/self/mountinfo's sixth field)."""
+    for line in open("/proc/self/mountinfo"):
+        fields = line.split()
+        if fields[4] == str(mnt):
+            return set(fields[5].split(","))
+    raise AssertionError(f"{mnt} is not mounted")
+
+
+def test_dev_and_suid_are_not_taken_whoever_asks(helper, tmp_path):
+    """mount(8) passes an explicit dev,suid as mount.fuse3 adds them: the
+    mount is nodev,nosuid all the same (docs/semantics.md)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log = tmp_path / "daemon.log"
+    r = subprocess.run(["mount", "-t", "fuse.memosfs", "memos", str(mnt), "-o",
+                        f"capacity=32M,ssd={tmp_path}/ssd,log={log},dev,suid,exec"],
+                       capture_output=True, text=True, timeout=60)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert {"nodev", "nosuid"} <= mount_flags(mnt)
+        assert "noexec" not in mount_flags(mnt)
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+    assert "mount options dev,suid: not taken" in log.read_text()
 
 
 def test_fstab_and_unit_name_the_same_type():

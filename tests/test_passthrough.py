@@ -261,3 +261,23 @@ def test_two_writers_larger_together_than_memory_both_finish(make_mount):
     for i in (1, 2):
         assert (d / f"w{i}").read_bytes() == bytes([48 + i]) * (48 * MiB)
     assert m.stats()["slots_lost"] == 0
+
+
+def test_the_memory_a_slot_takes_is_what_the_pages_say(make_mount):
+    """A version written by passthrough is held twice while the kernel's copy
+    is kept: the memory tier's and the copy (README, docs/semantics.md and the
+    knob table say so; when a version is held once, they must say that)."""
+    from pathlib import Path
+    m, d = _pt_mount(make_mount, passthrough=1, capacity="64M")
+    (d / "big").write_bytes(os.urandom(8 * MiB))
+    with open(d / "big", "rb") as f:
+        f.read()
+    st = m.stats()
+    assert st["passthrough_mirrors"] >= 1
+    assert st["bytes_used"] >= 8 * MiB and st["passthrough_room_used"] >= 8 * MiB
+    root = Path(__file__).resolve().parent.parent
+    said = {"README.md": "a 100 MB slot: 200 MB",
+            "docs/semantics.md": "a 100 MB slot takes 200 MB",
+            "docs/knobs.md": "a 100 MB slot takes 200 MB"}
+    for page, text in said.items():
+        assert text in (root / page).read_text(), page

@@ -1,4 +1,4 @@
-"""FUSE passthrough through memosfs._fuseshim (native/fuse/fuseshim.c): the
+"""FUSE passthrough through memosfs._fuseshim (native/fuse/passthrough.c): the
 shim asks the kernel for FUSE_PASSTHROUGH in the INIT reply
 (set_passthrough), registers backing files on /dev/fuse (backing_open,
 backing_close) and turns an OPEN or CREATE reply whose fh was attached

@@ -169,26 +169,43 @@ def test_the_handlers_publish_nothing_after_a_refused_write(make_handlers):
 
 
 def test_refused_ranges_go_when_written_again_or_cut_off():
-    """The bookkeeping behind the rule (memosfs/fuse/nodes.py `Refusals`):
-    a range goes when a later write covers it or a truncate cuts it off."""
-    from memosfs.fuse.nodes import Refusals
-    r = Refusals()
-    r.note(100, 200, errno.ENOSPC, "full")
-    r.note(300, 400, errno.EFBIG)
-    assert r and r.code == errno.ENOSPC and r.reason == "full"
-    r.written(100, 150)
-    assert r.spans == [[150, 200], [300, 400]]
-    r.written(140, 210)                     # a retry of the rest succeeded
-    assert r.spans == [[300, 400]]
-    r.truncated(350)
-    assert r.spans == [[300, 350]]
-    r.truncated(300)                        # the writer chose a size below it
-    assert not r and r.code == 0
-    for i in range(Refusals.MAX + 5):       # many: merged, never fewer bytes
-        r.note(i * 10, i * 10 + 1, errno.EIO)
-    assert len(r.spans) <= Refusals.MAX and r.spans[0][0] == 0
-    r.note(5, 5, errno.EIO)                 # a refused truncate to 5: one byte
-    assert r
+    """The bookkeeping behind the rule (the slot table, native/slot.c): a
+    refused range goes when a later write covers it or a truncate cuts it
+    off; while one is left, the draft's publish is refused with the first
+    refusal's errno."""
+    from memosfs import _native as n
+    m = n.SlotMachine(first_ino=10)
+    ino, _ = m.create(1, 7, 7, True, False, 0)
+    m.wrote(ino, 0, 1000, 0)
+
+    def left():
+        return m.field(ino, n.SLOT_F_REFUSED)
+
+    def plan():
+        return m.publish_plan(ino, 7, 7)[0]
+    m.refused(ino, 100, 200, errno.ENOSPC)
+    m.refused(ino, 300, 400, errno.EFBIG)
+    assert left() == 2 and m.field(ino, n.SLOT_F_REFUSED_CODE) == errno.ENOSPC
+    assert plan() == n.SLOT_PUBLISH_REFUSED
+    m.wrote(ino, 100, 50, 0)
+    assert left() == 2                      # [150, 200) and [300, 400) are left
+    m.wrote(ino, 140, 70, 0)                # a retry of the rest succeeded
+    assert left() == 1 and plan() == n.SLOT_PUBLISH_REFUSED
+    m.truncated(ino, 350, 0)
+    assert left() == 1                      # [300, 350)
+    m.truncated(ino, 300, 0)                # the writer chose a size below it
+    assert left() == 0 and m.field(ino, n.SLOT_F_REFUSED_CODE) == 0
+    assert plan() == n.SLOT_PUBLISH_DO
+    for i in range(20):                     # many: merged, never fewer bytes
+        m.refused(ino, i * 10, i * 10 + 1, errno.EIO)
+    assert 1 <= left() <= 8 and plan() == n.SLOT_PUBLISH_REFUSED
+    m.wrote(ino, 0, 100, 0)                 # (merged: a write inside is not enough)
+    assert plan() == n.SLOT_PUBLISH_REFUSED
+    m.wrote(ino, 0, 300, 0)
+    assert left() == 0 and plan() == n.SLOT_PUBLISH_DO
+    m.refused(ino, 5, 5, errno.EIO)         # a refused truncate to 5: one byte
+    assert left() == 1
+    m.check()
 
 
 def test_the_shells_truncating_redirect_of_nothing_still_publishes(make_mount):

@@ -362,6 +362,16 @@ class SlotMachineVsModel(RuleBasedStateMachine):
         self.k.m.unlink(name)
         self.model.unlink(name)
 
+    @rule(p=st.sampled_from(PROCS))
+    def rmdir(self, p):
+        """rm -rf of the directory by p while others write names it cannot
+        see: they go with it (the machine: unlinked), then it is made again."""
+        seen = [name for name in NAMES if self.k.m.lookup(name, p) is not None]
+        gone = self.model.rmdir(p)
+        assert (gone is None) == bool(seen), (seen, gone)
+        for name in gone or ():
+            self.k.m.unlink(name)
+
     @rule(p=st.sampled_from(PARENTS), old=st.sampled_from(NAMES), new=st.sampled_from(NAMES))
     def rename(self, p, old, new):
         if self.k.m.lookup(old, p) is None or old == new:
@@ -861,6 +871,27 @@ class SlotMachineVsHandlers(RuleBasedStateMachine):
         self.py_truncate(self.c2p[h["kino"]], size, h["fh"], h["opener"])
         self.k.m.truncated(h["ino"], size, self.k.now)
 
+    @precondition(lambda self: any(h["kind"] == "write" for h in self.handles))
+    @rule(i=st.integers(0, 50), how=st.sampled_from(["fallocate", "ftruncate"]))
+    def refused_extend(self, i, how):
+        """A fallocate or an extending ftruncate beyond every tier: refused,
+        and, losing no byte, it changes nothing else: the machine is not told
+        of a refusal, and the next publish of the draft must agree."""
+        import pyfuse3
+        hs = [h for h in self.handles if h["kind"] == "write"]
+        h = hs[i % len(hs)]
+        huge = 16 << 40
+        if how == "fallocate":
+            err = self.fs.ops.fallocate(h["fh"], 0, 0, huge)
+            assert err in (errno.ENOSPC, errno.EFBIG), err
+        else:
+            try:
+                self.py_truncate(self.c2p[h["kino"]], huge, h["fh"], h["opener"])
+            except pyfuse3.FUSEError as e:
+                assert e.errno in (errno.ENOSPC, errno.EFBIG), e.errno
+            else:
+                raise AssertionError("a 16 TiB ftruncate was not refused")
+
     @rule(p=st.sampled_from(PARENTS), name=st.sampled_from(NAMES),
           size=st.sampled_from([0, 3, 50]))
     def truncate_path(self, p, name, size):
@@ -918,7 +949,7 @@ class SlotMachineVsHandlers(RuleBasedStateMachine):
                 assert (a is None) == (c is None), (p, name, a, c)
                 if a is None:
                     continue
-                self.fs.ops.inodes[a.st_ino].lookups -= 1      # (the kernel would forget)
+                self.fs.ops._looked_up(self.fs.ops.inodes[a.st_ino], -1)   # (the kernel would forget)
                 self.pair(a.st_ino, c)
                 assert a.st_size == m.stat(c, p, now)["size"], (p, name)
         for h in self.handles:

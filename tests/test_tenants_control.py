@@ -302,6 +302,7 @@ GOOD = {
     "writeback_delay_ms": [("0", "0\n"), ("3600000", "3600000\n")],
     "ssd_capacity": [("0", "0\n"), ("1M", f"{MiB}\n"), ("1.5G", f"{3 << 29}\n")],
     "ssd_full": [("refuse\n", "refuse\n"), ("evict", "evict\n")],
+    "unmount_unsaved": [("lose\n", "lose\n"), ("refuse", "refuse\n")],
     "ssd_pack_below": [("0", "0\n"), ("4K", "4096\n"), ("65536\n", "65536\n")],
     "warmup_ratio": [("0.75", "0.75\n")],
     "quantize": [("int8", "int8\n"), ("off", "off\n")],

@@ -99,6 +99,8 @@ def test_the_wrapper_names_a_private_program_directory(public_dir):
     assert f"memosfs: user nobody cannot run {prog}: {home} is private to its owner " \
            f"(mode 700, owner root)." in got.stderr
     assert "install it where every user can reach it" in got.stderr
+    assert "make install PYTHON=/usr/bin/python3 (docs/operating.md, \"Other users\")" \
+        in got.stderr, got.stderr
     assert got.stdout == ""
 
 
@@ -112,6 +114,7 @@ def test_the_wrapper_names_a_private_python(public_dir):
     os.symlink(sys.executable, python)
     venv_bin = public_dir / "venv" / "bin"
     venv_bin.mkdir(parents=True)
+    (public_dir / "Makefile").write_text("install:\n")     # (a checkout)
     os.symlink(python, venv_bin / "python")
     prog = venv_bin / "memosfs"
     prog.write_text(f"#!{venv_bin / 'python'}\nprint('ran')\n")
@@ -122,6 +125,8 @@ def test_the_wrapper_names_a_private_python(public_dir):
     got = _as_nobody(str(dest), "--version")
     assert got.returncode == 126
     assert f"{home} is private to its owner" in got.stderr, got.stderr
+    assert f"cd {public_dir} && make install PYTHON=/usr/bin/python3 VENV=venv-shared " \
+           f"(docs/operating.md, \"Other users\")" in got.stderr, got.stderr
     assert "Permission denied" not in got.stderr
     ran = subprocess.run([str(dest)], capture_output=True, text=True, timeout=30)
     assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr    # its owner runs it

@@ -54,6 +54,20 @@ def test_a_refusal_is_noted_for_the_caller_of_the_request():
     assert not refuse(errno.EPERM, "background").noted
 
 
+def test_a_refused_save_stays_visible_after_harmless_refusals():
+    book = why.Reasons()
+    book.note(7, errno.EFBIG, "a/s/big: not published", "flush")
+    book.note(7, errno.ENOTSUP, "a/s/copy: xattr system.posix_acl_access", "setxattr")
+    first, second = book.text(7).splitlines()
+    assert first.endswith(" ENOTSUP (Operation not supported): a/s/copy: xattr "
+                          "system.posix_acl_access")
+    assert second.endswith(" last refused save or open: EFBIG (File too large): "
+                           "a/s/big: not published")
+    book.note(7, errno.EACCES, "open a/s/x", "open")    # a newer one: shown once
+    assert book.text(7).splitlines()[1:] == []
+    assert book.text(8) == "nothing of yours was refused since the mount\n"
+
+
 def test_the_book_keeps_the_last_refused_uids():
     book = why.Reasons()
     for uid in range(why.MAX_UIDS + 10):
@@ -117,6 +131,32 @@ def test_a_write_refused_on_the_fast_path_is_noted(make_mount):
             f.flush()
     assert e.value.errno in (errno.EFBIG, errno.ENOSPC)
     assert errno.errorcode[e.value.errno] in why_text(m)
+
+
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_cp_a_does_not_hide_the_refused_save_before_it(make_mount, tmp_path, fast):
+    """`cp -a` leaves ENOTSUP for system.posix_acl_access (harmless: the copy
+    succeeds); the refused save before it stays in `.memos/why`."""
+    m = make_mount(capacity="4M", ssd="none", fast_path=fast)
+    m.p("a", "s").mkdir(parents=True)
+    with pytest.raises(OSError) as e:
+        with open(m.p("a", "s", "big"), "wb") as f:
+            f.write(b"x" * (6 << 20))
+            f.flush()
+    refused = errno.errorcode[e.value.errno]
+    (tmp_path / "src").write_text("hello")
+    r = subprocess.run(["cp", "-a", str(tmp_path / "src"), str(m.p("a", "s", "copy"))],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = why_text(m).splitlines()
+    assert "ENOTSUP" in lines[0] and "system.posix_acl_access" in lines[0], lines
+    assert f"last refused save or open: {refused}" in lines[1] and "a/s/big" in lines[1]
+    assert errno_of(os.setxattr, m.p("a", "s", "copy"), "trusted.x", b"1") == errno.ENOTSUP
+    lines = why_text(m).splitlines()
+    assert "trusted.x" in lines[0] and "a/s/big" in lines[1], lines
+    r = subprocess.run([sys.executable, "-m", "memosfs", "why", str(m.path)],
+                       capture_output=True, text=True)
+    assert "a/s/big" in r.stdout
 
 
 def test_a_federated_refusal_is_noted(make_mount):

@@ -42,6 +42,12 @@ longest one present in a session and `load_longest_prefix` loads it.  Pass
 `seed=` (e.g. the model id) to keep different models' prefixes apart by name;
 the metadata check keeps them apart in any case.
 
+A path below a memosfs mount point with nothing mounted on it (the daemon
+marks its mount points; /etc/fstab names them) is refused with NotOnMount
+(an OSError, ENODEV, naming the mount point) by the helpers that write,
+list or load slots, instead of writing onto the disk beneath; any other
+path works, on any filesystem (memosfs/client/mounts.py).
+
 torch and transformers are imported only when needed: numpy arrays work
 without them (`as_="numpy"`).
 """
@@ -57,6 +63,8 @@ import struct
 from typing import Any, Sequence
 
 import numpy as np
+
+from memosfs.client.mounts import NotOnMount, check_path  # noqa: F401 (kv.NotOnMount)
 
 FORMAT = "memosfs-kv/1"
 HASH_SCHEME = "sha256-chain/int32le"
@@ -160,6 +168,7 @@ def _cached_prefixes(session_dir, tokens, block, seed, partial):
     """(n_tokens, prefix hash, path) of every cached prefix of `tokens` in
     `session_dir`, longest first, from one directory listing."""
     hashes = prefix_hashes(tokens, block, seed, partial=partial)
+    check_path(session_dir)
     try:
         present = set(os.listdir(session_dir))
     except FileNotFoundError:
@@ -298,6 +307,7 @@ def save_kv(path: str | os.PathLike, past_key_values: Any, *, model_id: str,
             raise ValueError(f"extra_meta may not set the reserved field {key!r}")
         meta[str(key)] = str(value)
     path = os.fspath(path)
+    check_path(path)                        # (before a directory is made for it)
     if torch_mode:
         from safetensors.torch import save
     else:
@@ -307,7 +317,7 @@ def save_kv(path: str | os.PathLike, past_key_values: Any, *, model_id: str,
         parent = os.path.dirname(path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-    write_slot(path, data)
+    _write_slot(path, data)
     return meta
 
 
@@ -318,8 +328,14 @@ def write_slot(path: str | os.PathLike, data: bytes | memoryview) -> None:
     the slot whole, so readers never see a part of it; elsewhere the file is
     written in place.  When a write fails, the name is unlinked before the
     close (a missing slot is a miss; a torn one would not load) and the
-    error is raised, naming `path`."""
+    error is raised, naming `path`.  A path below a memosfs mount point with
+    nothing mounted on it is refused (NotOnMount, memosfs/client/mounts.py)."""
     path = os.fspath(path)
+    check_path(path)
+    _write_slot(path, data)
+
+
+def _write_slot(path: str, data: bytes | memoryview) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
     try:
         view = memoryview(data).cast("B")
@@ -369,7 +385,12 @@ def save_prefix(session_dir: str | os.PathLike, past_key_values: Any, tokens: An
 def read_header(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, dict]]:
     """(metadata, {tensor name: {dtype, shape, data_offsets}}) of a
     safetensors file, reading only its header."""
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except OSError:
+        check_path(path)                    # (NotOnMount says why, if it can)
+        raise
+    with f:
         raw = f.read(8)
         if len(raw) < 8:
             raise KVFormatError(f"{path}: not a safetensors file (shorter than 8 bytes)")
@@ -424,6 +445,7 @@ def check_kv(path: str | os.PathLike, model: Any = None, *, model_id: str | None
     for a file that is not a consistent memosfs KV slot, KVMismatch when it
     is one for something else."""
     path = os.fspath(path)
+    check_path(path)
     meta, table = read_header(path)
     if meta.get("format") != FORMAT:
         raise KVFormatError(f"{path}: not a memosfs KV slot (format {meta.get('format')!r}, "

@@ -38,6 +38,7 @@ import threading
 from typing import Optional
 
 from memosfs.abi import MEMOS_IOC_ACK
+from memosfs.client.mounts import check_path
 
 __all__ = ["SharedSlots", "MEMOS_IOC_ACK", "ack"]
 
@@ -117,6 +118,7 @@ class SharedSlots:
     def _open(self, path: str) -> None:
         # Outside the lock: under protocol 2 an open may wait for a writer,
         # and the watcher must meanwhile be free to acknowledge for us.
+        check_path(path)                        # (NotOnMount: the mount is not there)
         fd = os.open(path, os.O_RDONLY)
         with self._lock:
             if path in self._fds:                 # another thread was first

@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memosfs.client import kv
+from memosfs.client.mounts import check_path
 
 log = logging.getLogger("memosfs.vllm")
 
@@ -121,6 +122,7 @@ def plan_chain(session_dir: str | os.PathLike, tokens: Any, *, block: int = DEFA
     is left out and listed in `refused` as (name, reason).  `headers` caches headers
     by slot name (names are content hashes)."""
     hashes = kv.prefix_hashes(tokens, block, seed)
+    check_path(session_dir)
     try:
         present = set(os.listdir(session_dir))
     except (FileNotFoundError, NotADirectoryError):
@@ -366,6 +368,7 @@ def _build_class():
             self.expect = {"model": self.model_id, "layers": str(self.layers),
                            "kv_heads": str(self.kv_heads), "head_dim": str(self.head_dim),
                            "dtype": self.dtype}
+            check_path(self.path)               # (NotOnMount: the mount is not there)
             os.makedirs(self.path, exist_ok=True)
             # scheduler side
             self._headers: dict[str, dict[str, str]] = {}

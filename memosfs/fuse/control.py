@@ -23,6 +23,9 @@ cache/flush            0600  root writes 1: persist every dirty slot, then recla
 cache/revoke           0600  root writes `agent/session/slot`: revoke every reader of it
                              (coherence protocol 2; their reads fail with ESTALE)
 cache/reset_context    0600  root writes `agent/session`: drop that session's slots
+cache/unsaved          0444  the dirty slots the SSD tier could not take (what an
+                             unmount now would lose: unmount.py): `name value`
+                             lines, then `slot BYTES PATH` (root only)
 cache/evict            0622  root or the owner writes `agent[/session[/.../slot]]`:
                              those slots leave memory for the SSD tier (written back
                              first if dirty), never deleted (steer.py)
@@ -171,6 +174,12 @@ def _apply_ssd_full(ctl: "ControlTree", value: str) -> str:
     return value
 
 
+def _apply_unmount_unsaved(ctl: "ControlTree", value: str) -> str:
+    if value == "lose":                 # (at once: `memosfs umount --force` unmounts next)
+        ctl.ops.unmount_guard.release("unmount_unsaved=lose")
+    return value
+
+
 def _apply_ssd_pack_below(ctl: "ControlTree", value: int) -> int:
     if ctl.store.ssd is not None:
         ctl.store.ssd.segs.pack_below = value
@@ -212,6 +221,7 @@ def _apply_writeback_cache(ctl: "ControlTree", value: bool) -> bool:
         raise KnobError("writeback_cache is negotiated with the kernel at mount: give it "
                         "with -o writeback_cache=0 or =1")
     ops.enable_writeback_cache = ops.wb = bool(value)
+    ops.slots.set_writeback(ops.wb)     # (the slot table plans around the kernel's cache)
     return value
 
 
@@ -241,6 +251,7 @@ KNOB_APPLY: dict[str, Callable[["ControlTree", Any], Any]] = {
     "writeback_delay_ms": _apply_writeback_delay_ms,
     "ssd_capacity": _apply_ssd_capacity,
     "ssd_full": _apply_ssd_full,
+    "unmount_unsaved": _apply_unmount_unsaved,  # and the hold's watch (unmount.py)
     "warmup_ratio": _read_at_use,               # the warm-up at mount (cli.py)
     "ssd_pack_below": _apply_ssd_pack_below,
     "quantize": _read_at_use,                   # each publish (publish.py)
@@ -348,6 +359,8 @@ class ControlTree:
         self._file(next(ino), "trace", debug, 0o600, self.trace.text, self.write_trace)
         self._file(next(ino), "metrics", ctl, 0o444,
                    lambda: format_metrics(self.statistics()), None)
+        # what an unmount now would lose (unmount.py): names for root only
+        self._file(next(ino), "unsaved", cache, 0o444, self._unsaved_text, None)
         # the reader's own last refusal (why.py): each uid sees only its own
         self._file(next(ino), "why", ctl, 0o444, self._why_text, None)
         # every request the kernel sent since the mount, by kind (no names)
@@ -367,6 +380,10 @@ class ControlTree:
         if counts is None:
             return "# not counted: the session does not read through memosfs._fuseshim\n"
         return "".join(f"{k} {v}\n" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+    def _unsaved_text(self) -> str:
+        caller = CALLER.get()
+        return self.ops.unmount_guard.text(caller[0] if caller is not None else None)
 
     def _why_text(self) -> str:
         caller = CALLER.get()
@@ -412,6 +429,7 @@ class ControlTree:
         if text.strip() != "1":
             raise KnobError(f"write 1 to flush, not {text.strip()!r}")
         self.store.flush()
+        self.ops.unmount_guard.settle()     # (an unmount may follow at once)
 
     def write_reset(self, text: str) -> None:
         """agent/session: drop that session's slots and subtree."""

@@ -143,6 +143,7 @@ class NoMemory(NeedRoom):
         self.cause = cause
         self.node: Optional[Slot] = None
         self.span: tuple[int, int] = (0, 1)
+        self.lossless = False           # a change that loses no byte refused (fallocate)
 
 
 class Refused(pyfuse3.FUSEError):
@@ -257,7 +258,6 @@ class OpsCore:
     _room_waits = 0             # waits for room made off the loop
     mountpoint: str             # set by start_kernel_notifications
     _refresher: "Refresher"
-    _next_ino: int
     _next_fh: int
     _dir_opens: dict[int, tuple[int, int]]   # directory handle -> (inode, opener's tgid)
     _lookup_misses: int         # lookups of a name no tier has (counted as misses)
@@ -312,9 +312,32 @@ class OpsCore:
         return node
 
     def _new_ino(self) -> int:
-        ino = self._next_ino
-        self._next_ino += 1
-        return ino
+        return self.slots.new_ino()     # (one numbering: the slot table's)
+
+    def _new_slot(self, ino: int, name: str, parent: Dir, mode: int, uid: int,
+                  gid: int) -> Slot:
+        """The Slot object of an inode the slot table made."""
+        return Slot(self.slots, ino, name, parent, mode, uid, gid)
+
+    def _slot_like(self, ino: int, like: Slot) -> Slot:
+        """The object of an inode the slot table made for like's name (a
+        fresh inode, a private draft, a view): its metadata."""
+        node = Slot(self.slots, ino, like.name, like.parent, stat.S_IMODE(like.mode),
+                    like.uid, like.gid)
+        node.like(like)
+        pt = getattr(self, "_pt_state", None)
+        if pt is not None and like.pt_mirror is not None \
+                and like._f(_native.SLOT_F_SUCCESSOR) == ino \
+                and like.state == _native.SLOT_SUPERSEDED:
+            pt.move_mirror(like, node)  # (a fresh inode of the same version)
+        return node
+
+    def _looked_up(self, node: Node, k: int) -> None:
+        """The kernel learned (k > 0) or forgot (k < 0) node k times."""
+        if isinstance(node, Slot):
+            self.slots.lookups(node, k)
+        else:
+            node.lookups += k
 
     def _fh(self) -> int:
         fh = self._next_fh
@@ -380,61 +403,80 @@ class OpsCore:
         a.st_blksize = SLOT_BLKSIZE if isinstance(node, Slot) else 4096
         a.attr_timeout = ATTR_TIMEOUT
         a.entry_timeout = ENTRY_TIMEOUT
-        if isinstance(node, Slot) and (node.writers or node.draft is not None):
+        if isinstance(node, Slot):
+            self._slot_attr(node, a, ctx)
+        return a
+
+    def _slot_attr(self, node: Slot, a: pyfuse3.EntryAttributes, ctx) -> None:
+        """A slot's size, blocks, mtime and timeouts as the caller sees them
+        (the writers' view: the slot table's `stat`)."""
+        writers = node.writers
+        if writers or node.draft_kind:
             if not self.wb and node.version:
                 # (with the writeback cache the kernel keeps a regular file's
                 # size and mtime itself and asks for nothing per write: a
                 # zero timeout would cost a GETATTR per write(2))
                 a.attr_timeout = 0
-            if ctx is None or tgid_of(ctx.pid) in node.writer_pids:
+            if ctx is None or node.is_writer(tgid_of(ctx.pid)):
                 if node.pt_draft is not None:
                     self._pt_poll(node)     # (what the kernel wrote into its file)
                 size = node.draft_size()
                 a.st_size = size
                 a.st_blocks = max(node.blocks(), (size + 511) // 512)
                 if node.changed:
-                    a.st_mtime_ns = a.st_ctime_ns = node.draft_mtime_ns
-        if isinstance(node, Slot) and node.privates:
+                    a.st_mtime_ns = a.st_ctime_ns = node._f(_native.SLOT_F_DRAFT_MTIME)
+        if node.privates:
             a.attr_timeout = 0          # a retried writer's own draft (its view)
-            own = node.privates.get(tgid_of(ctx.pid)) if ctx is not None else None
+            own = self.slots.own_private(node, tgid_of(ctx.pid)) if ctx is not None else None
             if own is not None and own.writers:
                 size = own.draft_size()
                 a.st_size = size
                 a.st_blocks = max(node.blocks(), (size + 511) // 512)
                 if own.changed:
-                    a.st_mtime_ns = a.st_ctime_ns = own.draft_mtime_ns
-        if isinstance(node, Slot) and not node.version:
+                    a.st_mtime_ns = a.st_ctime_ns = own._f(_native.SLOT_F_DRAFT_MTIME)
+        if not node.version:
             a.entry_timeout = 0         # unpublished: others get ENOENT (lookup)
-        if isinstance(node, Slot) and (node.view_of is not None or node.pt_draft is not None):
+        if node.view_of is not None or node.pt_draft is not None:
             # a readers' view, or the inode a writers' file backs: every
             # process looks the name up again (readers find a view)
             a.entry_timeout = a.attr_timeout = 0
-        return a
 
     def _entry(self, node: Node, ctx=None) -> pyfuse3.EntryAttributes:
-        node.lookups += 1
+        self._looked_up(node, 1)
         return self._attr(node, ctx)
 
     # ---- leaving the tree ----
 
     def _detach(self, node: Node, reason: str) -> None:
+        """node leaves the tree (a slot: through the slot table, `reason`
+        "unlink", "rmdir", or any reason no tier holds it by: a drop)."""
         parent = node.parent
+        pt = getattr(self, "_pt_state", None)
+        if pt is not None and getattr(node, "pt_mirror", None) is not None:
+            pt.drop_mirror(node)    # (kept while files read it: their
+                                                # last release drops it)
+        if isinstance(node, Slot):
+            if parent is not None and parent.children.get(node.name) is node:
+                if reason in ("unlink", "rmdir"):
+                    self.slots.remove(parent, node.name, reason)
+                else:
+                    self.slots.drop(parent, node.name)
+                parent.mtime_ns = parent.ctime_ns = now_ns()
+            node.ctime_ns = now_ns()
+            return
         if parent is not None and parent.children.get(node.name) is node:
             del parent.children[node.name]
             parent.mtime_ns = parent.ctime_ns = now_ns()
         node.detached = reason
         node.ctime_ns = now_ns()
-        pt = getattr(self, "_pt_state", None)
-        if pt is not None and getattr(node, "pt_mirror", None) is not None:
-            pt.drop_mirror(node)    # (kept while files read it: their
-                                                # last release drops it)
         self._maybe_forget(node)
 
     def _maybe_forget(self, node: Node) -> None:
-        """Drop an inode that left the tree (unlinked, or superseded: another
-        inode took its name) once the kernel forgot it and no handle is open."""
-        if (node.detached or getattr(node, "successor", None) is not None) \
-                and node.lookups <= 0 and node.handles <= 0:
+        """Drop an inode that left the tree once the kernel forgot it and no
+        handle is open (a slot: the slot table forgets it itself)."""
+        if isinstance(node, Slot):
+            return
+        if node.detached and node.lookups <= 0 and node.handles <= 0:
             self.inodes.pop(node.ino, None)
 
     # ---- calls into the store ----
@@ -452,7 +494,7 @@ class OpsCore:
             return None
         except pyfuse3.FUSEError as e:
             if getattr(e, "reason", None) and not e.noted:
-                self._note_fast_refusal(e, args)
+                self._note_fast_refusal(e, args, what)
             return -e.errno
         except Exception:
             self._refused += 1
@@ -463,12 +505,13 @@ class OpsCore:
             if about is not None:
                 SUBJECT.reset(about)
 
-    def _note_fast_refusal(self, e: "Refused", args: tuple) -> None:
-        """`.memos/why` for a refusal on the fast path, whose caller is the
-        uid of the context or handle among the twin's arguments (why.py)."""
+    def _note_fast_refusal(self, e: "Refused", args: tuple, what: str) -> None:
+        """`.memos/why` for a refusal on the fast path (of request `what`),
+        whose caller is the uid of the context or handle among the twin's
+        arguments (why.py)."""
         uid = next((a.uid for a in args if isinstance(a, (FastCtx, Handle))), None)
         if uid is not None:
-            self.why.note(uid, e.errno, e.reason or "")
+            self.why.note(uid, e.errno, e.reason or "", what)
 
     def _run_now(self, coro):
         """A handler's coroutine that the checks say cannot wait: one send
@@ -492,7 +535,7 @@ class OpsCore:
         return -errno.EIO
 
     async def _with_room(self, fn, *args, node: Optional[Slot] = None,
-                         span: tuple[int, int] = (0, 1)):
+                         span: tuple[int, int] = (0, 1), lossless: bool = False):
         """fn(*args) on the loop, where the store calls it makes do not wait
         for room (NeedRoom): the wait happens in a worker thread, the loop
         serves other requests meanwhile (the closes that unpin what a full
@@ -504,7 +547,9 @@ class OpsCore:
         `_may_spill`), it spills instead (`_spill_draft`) and fn runs again:
         after SPILL_HELD_WAIT_S when only other writers' drafts and readers'
         pins would make room, at the limits above otherwise, and at once
-        when memory refuses the draft's change outright (NoMemory)."""
+        when memory refuses the draft's change outright (NoMemory).  A
+        `lossless` change (a fallocate, an extending truncate) refused loses
+        no byte: it is not noted against the draft."""
         waited = dead = held = 0.0
         while True:
             self._room_ok = True
@@ -538,10 +583,8 @@ class OpsCore:
                 e = refuse(errno.ENOSPC, "%s (no room after %.1f s of waiting for "
                            "write-backs and pinned versions)", self._room_trouble(), waited,
                            level=logging.WARNING)
-                if node is not None:
-                    node.refused.note(span[0], span[1], errno.ENOSPC, e.bare)
-                    node.trunc_only = False
-                    node.pages_trusted = False
+                if node is not None and not lossless:
+                    self.slots.refused(node, span[0], span[1], errno.ENOSPC, e.bare)
                 raise e
             self._room_waits += 1
             t0 = time.monotonic()
@@ -587,10 +630,8 @@ class OpsCore:
         e's span of its draft noted as refused (a draft that did not spill)."""
         self._refused += 1
         r = refuse(e.cause.errno or errno.EIO, "%s", self._said(e.cause), level=logging.WARNING)
-        if e.node is not None:
-            e.node.refused.note(e.span[0], e.span[1], r.errno, r.bare)
-            e.node.trunc_only = False
-            e.node.pages_trusted = False
+        if e.node is not None and not e.lossless:
+            self.slots.refused(e.node, e.span[0], e.span[1], r.errno, r.bare)
         return r
 
     def _may_spill(self, node: Optional[Slot]) -> bool:

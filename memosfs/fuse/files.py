@@ -27,7 +27,7 @@ memosfs._fuseshim sends before a write or a flush (`_write_note`,
 
 May call: the store (draft, spill, publish, load, persist, sync_namespace),
 coherence (upgrade, release), tenants, publish.py (`_publish`,
-`_published`, `_maybe_quantize`, `_logical`, `_settle_quota`), notify.py
+`_version_landed`, `_maybe_quantize`, `_logical`, `_settle_quota`), notify.py
 (`_invalidate_pages`, `_forget_attrs`, `_forget_entry`), the pusher, the
 OpsCore helpers (core.py).
 """
@@ -45,7 +45,7 @@ import trio
 from memosfs import _native
 from memosfs.knobs import KnobError
 from memosfs.fuse.core import NeedRoom, NoMemory, OpsCore, log, refuse, tgid_of
-from memosfs.fuse.nodes import PUSH_LOCK, Handle, Pseudo, Slot, now_ns
+from memosfs.fuse.nodes import Handle, Pseudo, Slot, now_ns
 from memosfs.fuse.tenants import OverLimit
 
 __all__ = ["FileOps"]
@@ -133,8 +133,7 @@ class FileOps(OpsCore):
             self._refused_span(node, off, end, e)   # (EDQUOT: refused like any write)
             raise
         self._draft_call(node, d.write, off, buf, span=(off, end))
-        node.refused.written(off, end)
-        self._changed(node)
+        self.slots.wrote(node, off, len(buf))       # (what was refused there is written)
         return len(buf)
 
     # -- the fast path (memosfs._fuseshim.install_fast) --------------------
@@ -222,9 +221,19 @@ class FileOps(OpsCore):
                 return e.errno or errno.EIO
             self._pt_poll(h.node)
             return 0
+        end = offset + length
+        room = self._room_for_draft(h.node)
+        if end > room:
+            # more than the tiers could ever hold: refused before anything
+            # moves (a refused fallocate changes nothing, the draft included)
+            self._refused += 1
+            e = refuse(errno.ENOSPC, "fallocate %s to %d bytes: the tiers have room for %d "
+                       "bytes at most", h.node.name, end, room, level=logging.WARNING)
+            self.why.note(h.uid, e.errno, e.reason or "")
+            return errno.ENOSPC
         self._room_ok = True
         try:
-            self._extend(h, offset + length)
+            self._extend(h, end)
             return 0
         except NeedRoom:
             pass
@@ -234,26 +243,44 @@ class FileOps(OpsCore):
             self._room_ok = False
         if not token or not self.mounted:
             return errno.ENOSPC
-        trio.lowlevel.spawn_system_task(self._fallocate_later, token, h, offset + length)
+        trio.lowlevel.spawn_system_task(self._fallocate_later, token, h, end)
         return None
 
-    def _extend(self, h: Handle, end: int) -> None:
-        node = h.node
-        d = self._draft_for(node, end - 1, end)
-        if end > d.size:
+    def _room_for_draft(self, node: Slot) -> int:
+        """The largest draft the tiers could take: the memory tier's
+        capacity, or, where the draft may spill, what the SSD directory has
+        room for besides (its disk's free space, within ssd_capacity)."""
+        room = self.store.cache.capacity
+        ssd = self.store.ssd
+        if ssd is not None and self._may_spill(None):
             try:
-                self._fair_share(h, node, d, end)
-            except pyfuse3.FUSEError as e:
-                self._refused_span(node, d.size, end, e)
-                raise
-            self._draft_call(node, d.truncate, end, span=(d.size, end))
-            self._changed(node)
+                st = os.statvfs(ssd.root)
+                free = st.f_bavail * st.f_frsize
+            except OSError:
+                free = 0
+            if ssd.capacity:
+                free = min(free, ssd.capacity)
+            room = max(room, free + node.draft_size())
+        return room
+
+
+    def _extend(self, h: Handle, end: int) -> None:
+        """fallocate mode 0: the draft grows to end (zeros).  Refused, it
+        loses no byte: the caller is told, nothing else changes (the draft
+        publishes as it would have: docs/semantics.md)."""
+        node = h.node
+        d = self._draft_for(node, end - 1, end, lossless=True)
+        if end > d.size:
+            self._fair_share(h, node, d, end)
+            self._draft_call(node, d.truncate, end, span=(d.size, end), lossless=True)
+            self.slots.truncated(node, end)
 
     async def _fallocate_later(self, token: int, h: Handle, end: int) -> None:
         """The rest of a fallocate that waits for room; answered exactly once."""
         err = errno.EIO
         try:
-            await self._with_room(self._extend, h, end, node=h.node, span=(end - 1, end))
+            await self._with_room(self._extend, h, end, node=h.node, span=(end - 1, end),
+                                  lossless=True)
             err = 0
         except pyfuse3.FUSEError as e:
             err = e.errno
@@ -283,57 +310,56 @@ class FileOps(OpsCore):
         h.data = text
         return len(buf)
 
-    def _changed(self, node: Slot) -> None:
-        node.changed = True
-        node.trunc_only = False
-        node.draft_mtime_ns = now_ns()
-
-    def _draft_call(self, node: Slot, fn, *args, span: tuple[int, int] = (0, 1)):
+    def _draft_call(self, node: Slot, fn, *args, span: tuple[int, int] = (0, 1),
+                    lossless: bool = False):
         """A change to the draft's bytes `span`; refused, it changes nothing
         (the C core leaves a draft as it was when a write or truncate fails),
         and the draft is not published until those bytes are there
-        (`Slot.refused`).  One the memory tier refuses raises NoMemory where
-        the draft may spill (`_with_room` moves it to a spill file)."""
+        (the slot table's refusals) -- unless the change loses no byte when
+        refused (`lossless`: a fallocate, an extending truncate).  One the
+        memory tier refuses raises NoMemory where the draft may spill
+        (`_with_room` moves it to a spill file)."""
         try:
             return self._native_call(fn, *args, memory=node.draft is None
                                      or not getattr(node.draft, "spilled", False))
         except NoMemory as e:
-            e.node, e.span = node, span
+            e.node, e.span, e.lossless = node, span, lossless
             raise
         except pyfuse3.FUSEError as e:
-            self._refused_span(node, span[0], span[1], e)
+            if not lossless:
+                self._refused_span(node, span[0], span[1], e)
             raise
 
     def _refused_span(self, node: Slot, start: int, end: int, e: pyfuse3.FUSEError) -> None:
-        node.refused.note(start, end, e.errno, getattr(e, "bare", None))
-        node.trunc_only = False
-        node.pages_trusted = False
+        self.slots.refused(node, start, end, e.errno, getattr(e, "bare", None))
 
-    def _draft_for(self, node: Slot, start: int, end: int) -> "_native.Draft":
+    def _draft_for(self, node: Slot, start: int, end: int,
+                   lossless: bool = False) -> "_native.Draft":
         """The writers' draft for a change of bytes [start, end): one that
-        cannot be made (memory is full) refuses that change (`Slot.refused`)."""
+        cannot be made (memory is full) refuses that change (the slot
+        table's refusals; not a `lossless` one)."""
         try:
             return self._ensure_draft(node)
         except NoMemory as e:
-            e.node, e.span = node, (start, end)
+            e.node, e.span, e.lossless = node, (start, end), lossless
             raise
         except pyfuse3.FUSEError as e:
-            self._refused_span(node, start, end, e)
+            if not lossless:
+                self._refused_span(node, start, end, e)
             raise
 
     def _ensure_draft(self, node: Slot) -> "_native.Draft":
-        """The writers' draft, made from the base at the first change."""
-        if node.draft is None:
-            node.draft = self._draft_from(node.base, node.base_decoded)
-            self._release_base(node)    # the draft holds its own copy now: let the
-                                        # published version be evicted if need be
-        return node.draft
+        """The writers' draft, made from the base at the first change (the
+        draft holds its own copy then: the published version may be evicted
+        if need be)."""
+        d = node.draft
+        if d is None:
+            d = self._draft_from(node.base, node.base_decoded)
+            self.slots.set_draft(node, d, _native.SLOT_DRAFT_ARENA)
+        return d
 
     def _release_base(self, node: Slot) -> None:
-        if node.base is not None:
-            node.base.release()
-            node.base = None
-        node.base_decoded = None
+        self.slots.release_base(node)
 
     def _draft_from(self, base: Optional["_native.Ref"],
                     decoded: Optional[bytes]) -> "_native.Draft":
@@ -364,7 +390,7 @@ class FileOps(OpsCore):
         has no room for it: a mount with an SSD tier and without
         passthrough (its writers' files have their own room), a draft that
         is not spilled already (None: whether any draft may)."""
-        if self.store.ssd is None or self.pt is not None:
+        if self.pt is not None:
             return False
         if node is None:
             return True
@@ -393,11 +419,12 @@ class FileOps(OpsCore):
             raise
         if d is not None:
             d.free()                    # the room goes to the other writers
-        node.draft = sp
-        self._release_base(node)
+        self.slots.set_draft(node, sp, _native.SLOT_DRAFT_OVERLAY if sp.overlaid
+                             else _native.SLOT_DRAFT_SPILL)
         log.info("%s: the memory tier has no room for its draft (%d bytes): it continues "
-                 "in a spill file of the SSD directory", node.key.decode("utf-8", "replace"),
-                 sp.size)
+                 "in %s", node.key.decode("utf-8", "replace"), sp.size,
+                 "a memory file until its publish makes room" if sp.in_memory
+                 else "a spill file of the SSD directory")
         return True
 
     async def _truncate(self, node: Slot, size: int, fh: Optional[int], ctx) -> None:
@@ -415,8 +442,10 @@ class FileOps(OpsCore):
         if (h is not None and h.kind == "write") or node.writers:
             if h is not None and h.hold is not None:
                 await self.coherence.upgrade(h.hold, bool(h.flags & os.O_NONBLOCK))
-            await self._with_room(self._truncate_draft, node, size, node=node,
-                                  span=(size, size + 1))
+            # (refused, an extending truncate loses no byte: nothing else changes)
+            grows = size > node.draft_size()
+            await self._with_room(self._truncate_draft, node, size, grows, node=node,
+                                  span=(size, size + 1), lossless=grows)
             return
         base = self._native_call(self.store.load, node.key) if node.version else None
         try:
@@ -450,19 +479,20 @@ class FileOps(OpsCore):
                 base.release()
         d, logical = self._maybe_quantize(d)
         ref = self._native_call(self.store.publish, d, node.key)
-        job = self._published(node, ref, now_ns(), logical)
+        size = len(logical) if logical is not None else ref.size
+        holder, fx = self.slots.set_version(node, ref.version, size, ref.stored)
+        job = self._version_landed(holder, fx, ref, now_ns(), logical)
         ref.release()
         if job is not None:
             trio.lowlevel.spawn_system_task(self.pusher.run, job)
 
-    def _truncate_draft(self, node: Slot, size: int) -> None:
+    def _truncate_draft(self, node: Slot, size: int, lossless: bool = False) -> None:
         if node.pt_draft is not None:
             self._pt_truncate(node, size)
             return
-        d = self._draft_for(node, size, size + 1)
-        self._draft_call(node, d.truncate, size, span=(size, size + 1))
-        self._changed(node)
-        node.refused.truncated(size)        # (what was refused beyond size is not wanted)
+        d = self._draft_for(node, size, size + 1, lossless=lossless)
+        self._draft_call(node, d.truncate, size, span=(size, size + 1), lossless=lossless)
+        self.slots.truncated(node, size)    # (what was refused beyond size is not wanted)
 
     def _write_note(self, fh: int, off: int, writepage: int) -> None:
         """From memosfs._fuseshim, just before write(fh, off): whether the
@@ -636,8 +666,8 @@ class FileOps(OpsCore):
                 # and the push's attribute refresh may wait on a lock held by
                 # someone who waits for that one
                 trio.lowlevel.spawn_system_task(self.pusher.run, job)
-        while isinstance(node, Slot) and node.successor is not None:
-            node = node.successor
+        if isinstance(node, Slot):
+            node = node.latest()
         if isinstance(node, Slot) and node.version and not node.detached:
             await self._off_loop(self.store.persist, node.key)
 
@@ -675,70 +705,46 @@ class FileOps(OpsCore):
             self.coherence.release(h.hold)
             if h.pt:
                 self._pt_detach(node)
-            node.handles -= 1
-            if isinstance(node, Slot):
-                if h.kind == "read" and not h.dio:
-                    node.readers -= 1
-                elif h.kind == "write":
-                    self._writer_gone(node, h)
-                    if not node.writers:
-                        try:
-                            job = self._push_after_writers(node)
-                        except pyfuse3.FUSEError:
-                            job = None      # (logged) the readers fetch from the daemon
-                        if job is not None:
-                            trio.lowlevel.spawn_system_task(self.pusher.run, job)
-            self._maybe_forget(node)
+            if not isinstance(node, Slot):
+                node.handles -= 1
+                self._maybe_forget(node)
+            elif h.kind == "read":
+                self.slots.reader_gone(node, h.dio)
+            elif h.kind == "write":
+                self._writer_gone(node, h)
+                if not node.writers:
+                    try:
+                        job = self._push_after_writers(node)
+                    except pyfuse3.FUSEError:
+                        job = None      # (logged) the readers fetch from the daemon
+                    if job is not None:
+                        trio.lowlevel.spawn_system_task(self.pusher.run, job)
 
     def _writer_gone(self, node: Slot, h: Handle) -> None:
-        node.writers -= 1
-        node.writer_pids[h.opener] -= 1
-        if node.writer_pids[h.opener] <= 0:
-            del node.writer_pids[h.opener]
-        if node.writers:
-            return
-        owner = node.private_of
-        if owner is not None:           # a private draft's last writer: its view goes
-            owner.privates = {t: sh for t, sh in owner.privates.items() if sh is not node}
-        if node.pt_draft is not None:
+        """A write handle is gone (the slot table decides the rest: the last
+        writer's draft and base go, the pages it left are the version's when
+        everything was published through them, a create that published
+        nothing loses its name; with the writeback cache a refused save
+        leaves the name to a fresh inode)."""
+        last = node.writers == 1
+        if last and node.pt_draft is not None:
             self._pt_writers_gone(node)
-        if self.wb and node.refused and node.version \
-                and not node.detached and node.parent is not None \
-                and node.parent.children.get(node.name) is node:
-            # writes were refused and nothing was published: the kernel keeps
-            # this inode's size as the writers left it, not the version's; the
-            # name goes to a fresh inode that holds the version (and its size)
-            self._supersede(node)
-        # the last writer: its draft goes; the pages it left in the kernel
-        # are the published version's when everything was published
-        clean = not node.changed and node.base_decoded is None   # (quantized: the
-                                        # published bytes are not the written ones)
-        if node.draft is not None:
-            node.draft.free()
-            node.draft = None
-        self._release_base(node)
-        node.changed = node.trunc_only = False
-        node.refused.clear()
-        with PUSH_LOCK:
-            # The writers' pages are the published version's when every write
-            # since the first writer's open (which dropped the pages) went
-            # through this inode's page cache into the draft they published
-            # here last, and nothing else changed the version since (no
-            # refused write, no private draft, no dropped pages, no publish
-            # from another inode): readers then keep them.  Otherwise only a
-            # push of the version makes this inode's pages a version's.
-            if clean and node.version and node.pages_trusted \
-                    and self.knobs["page_cache_push"] \
-                    and node.pages_version == node.version \
-                    and node.successor is None and not node.detached:
-                node.cache_version = node.version
-            elif not (clean and node.version and node.cache_version == node.version):
-                node.cache_version = -2
-        self._forget_attrs(node)
-        if not node.version and not node.detached and node.parent is not None:
-            # created and never published (its writes were refused): the
-            # failed create leaves nothing behind
-            parent = node.parent
-            log.info("%s: never published; the name goes", node.key.decode("utf-8", "replace"))
-            self._detach(node, "unpublished")
-            self._forget_entry(parent, node.name)
+        if last and node.base_decoded is not None:
+            self.slots.pages_stale(node)    # (quantized: the published bytes are
+                                            # not the written ones)
+        elif last and not self.knobs["page_cache_push"]:
+            self.slots.pages_dropped(node)  # (without pushes the writers' pages are
+                                            # never trusted to be a version's)
+        parent, name = node.parent, node.name
+        unpublished = not node.version and not node.detached
+        fx = self.slots.writer_gone(node, h.opener)
+        if fx & _native.SLOT_FX_FORGET_ATTRS:
+            self._forget_attrs(node)
+        if fx & _native.SLOT_FX_FORGET_ENTRY and parent is not None:
+            if unpublished and node.detached:
+                # created and never published (its writes were refused): the
+                # failed create leaves nothing behind
+                log.info("%s: never published; the name goes",
+                         node.key.decode("utf-8", "replace"))
+                parent.mtime_ns = parent.ctime_ns = now_ns()
+            self._forget_entry(parent, name)

@@ -40,7 +40,7 @@ from typing import Optional
 import pyfuse3
 
 from memosfs import _native
-from memosfs.fuse.core import FastCtx, OpsCore, refuse, tgid_of
+from memosfs.fuse.core import FastCtx, OpsCore, log, refuse, tgid_of
 from memosfs.fuse.fedtree import FED_INO
 from memosfs.fuse.nodes import (
     AGENT, CTL, LINK_DIRS, NAME_MAX, ROOT, SESSION, SLOT_DIRS, SUBDIR, Dir, Node, Pseudo,
@@ -80,14 +80,14 @@ class NamespaceOps(OpsCore):
     def _found(self, parent: Dir, node: Optional[Node], ctx) -> pyfuse3.EntryAttributes:
         """lookup's answer once the name's node (or None) is known."""
         if isinstance(node, Slot) and not node.version \
-                and tgid_of(ctx.pid) not in node.writer_pids:
+                and not node.is_writer(tgid_of(ctx.pid)):
             node = None                 # created, never published: not a hit
         if node is None:
             if parent.level in SLOT_DIRS:
                 self._lookup_misses += 1
             raise pyfuse3.FUSEError(errno.ENOENT)
         if node.ino == FED_INO:         # `.federated`: what its getattr says
-            node.lookups += 1
+            self._looked_up(node, 1)
             return self.fed.root_attr()
         if isinstance(node, Slot) and self.__dict__.get("_pt_views_due"):
             view = self._pt_found(node, ctx.pid)
@@ -146,7 +146,7 @@ class NamespaceOps(OpsCore):
             node = self.inodes.get(ino)
             if node is None:
                 continue
-            node.lookups -= nlookup
+            self._looked_up(node, -nlookup)
             self._maybe_forget(node)
 
     async def getattr(self, inode, ctx):
@@ -192,7 +192,7 @@ class NamespaceOps(OpsCore):
                 self._pt_poll(node)         # (writes before these times are older)
             node.mtime_ns = attr.st_mtime_ns
             if isinstance(node, Slot):
-                node.draft_mtime_ns = attr.st_mtime_ns
+                self.slots.draft_mtime(node, attr.st_mtime_ns)
         node.ctime_ns = now
         # (the times a writer's close or the kernel's writeback sets through an
         # open descriptor go with the version its publish makes: the
@@ -257,7 +257,20 @@ class NamespaceOps(OpsCore):
         if node.level == CTL:
             raise refuse(errno.EPERM, "rmdir %s: the control plane is fixed", n)
         if node.children:
-            raise refuse(errno.ENOTEMPTY, "rmdir %s: not empty", n, level=logging.DEBUG)
+            # A slot created and never published is a name only its writers
+            # find (lookup, readdir): to everybody else the directory is
+            # empty, and it goes.  Those names go with it, and their writers'
+            # close publishes nothing (publish.py: the writer is told why).
+            tgid = tgid_of(ctx.pid)
+            hidden = [c for c in node.children.values() if isinstance(c, Slot)
+                      and not c.version and not c.is_writer(tgid)]
+            if len(hidden) != len(node.children):
+                raise refuse(errno.ENOTEMPTY, "rmdir %s: not empty", n, level=logging.DEBUG)
+            for c in hidden:
+                log.info("rmdir %s: %s was being written and was never published: it "
+                         "goes with its directory", n, c.key.decode("utf-8", "replace"))
+                self.store.remove(c.key)
+                self._detach(c, "rmdir")
         if QUOTA_XATTR in node.xattrs:
             self.tenants.set_quota(node.name, 0)
         self._detach(node, "rmdir")
@@ -287,14 +300,14 @@ class NamespaceOps(OpsCore):
         for i in range(start_id, len(items)):
             name, node = items[i]
             if i >= 2 and isinstance(node, Slot) and not node.version \
-                    and tgid not in node.writer_pids:
+                    and not node.is_writer(tgid):
                 continue                # created, not published: not found (lookup)
             attr = self.fed.root_attr() if node.ino == FED_INO else self._attr(node)
             if not pyfuse3.readdir_reply(token, name.encode("utf-8", "surrogateescape"),
                                          attr, i + 1):
                 break
             if i >= 2:
-                node.lookups += 1
+                self._looked_up(node, 1)
 
     async def releasedir(self, fh):
         self._dir_opens.pop(fh, None)
@@ -412,15 +425,20 @@ class NamespaceOps(OpsCore):
                 # (a published slot replaces the target in every tier
                 # itself, atomically: its durable copy is never removed first)
                 self.store.remove(target.key)
-            if isinstance(target, Slot) and isinstance(node, Slot) and node.version:
-                # rename(2): no process finds the new path missing.  A reader
-                # whose lookup found the target before the rename opens it
-                # after: it is served the slot that holds the name now.
-                target.replaced_by = node
-                # writers sent back (ESTALE) to this name will find the slot
-                # renamed in: readers meanwhile read around its page cache
-                node.pending.update(target.pending)
-            self._detach(target, "replaced")
+            if isinstance(target, Slot) and isinstance(node, Slot):
+                # rename(2): no process finds the new path missing.  The
+                # slot table takes the target out (replaced): a reader whose
+                # lookup found it before the rename opens it after and is
+                # served the slot that holds the name now, and writers sent
+                # back (ESTALE) to this name will find the slot renamed in
+                if self._pt_state is not None and target.pt_mirror is not None:
+                    self._pt_state.drop_mirror(target)
+            elif isinstance(target, Slot):
+                self._detach(target, "unlink")  # (a link or a special file over it)
+            else:
+                self._detach(target, "replaced")
+        if isinstance(node, Slot):
+            self.slots.rename(src_dir, old, dst_dir, new)
         del src_dir.children[old]
         node.move(new, dst_dir)
         dst_dir.children[new] = node

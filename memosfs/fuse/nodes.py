@@ -1,26 +1,26 @@
 """The filesystem's nodes and open files: Node, Dir, Slot, Symlink, Special,
 Pseudo, Handle.
 
-Owns: the in-memory tree (a Dir holds its children by name), each slot's
-versions as the handlers see them (published version, the writers' shared
-draft and base, the page-cache bookkeeping), and the one translation between
-a slot, a directory, a symbolic link or a special file and the metadata a
-tier keeps beside it (`Slot.meta`/`Slot.from_meta`,
+Owns: the in-memory tree (a Dir holds its children by name), the namespace's
+metadata of every node (mode, owner, times, xattrs), and the one
+translation between a slot, a directory, a symbolic link or a special file
+and the metadata a tier keeps beside it (`Slot.meta`/`Slot.apply_meta`,
 `Dir.record`/`Dir.apply_record`, `Entry.record`/`entry_from_record`), used by
 the SSD tier (save, and restore at mount) and by the remote tier (a name
 another mount published).
+
+A slot's state is not here: its versions, draft, handles and lookups, the
+kernel page-cache bookkeeping, refusals and the inodes of its name are the
+slot table's (memosfs/fuse/slots.py over native/slot.c).  `Slot` reads them
+through properties; only the table changes them.
 
 Levels.  The root holds agents and the control plane; an agent holds
 sessions; a session holds slots and directories (SUBDIR) at any depth; CTL
 is a control-plane directory (`.memos/`, `.federated`).
 
-Page-cache fields.  `Slot.pushing` and `Slot.cache_version` are shared with
-the page-cache pusher's threads (memosfs/fuse/pagecache.py) and guarded by
-PUSH_LOCK; the pusher changes them only through `claim_push`, `own_cache`
-and `push_done`, and reads the version through `shows`.
-
-May call: memosfs._native (types only), memosfs.fuse.coherence (Hold, a type).
-Nothing here talks to the store or the kernel.
+May call: memosfs._native (types only), memosfs.fuse.slots (the table's
+reads), memosfs.fuse.coherence (Hold, a type).  Nothing here talks to the
+store or the kernel.
 """
 
 from __future__ import annotations
@@ -33,11 +33,13 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
 from memosfs import _native
+from memosfs.fuse.slots import GONE_NAMES
 
 if TYPE_CHECKING:
     from memosfs.fuse.coherence import Hold
+    from memosfs.fuse.slots import SlotTable
 
-__all__ = ["Node", "Dir", "Slot", "Pseudo", "Handle", "Refusals", "PUSH_LOCK", "NAME_MAX",
+__all__ = ["Node", "Dir", "Slot", "Pseudo", "Handle", "Refusals", "NAME_MAX",
            "CONTROL_DIR", "ROOT", "AGENT", "SESSION", "SUBDIR", "CTL", "SLOT_DIRS",
            "FIXED_LOOKUPS", "now_ns", "Entry", "Symlink", "Special", "entry_from_record",
            "LINK_DIRS"]
@@ -51,9 +53,6 @@ LINK_DIRS = (AGENT, SESSION, SUBDIR)    # directories that hold symbolic links
                                         # and special files (Entry)
 FIXED_LOOKUPS = 1 << 62         # the lookup count of nodes the kernel never forgets
 
-PUSH_LOCK = threading.Lock()    # guards Slot.pushing and cache_version against
-                                # the pusher thread; never held across a call
-                                # into the kernel
 
 
 def now_ns() -> int:
@@ -90,9 +89,10 @@ class Node:
         self.uid = uid
         self.gid = gid
         self.atime_ns = self.mtime_ns = self.ctime_ns = now
-        self.lookups = 0                # kernel lookup count (forget lowers it)
-        self.handles = 0                # open handles
-        self.detached: Optional[str] = None  # why it left the tree, if it did
+        if not isinstance(self, Slot):  # (a slot's are the slot table's)
+            self.lookups = 0            # kernel lookup count (forget lowers it)
+            self.handles = 0            # open handles
+            self.detached: Optional[str] = None  # why it left the tree, if it did
         self.xattrs: dict[bytes, bytes] = {}  # user.* attributes set by users
 
     def move(self, name: str, parent: Optional["Dir"]) -> None:
@@ -199,140 +199,205 @@ class Dir(Node):
 
 
 class Refusals:
-    """The byte ranges of a draft whose writes were refused since its last
-    publish (EFBIG, ENOSPC, EDQUOT; under the writeback cache, pages the
-    kernel could not hand over): while one is left, the draft lacks bytes
-    its writers wrote, and it is never published (publish.py).  A range
-    goes when a later write covers it (a writer that retries succeeded)
-    or a truncate cuts it off (the writers chose the size); an O_TRUNC
-    open or a truncate to 0 clears them all.  `code` is the errno of the
-    first refusal, the one the writers' close and fsync report.  At most
-    MAX ranges are kept: beyond that they merge into one span (stricter,
-    never looser)."""
+    """What a draft's refusals look like to the handlers (read-only; the
+    slot table holds them: the byte ranges of writes refused since the last
+    publish, the first one's errno, whether its refused publish was told).
+    While one is left, the draft lacks bytes its writers wrote, and it is
+    never published (publish.py).  A range goes when a later write covers
+    it or a truncate cuts it off (the table: `wrote`, `truncated`); an
+    O_TRUNC open clears them all."""
 
-    MAX = 32
+    __slots__ = ("_node",)
 
-    __slots__ = ("spans", "code", "reason", "told")
-
-    def __init__(self) -> None:
-        self.spans: list[list[int]] = []    # [start, end) byte ranges, sorted, disjoint
-        self.code = 0                       # errno of the first refusal (0: none left)
-        self.reason: Optional[str] = None   # why it was refused, as the log said
-        self.told = False                   # a publish refused for them was logged
+    def __init__(self, node: "Slot") -> None:
+        self._node = node
 
     def __bool__(self) -> bool:
-        return bool(self.spans)
+        return bool(self._node._f(_native.SLOT_F_REFUSED))
 
-    def note(self, start: int, end: int, code: int, reason: Optional[str] = None) -> None:
-        """A change of [start, end) was refused with errno code."""
-        end = max(end, start + 1)           # (a refused truncate to `start`: one byte)
-        if not self.spans:
-            self.code, self.reason, self.told = code, reason, False
-        out: list[list[int]] = []
-        for a, b in self.spans:
-            if b < start or a > end:
-                out.append([a, b])
-            else:
-                start, end = min(a, start), max(b, end)
-        out.append([start, end])
-        out.sort()
-        if len(out) > self.MAX:
-            out = [[out[0][0], max(b for _, b in out)]]
-        self.spans = out
+    @property
+    def code(self) -> int:
+        return self._node._f(_native.SLOT_F_REFUSED_CODE)
 
-    def written(self, start: int, end: int) -> None:
-        """[start, end) was written: what of the refused ranges it covers is there now."""
-        if not self.spans or end <= start:
-            return
-        out: list[list[int]] = []
-        for a, b in self.spans:
-            if b <= start or a >= end:
-                out.append([a, b])
-                continue
-            if a < start:
-                out.append([a, start])
-            if b > end:
-                out.append([end, b])
-        self.spans = out
-        if not out:
-            self.code, self.reason = 0, None
+    @property
+    def told(self) -> bool:
+        return bool(self._node._f(_native.SLOT_F_REFUSED_TOLD))
 
-    def truncated(self, size: int) -> None:
-        """The draft was cut (or grown) to size: ranges beyond it are not the draft's."""
-        out = [[a, min(b, size)] for a, b in self.spans if a < size]
-        self.spans = out
-        if not out:
-            self.code, self.reason = 0, None
+    @property
+    def reason(self) -> Optional[str]:
+        h = self._node._t.peek_holders(self._node.ino)
+        return h.reason if h is not None else None
 
-    def clear(self) -> None:
-        self.spans = []
-        self.code, self.reason = 0, None
+
+def _field(f: int, doc: str, cast: Callable[[int], Any] = int) -> property:
+    return property(lambda self: cast(self._f(f)), doc=doc)
 
 
 class Slot(Node):
-    def __init__(self, ino: int, name: str, parent: Dir, mode: int, uid: int,
-                 gid: int) -> None:
+    """A slot's inode as the handlers see it.  Its name, parent and
+    metadata (mode, owner, times, xattrs) are the namespace's, here; all
+    else -- its state, version, draft, handles and lookups, the kernel
+    page-cache bookkeeping, refusals, the inodes of its name -- is the slot
+    table's (memosfs/fuse/slots.py over native/slot.c): the properties
+    below read it, and only the table's methods change it."""
+
+    def __init__(self, table: "SlotTable", ino: int, name: str, parent: Optional[Dir],
+                 mode: int, uid: int, gid: int) -> None:
+        self._t = table
         super().__init__(ino, name, parent, stat.S_IFREG | mode, uid, gid)
-        self.version = 0                # published version (0: never published)
-        self.pub_size = 0               # bytes of the published version
-        self.stored = 0                 # bytes of pages it holds
-        self.readers = 0                # open read handles in page-cache mode
-        self.pending: dict[int, float] = {}  # pid of a writer sent here by ESTALE
-                                        # -> until when its retry is waited for
-        self.writers = 0                # open write handles (they share the draft)
-        self.writer_pids: collections.Counter[int] = collections.Counter()
-                                        # tgid of each write handle's opener
-        self.draft: Optional[_native.Draft] = None   # the writers' shared draft
-        self.base: Optional[_native.Ref] = None      # published version the draft
-                                        # will start from (copied at the first write)
-        self.base_decoded: Optional[bytes] = None    # its logical bytes, if quantized
-        self.changed = False            # the draft holds unpublished changes
-        self.draft_mtime_ns = 0         # mtime the writers see (and the next publish sets)
-        self.refused = Refusals()       # ranges of writes refused since the last publish
-        self.trunc_only = False         # the draft is as an O_TRUNC open left it: nothing
-                                        # written, truncated or refused since (files.py)
-        self.cache_version = -1         # version the kernel may hold pages of (PUSH_LOCK)
-        self.pages_trusted = False      # since the first writer opened, the kernel's pages
-                                        # of this inode are the writers' draft's
-        self.pages_version = 0          # the version the writers of this inode published
-                                        # into it last (their pages hold it)
-        self.successor: Optional[Slot] = None  # the inode that took our name
-        self.replaced_by: Optional[Slot] = None  # the slot renamed over this one
-                                        # (a reader whose lookup found this inode
-                                        # before the rename is served that one)
-        self.pushing = 0                # page-cache pushes in flight (PUSH_LOCK)
-        self.privates: dict[int, "Slot"] = {}  # tgid -> the draft of its own a
-                                        # retried writer of this inode got (_open_private)
-        self.private_of: Optional[Slot] = None  # (such a draft's node) the inode it is for
-        self.pt_draft = None            # the writers' file (passthrough.py Draft)
-        self.pt_mirror = None           # a published version's file (passthrough.py Mirror)
-        self.pt_backing: Optional[tuple] = None  # (backing id, its file, passthrough
-                                        # handles open on this inode)
-        self.pt_gen = 0                 # publishes on this inode (a mirror's validity)
-        self.view_of: Optional[Slot] = None  # a readers' view of that slot (passthrough.py)
         self._key = b""                 # `key`, as of move generation _key_moves
         self._key_moves = -1
 
+    def _f(self, f: int) -> int:
+        try:
+            return self._t.m.field(self.ino, f)
+        except KeyError:                # (forgotten by the table: nothing left)
+            return 0
+
+    # Node's counts are the table's for a slot
+    lookups = _field(_native.SLOT_F_LOOKUPS, "the kernel's lookup count")
+    handles = _field(_native.SLOT_F_HANDLES, "open handles")
+
+    @lookups.setter
+    def lookups(self, value: int) -> None:
+        if value != 0:
+            raise AttributeError("a slot's lookups change through the slot table")
+
+    @handles.setter
+    def handles(self, value: int) -> None:
+        if value != 0:
+            raise AttributeError("a slot's handles change through the slot table")
+
+    @property
+    def detached(self) -> Optional[str]:
+        """Why it left the tree (the table's GONE reason), or None."""
+        try:
+            return GONE_NAMES[self._t.m.field(self.ino, _native.SLOT_F_GONE)]
+        except KeyError:
+            return "forgotten"
+
+    @detached.setter
+    def detached(self, value: Optional[str]) -> None:
+        if value is not None:
+            raise AttributeError("a slot leaves the tree through the slot table")
+
+    version = _field(_native.SLOT_F_VERSION, "published version (0: never published)")
+    pub_size = _field(_native.SLOT_F_PUB_SIZE, "bytes of the published version")
+    stored = _field(_native.SLOT_F_STORED, "bytes of pages it holds")
+    readers = _field(_native.SLOT_F_READERS, "open read handles in page-cache mode")
+    writers = _field(_native.SLOT_F_WRITERS, "open write handles (they share the draft)")
+    pushing = _field(_native.SLOT_F_PUSHING, "page-cache pushes in flight")
+    changed = _field(_native.SLOT_F_CHANGED, "the draft holds unpublished changes", bool)
+    trunc_only = _field(_native.SLOT_F_TRUNC_ONLY, "the draft is as an O_TRUNC open left "
+                        "it: nothing written, truncated or refused since", bool)
+    cache_version = _field(_native.SLOT_F_CACHE_VERSION, "version the kernel may hold "
+                           "pages of (-1 none known, -2 stale)")
+    pages_trusted = _field(_native.SLOT_F_TRUSTED, "since the first writer opened, the "
+                           "kernel's pages of this inode are the writers' draft's", bool)
+    pages_version = _field(_native.SLOT_F_PAGES_VERSION, "the version the writers of "
+                           "this inode published into it last")
+    pubs = _field(_native.SLOT_F_PUBS, "publishes on this inode (a mirror's generation)")
+    draft_kind = _field(_native.SLOT_F_KIND, "what holds the writers' draft (SLOT_DRAFT_*)")
+    writer_pending = _field(_native.SLOT_F_PENDING, "writers sent here by ESTALE are on "
+                            "their way (readers meanwhile read around the page cache)", bool)
+    state = _field(_native.SLOT_F_STATE, "the table's state (SLOT_CREATED, ...)")
+
+    @property
+    def refused(self) -> Refusals:
+        return Refusals(self)
+
+    def _link(self, f: int) -> Optional["Slot"]:
+        ino = self._f(f)
+        return self._t.node(ino) if ino else None
+
+    @property
+    def successor(self) -> Optional["Slot"]:
+        """The inode that took our name (or, for a private draft or a view,
+        the one its publishes and reads follow)."""
+        return self._link(_native.SLOT_F_SUCCESSOR)
+
+    @property
+    def replaced_by(self) -> Optional["Slot"]:
+        return self._link(_native.SLOT_F_REPLACED_BY)
+
+    @property
+    def private_of(self) -> Optional["Slot"]:
+        """(a retried writer's own draft) the inode the kernel opened."""
+        return self._link(_native.SLOT_F_PRIVATE_OF)
+
+    @property
+    def view_of(self) -> Optional["Slot"]:
+        """(a readers' view) the slot whose writers' file keeps readers off it."""
+        return self._link(_native.SLOT_F_VIEW_OF)
+
+    @property
+    def privates(self) -> bool:
+        """Retried writers' drafts of their own follow this inode."""
+        return bool(self._f(_native.SLOT_F_PRIVATES))
+
+    def is_writer(self, tgid: int) -> bool:
+        """Whether process tgid has a write handle on this inode."""
+        return self._t.is_writer(self, tgid)
+
+    # ---- the bytes holders (the table's; read here) ----
+
+    @property
+    def draft(self):
+        h = self._t.peek_holders(self.ino)
+        return h.draft if h is not None else None
+
+    @property
+    def base(self):
+        h = self._t.peek_holders(self.ino)
+        return h.base if h is not None else None
+
+    @property
+    def base_decoded(self) -> Optional[bytes]:
+        h = self._t.peek_holders(self.ino)
+        return h.base_decoded if h is not None else None
+
+    @property
+    def pt_draft(self):
+        h = self._t.peek_holders(self.ino)
+        return h.pt_draft if h is not None else None
+
+    @property
+    def pt_mirror(self):
+        h = self._t.peek_holders(self.ino)
+        return h.pt_mirror if h is not None else None
+
+    @property
+    def pt_backing(self) -> Optional[tuple]:
+        """(backing id, its file, passthrough handles) while passthrough
+        files are open on this inode."""
+        bid = self._f(_native.SLOT_F_BACKING)
+        if not bid:
+            return None
+        h = self._t.peek_holders(self.ino)
+        return (bid, h.pt_file if h is not None else None,
+                self._f(_native.SLOT_F_BACKING_OPENS))
+
     # ---- metadata kept by the tiers ----
 
-    @classmethod
-    def from_meta(cls, ino: int, name: str, parent: Dir, meta: dict, version: int,
-                  stored: int, size: int, uid: int = 0, gid: int = 0) -> "Slot":
-        """A published slot as a tier keeps it: `meta` is what `meta()` gave
-        (mode, owner, logical size, times, xattrs; each may be missing: uid
-        and gid then default to the arguments, the logical size to `size`);
-        unreadable xattrs are left out."""
-        node = cls(ino, name, parent, int(meta.get("mode", 0o644)),
-                   int(meta.get("uid", uid)), int(meta.get("gid", gid)))
-        node.version, node.stored = version, stored
-        node.pub_size = int(meta.get("logical_size", size))
-        node.mtime_ns = node.ctime_ns = int(meta.get("mtime_ns", node.mtime_ns))
-        node.atime_ns = int(meta.get("atime_ns", node.mtime_ns))
+    def apply_meta(self, meta: dict) -> None:
+        """Owner, mode, times and xattrs from what a tier keeps beside a
+        slot (`meta()`; each may be missing); unreadable xattrs left out."""
+        self.mode = stat.S_IFREG | (int(meta.get("mode", stat.S_IMODE(self.mode))) & 0o7777)
+        self.uid = int(meta.get("uid", self.uid))
+        self.gid = int(meta.get("gid", self.gid))
+        self.mtime_ns = self.ctime_ns = int(meta.get("mtime_ns", self.mtime_ns))
+        self.atime_ns = int(meta.get("atime_ns", self.mtime_ns))
         try:
-            node.xattrs = _unhex_map(meta.get("xattrs", {}))
+            self.xattrs = _unhex_map(meta.get("xattrs", {}))
         except (ValueError, AttributeError):
-            node.xattrs = {}
-        return node
+            self.xattrs = {}
+
+    def like(self, other: "Slot") -> None:
+        """Metadata as other's (a fresh inode of the same name)."""
+        self.mode, self.uid, self.gid = other.mode, other.uid, other.gid
+        self.xattrs = dict(other.xattrs)
+        self.atime_ns, self.mtime_ns, self.ctime_ns = other.atime_ns, other.mtime_ns, \
+            other.ctime_ns
 
     def meta(self) -> dict:
         """What the SSD and remote tiers keep beside the slot's bytes."""
@@ -361,34 +426,16 @@ class Slot(Node):
         """For an inode that a rename replaced: the slot that holds its name
         now (following later supersedes and renames over), or None when the
         name is gone or has moved elsewhere since."""
-        node = self.latest()
-        key = node.key
-        seen = 0
-        while node.detached == "replaced" and node.replaced_by is not None and seen < 64:
-            node = node.replaced_by.latest()
-            seen += 1
-        if node.detached or node.parent is None or node.key != key \
-                or node.parent.children.get(node.name) is not node:
-            return None
-        return node
+        return self._link(_native.SLOT_F_NAME_HOLDER)
 
     def latest(self) -> "Slot":
         """The inode that holds this slot's name now (itself, or the end of
         its chain of successors)."""
-        node = self
-        while node.successor is not None:
-            node = node.successor
-        return node
+        node = self._link(_native.SLOT_F_LATEST)
+        return node if node is not None else self
 
-    @property
-    def writer_pending(self) -> bool:
-        """Writers sent here by ESTALE are on their way (readers meanwhile read
-        around the page cache, so each retry finds no page-cache readers)."""
-        if self.pending:
-            now = time.monotonic()
-            for pid in [p for p, until in self.pending.items() if until <= now]:
-                del self.pending[pid]               # never came back
-        return bool(self.pending)
+    def nlink(self) -> int:
+        return 0 if self.detached else 1
 
     def size(self) -> int:
         """The published version's size: what every process but the
@@ -397,15 +444,10 @@ class Slot(Node):
 
     def draft_size(self) -> int:
         """The size the writers see: their draft's, or the base they will start from."""
-        if self.pt_draft is not None:
-            return self.pt_draft.size()
-        if self.draft is not None:
-            return self.draft.size
-        if self.base_decoded is not None:
-            return len(self.base_decoded)
-        if self.base is not None:
-            return self.base.size
-        return self.pub_size
+        d = self.pt_draft
+        if d is not None:
+            return d.size()
+        return self._f(_native.SLOT_F_DRAFT_SIZE)
 
     def blocks(self) -> int:
         return (self.stored + 511) // 512
@@ -415,26 +457,19 @@ class Slot(Node):
     def claim_push(self, version: int) -> bool:
         """A push of `version` into this inode starts; whether the kernel may
         hold pages of another version (they must be dropped first)."""
-        with PUSH_LOCK:
-            stale = self.cache_version not in (-1, version)
-            if not stale:
-                self.cache_version = version
-            self.pushing += 1
-        return stale
+        return self._t.push_claim(self, version)
 
     def own_cache(self, version: int) -> None:
         """The kernel's pages of this inode were dropped: they are `version`'s now."""
-        with PUSH_LOCK:
-            self.cache_version = version
+        self._t.own_cache(self, version)
 
     def push_done(self) -> None:
-        with PUSH_LOCK:
-            self.pushing -= 1
+        self._t.push_done(self)
 
     def shows(self, version: int) -> bool:
         """Whether this inode still holds the name at `version` (a push of
         that version may go on)."""
-        return self.successor is None and not self.detached and self.version == version
+        return self._t.shows(self, version)
 
 
 class Entry(Node):

@@ -138,7 +138,7 @@ class KernelNotify(OpsCore):
         cached pages of it (from a worker thread: the kernel may call back)."""
         if not self.mounted or not isinstance(node, Slot):
             return
-        node.pages_trusted = False          # (dropped later, from a worker thread)
+        self.slots.pages_dropped(node)      # (dropped later, from a worker thread)
         ino = node.ino
         trio.lowlevel.spawn_system_task(self._invalidate_inode_off_loop, ino)
 

@@ -17,7 +17,7 @@ Beside the handlers, two trees of their own: the control plane `.memos/`
 (control.py, `ControlTree`) and `.federated` (fedtree.py, `FedTree`), which
 gets every request on its inodes and handles through one routing table
 (routing.py; the guard that answers EIO instead of dying is there too).
-The nodes (Node, Dir, Slot, Pseudo, Handle) are in nodes.py.
+unmount.py holds the mount busy while slots cannot be saved.  The nodes (Node, Dir, Slot, Pseudo, Handle) are in nodes.py.
 
 Owns: MemosOperations itself: its construction (the store's prefetcher and
 the namespace callbacks are attached here), the public surface the CLI and
@@ -35,6 +35,7 @@ import time
 from typing import Any, Optional
 
 import pyfuse3
+import trio
 
 from memosfs.knobs import KNOBS
 from memosfs.trace import Trace
@@ -56,7 +57,9 @@ from memosfs.fuse.passthrough import PassthroughOps
 from memosfs.fuse.publish import PublishOps
 from memosfs.fuse.routing import guard_handlers, route_federated
 from memosfs.fuse.tenants import Tenants
+from memosfs.fuse.unmount import UnmountGuard
 from memosfs.fuse.why import Reasons
+from memosfs.fuse.slots import SlotTable
 from memosfs.fuse.xattrs import XattrOps
 from memosfs.store.store import Store
 
@@ -93,7 +96,9 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         self.knobs["capacity"] = store.cache.capacity
         self.inodes: dict[int, Node] = {}
         self.handles: dict[int, Handle] = {}
-        self._next_ino = FIRST_DYNAMIC_INO
+        # every slot's state: the one owner (slots.py over native/slot.c)
+        self.slots = SlotTable(FIRST_DYNAMIC_INO, self.inodes, self._slot_like,
+                               self._slot_forgotten)
         self._next_fh = 1
         self._dir_opens: dict[int, tuple[int, int]] = {}  # directory handle ->
                                         # (its inode, the opener's tgid): readdir
@@ -109,6 +114,7 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         self.root.lookups = FIXED_LOOKUPS   # the kernel never forgets the root
         self.inodes[self.root.ino] = self.root
         self.why = Reasons()            # each uid's last refusal (.memos/why)
+        self.unmount_guard = UnmountGuard(self)     # unmount.py: no unmount loses slots
         self.control = ControlTree(self)    # .memos/: inodes 2 .. FIRST_DYNAMIC_INO
         self.fed = FedTree(self)        # .federated/ (fedtree.py): inodes >= FED_INO
         self.trio_token = None          # set when serving: other threads post here
@@ -209,7 +215,9 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
 
     async def background(self) -> None:
         """Long-running tasks of a mounted filesystem (run by the CLI)."""
-        await self.coherence.batch_loop()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.coherence.batch_loop)
+            nursery.start_soon(self.unmount_guard.watch)
 
     def _kill_suidgid(self, ino: int) -> None:
         """The kernel asks (FUSE_HANDLE_KILLPRIV_V2, with the writeback cache)
@@ -225,6 +233,20 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
             node.mode &= ~kill
             node.ctime_ns = now_ns()
             self._metadata_changed(node)
+
+    def _slot_forgotten(self, node: Slot, holders) -> None:
+        """The slot table forgot node's inode: what held its bytes goes."""
+        for f in (holders.pt_mirror, holders.pt_draft, holders.pt_file):
+            if f is not None and hasattr(f, "close"):
+                f.close()
+        if holders.base is not None:
+            holders.base.release()
+        if holders.draft is not None:
+            holders.draft.free()
+        pt = self._pt_state
+        if pt is not None:
+            pt.mirrors.pop(id(node), None)
+            pt.drafts.pop(id(node), None)
 
     # ---- consistency (tests) ----
 
@@ -248,6 +270,7 @@ class MemosOperations(NamespaceOps, NamespacePersistence, OpenOps, FileOps, Publ
         for node in self.inodes.values():
             if isinstance(node, Slot):
                 assert node.readers == readers.get(node.ino, 0), node.name
+        self.slots.check()
 
     def check_all(self) -> list[str]:
         """Every consistency check, as at the end of each mounted test (as

@@ -190,9 +190,10 @@ class Draft:
 class Passthrough:
     """The mount's passthrough state: the room, the shim, the mirrors kept."""
 
-    def __init__(self, shim, room: Room) -> None:
+    def __init__(self, shim, room: Room, slots) -> None:
         self.shim = shim
         self.room = room
+        self.slots = slots              # the slot table: a node's files are its holders
         self.mirrors: "collections.OrderedDict[int, object]" = collections.OrderedDict()
         self.drafts: "dict[int, object]" = {}       # id(node) -> node with a writers' file
         self.opens = 0                  # passthrough opens answered
@@ -232,7 +233,7 @@ class Passthrough:
         if node.pt_backing is not None and node.pt_backing[1] is m:
             return                      # open files read it
         self.before_free()
-        node.pt_mirror = None
+        self.slots.set_pt_mirror(node, None)
         self.mirrors.pop(id(node), None)
         m.close()
 
@@ -244,10 +245,10 @@ class Passthrough:
         if m is None or (old.pt_backing is not None and old.pt_backing[1] is m) \
                 or new.pt_mirror is not None or m.version != new.version:
             return
-        old.pt_mirror = None
+        self.slots.set_pt_mirror(old, None)
         self.mirrors.pop(id(old), None)
-        m.gen = new.pt_gen
-        new.pt_mirror = m
+        m.gen = new.pubs
+        self.slots.set_pt_mirror(new, m)
         self.mirrors[id(new)] = new
 
     def mirror_bytes(self) -> int:
@@ -395,7 +396,7 @@ class PassthroughOps:
                 # that add up to a round room would)
                 size = self.knobs.get("passthrough_room") \
                     or self.store.cache.capacity * 3 // 2 + (4 << 20) + 4096
-                self._pt_state = Passthrough(shim, Room(size))
+                self._pt_state = Passthrough(shim, Room(size), self.slots)
                 log.info("passthrough: the kernel reads and writes slots' files itself "
                          "(room %d bytes)", size)
             else:
@@ -416,7 +417,6 @@ class PassthroughOps:
             bid, held, count = cur
             if held is not file:
                 return False
-            node.pt_backing = (bid, held, count + 1)
         else:
             try:
                 bid = pt.shim.backing_open(file.fd)
@@ -425,7 +425,7 @@ class PassthroughOps:
                             "served by the daemon", node.name,
                             os.strerror(e.errno or errno.EIO))
                 return False
-            node.pt_backing = (bid, file, 1)
+        self.slots.backing_attach(node, bid, file)
         pt.shim.attach(fh, bid)
         pt.opens += 1
         return True
@@ -478,12 +478,12 @@ class PassthroughOps:
             del views[pid]
             return None
         view = due[2] if len(due) > 2 else None
-        if view is None or view.version != node.version or view.successor is not node:
+        # (the kernel forgets the view its revalidation found, then looks the
+        # name up again: the same view while the table keeps it, else a new one)
+        if view is None or view.ino not in self.inodes or view.version != node.version \
+                or view.successor is not node:
             view = self._pt_view(node)
             views[pid] = (due[0], due[1], view)
-        # (the kernel forgets the view its revalidation found, then looks the
-        # name up again: the same view, known again)
-        self.inodes[view.ino] = view
         return view
 
     def _pt_view_opened(self, view, pid: int) -> None:
@@ -499,17 +499,7 @@ class PassthroughOps:
         file backs node's inode: not in the tree (like a superseded inode: its
         opens read the name's version around its page cache, by the daemon),
         looked up again at every use (timeouts 0)."""
-        from memosfs.fuse.nodes import Slot
-        view = Slot(self._new_ino(), node.name, node.parent, stat.S_IMODE(node.mode),
-                    node.uid, node.gid)
-        view.xattrs = dict(node.xattrs)
-        view.atime_ns, view.mtime_ns, view.ctime_ns = node.atime_ns, node.mtime_ns, \
-            node.ctime_ns
-        view.version, view.pub_size, view.stored = node.version, node.pub_size, node.stored
-        view.successor = node
-        view.view_of = node
-        self.inodes[view.ino] = view
-        return view
+        return self.slots.view(node)
 
     def _pt_reads(self, node, logical) -> bool:
         """Whether readers of node's published version read it by passthrough
@@ -519,14 +509,11 @@ class PassthroughOps:
 
     def _pt_detach(self, node) -> None:
         """A passthrough handle on node's inode was released."""
-        cur = node.pt_backing
-        if cur is None:
+        if node.pt_backing is None:
             return
-        bid, held, count = cur
-        if count > 1:
-            node.pt_backing = (bid, held, count - 1)
+        bid, last, held = self.slots.backing_detach(node)
+        if not last:
             return
-        node.pt_backing = None
         try:
             self.pt.shim.backing_close(bid)
         except OSError as e:
@@ -555,7 +542,7 @@ class PassthroughOps:
             return False                # (its open readers are in cached mode)
         m = node.pt_mirror
         if m is None or m.version != ref.version or m.size != ref.size \
-                or m.gen != node.pt_gen:
+                or m.gen != node.pubs:
             if cur is not None:
                 return False            # (cannot happen: one version per inode's readers)
             if m is not None:
@@ -574,7 +561,8 @@ class PassthroughOps:
                 log.info("passthrough for %s: no room for its mirror (%s); served by the "
                          "daemon", node.name, os.strerror(e.errno or errno.EIO))
                 return False
-            m = node.pt_mirror = Mirror(fd, ref.version, ref.size, node.pt_gen)
+            m = Mirror(fd, ref.version, ref.size, node.pubs)
+            self.slots.set_pt_mirror(node, m)
             pt.mirror_bytes_copied += ref.size
         pt.keep_mirror(node, attaching=True)
         return self._pt_attach(node, fh, m)
@@ -603,7 +591,8 @@ class PassthroughOps:
                 return None
             if node.pt_mirror is not None:
                 self.pt.drop_mirror(node)
-            m = node.pt_mirror = Mirror(fd, entry.version, entry.size, node.pt_gen, ssd=True)
+            m = Mirror(fd, entry.version, entry.size, node.pubs, ssd=True)
+            self.slots.set_pt_mirror(node, m)
         else:
             m = cur[1]
             if not isinstance(m, Mirror) or m.version != node.version:
@@ -625,16 +614,15 @@ class PassthroughOps:
         h.uid = ctx.uid if ctx is not None else 0
         h.pt = True
         self.handles[fh] = h
-        node.handles += 1
-        node.readers += 1
+        self.slots.attach_reader(node, m.version, 2)    # (by passthrough: no pages)
         node.atime_ns = now_ns()
         return pyfuse3.FileInfo(fh=fh)
 
     def _pt_writer(self, node, fh: int, whole: bool) -> bool:
-        """A writer's open of node: the writers' file when it has one (they
-        share it), a new one for a whole new version (`whole`: O_TRUNC or a
-        create) when no writer is in; False: the daemon's path (the draft
-        in the arena)."""
+        """A writer's open of node (the slot table has it in already): the
+        writers' file when it has one (they share it), a new one for a
+        whole new version (`whole`: O_TRUNC or a create) when no other
+        writer is in; False: the daemon's path (the draft in the arena)."""
         pt = self.pt
         if pt is None:
             return False
@@ -644,7 +632,7 @@ class PassthroughOps:
             # lets every open of an inode with a backing file use that file, so
             # a reader that comes meanwhile is sent to a view of the published
             # version (`_pt_reader_gate`)
-            if not whole or node.writers or node.handles \
+            if not whole or node.writers > 1 or node.handles > 1 \
                     or node.draft is not None or node.private_of is not None \
                     or node.pt_backing is not None:
                 return False
@@ -652,11 +640,12 @@ class PassthroughOps:
                 fd = pt.room.new_file()
             except OSError:
                 return False
-            d = node.pt_draft = Draft(fd)
+            d = Draft(fd)
+            self.slots.set_pt_draft(node, d)
             pt.drafts[id(node)] = node
         if self._pt_attach(node, fh, d):
             return True
-        if not node.writers:
+        if node.writers <= 1:
             self._pt_drop_draft(node)
         return False
 
@@ -665,7 +654,7 @@ class PassthroughOps:
         if d is None:
             return
         self.pt.before_free()
-        node.pt_draft = None
+        self.slots.set_pt_draft(node, None)
         self.pt.drafts.pop(id(node), None)
         d.close()
 
@@ -675,18 +664,15 @@ class PassthroughOps:
         if size < d.size():
             self.pt.before_free()
         os.ftruncate(d.fd, size)
-        node.changed = True
-        node.trunc_only = False
         d.poll()
+        self.slots.changed(node, size, d.seen[1])
 
     def _pt_poll(self, node) -> None:
         """What the kernel wrote into the writers' file since the last look
         marks the draft changed (the daemon sees no write request)."""
         d = node.pt_draft
-        if d is not None and d.poll():
-            node.changed = True
-            node.trunc_only = False
-            node.draft_mtime_ns = d.seen[1]
+        if d is not None and d.poll() and node.writers:
+            self.slots.changed(node, d.seen[2], d.seen[1])
 
     def _pt_snapshot(self, node, h) -> "_native.Draft":
         """An arena draft holding the writers' file's bytes, for publish.
@@ -732,9 +718,8 @@ class PassthroughOps:
         self._pt_poll(node)
         if node.changed or d.published is None or d.published[0] != node.version:
             return
-        if _file_crc(d.fd, d.seen[2]) != d.published[2]:
-            node.changed = True
-            node.trunc_only = False
+        if _file_crc(d.fd, d.seen[2]) != d.published[2] and node.writers:
+            self.slots.changed(node, d.seen[2], d.seen[1])
 
     def _pt_writers_gone(self, node) -> None:
         """The last writer of node closed: its file becomes the mirror of the
@@ -742,7 +727,7 @@ class PassthroughOps:
         d = node.pt_draft
         if d is None:
             return
-        node.pt_draft = None
+        self.slots.set_pt_draft(node, None)
         self.pt.drafts.pop(id(node), None)
         keep = (d.published is not None and not d.tainted and node.version
                 and d.published[0] == node.version and not node.detached
@@ -752,11 +737,12 @@ class PassthroughOps:
             if node.pt_mirror is not None and node.pt_mirror is not d:
                 self.pt.drop_mirror(node)
             if node.pt_mirror is None:
-                m = node.pt_mirror = Mirror(d.fd, node.version, d.published[1][2], node.pt_gen)
+                m = Mirror(d.fd, node.version, d.published[1][2], node.pubs)
+                self.slots.set_pt_mirror(node, m)
                 d.fd = -1
                 if node.pt_backing is not None and node.pt_backing[1] is d:
                     # (its writer's process still reads it: the same file)
-                    node.pt_backing = (node.pt_backing[0], m, node.pt_backing[2])
+                    self.slots.set_pt_file(node, m)
                 self.pt.keep_mirror(node)
                 return
         if node.pt_backing is not None and node.pt_backing[1] is d:

@@ -9,7 +9,8 @@ each key the SSD tier holds; a slot or a directory wins over an entry of
 the same name), and names made
 from the remote tier's manifest (`_remote_name`: a slot another mount
 published).  Both ways of making a slot from a tier's metadata go through
-`Slot.from_meta` (nodes.py), the inverse of `Slot.meta`.
+`_restore_slot` (the slot table's restore, with `Slot.apply_meta`, the
+inverse of `Slot.meta`).
 
 May call: the store (restore, ssd.read_json, remote_lookup), tenants
 (quotas kept as xattrs), the OpsCore helpers (core.py).
@@ -88,11 +89,20 @@ class NamespacePersistence(OpsCore):
             if name in sess.children:
                 log.error("SSD tier: %r is a directory and a slot; the slot is skipped", e.key)
                 continue
-            node = Slot.from_meta(self._new_ino(), name, sess, m, e.version,
-                                  stored=e.file_bytes, size=e.size)
-            sess.children[name] = node
-            self.inodes[node.ino] = node
+            self._restore_slot(sess, name, m, e.version, e.file_bytes, e.size)
         return len(entries)
+
+    def _restore_slot(self, d: Dir, name: str, meta: dict, version: int, stored: int,
+                      size: int, uid: int = 0, gid: int = 0) -> Slot:
+        """A published slot as a tier keeps it (`meta`: what `Slot.meta`
+        gave; the logical size from it, else `size`), in the slot table."""
+        def make(ino: int) -> Slot:
+            node = self._new_slot(ino, name, d, int(meta.get("mode", 0o644)) & 0o7777,
+                                  int(meta.get("uid", uid)), int(meta.get("gid", gid)))
+            node.apply_meta(meta)
+            return node
+        return self.slots.restore(d, name, version, int(meta.get("logical_size", size)),
+                                  stored, make)
 
     def _restore_entry(self, parts: list[str], rec: dict) -> None:
         """A symbolic link or a special file from its namespace.json record
@@ -140,8 +150,5 @@ class NamespacePersistence(OpsCore):
         node = sess.children.get(n)
         if node is not None or e is None or sess.detached:
             return node                 # made meanwhile, absent, or the directory went
-        node = Slot.from_meta(self._new_ino(), n, sess, e.meta, e.version,
-                              stored=e.size, size=e.size, uid=sess.uid, gid=sess.gid)
-        sess.children[n] = node
-        self.inodes[node.ino] = node
-        return node
+        return self._restore_slot(sess, n, e.meta, e.version, e.size, e.size, sess.uid,
+                                  sess.gid)

@@ -1,24 +1,27 @@
 """Publishing: a writers' draft becomes the slot's new version (a mixin of
 MemosOperations; composed in operations.py).
 
-A publish points the name at the new version: in place, or, when readers
-or a page-cache push hold the inode, on a fresh inode (`_supersede`; the
-old one keeps serving its readers their snapshot and answers ESTALE to new
-writers).  The writers go on from what they published (a lazily copied
-base).  Large versions are then pushed into the kernel page cache
-(pagecache.py): `_published` returns the claimed push for the caller to run.
-With the `quantize` knob on, the store stores the draft's quantized
-container (memosfs/store/kvfile.py) and the slot shows its logical size.
+A publish points the name at the new version: the slot table decides where
+(`SlotTable.published`: in place, or, when readers or a page-cache push hold
+the inode, on a fresh inode -- the old one keeps serving its readers their
+snapshot and answers ESTALE to new writers).  The writers go on from what
+they published (a lazily copied base).  Large versions are then pushed into
+the kernel page cache (pagecache.py): `_version_landed` returns the claimed
+push for the caller to run.  With the `quantize` knob on, the store stores
+the draft's quantized container (memosfs/store/kvfile.py) and the slot shows
+its logical size.
 
-Owns: `_publish`, `_published`, `_supersede`, `_ready_for_writer` (the
-inode a writer sent back with ESTALE will find), `_settle_quota`, and the
-handlers' view of quantized storage (`_logical`, `_maybe_quantize`: the
-store's, with its errors as errnos).
+Owns: `_publish`, `_version_landed` (what follows a new version on the
+caller's side: times, the kernel told, a push), `_push_after_writers`,
+`_tell_unpublished`, `_settle_quota`, and the handlers' view of quantized
+storage (`_logical`, `_maybe_quantize`: the store's, with its errors as
+errnos).
 
-May call: the store (publish, peek, quantize, logical, remember_logical),
-coherence (published), tenants (make_room), the pusher (claim), files.py
-(`_ensure_draft`, `_draft_from`, `_release_base`), notify.py
-(`_forget_attrs`, `_forget_entry`), the OpsCore helpers (core.py).
+May call: the slot table (publish decisions and records), the store
+(publish, peek, quantize, logical, remember_logical, unspill), coherence
+(published), tenants (make_room), the pusher (claim), files.py
+(`_ensure_draft`, `_draft_from`), notify.py (`_forget_attrs`,
+`_forget_entry`), the OpsCore helpers (core.py).
 """
 
 from __future__ import annotations
@@ -48,10 +51,13 @@ class PublishOps(OpsCore):
         assert isinstance(node, Slot)
         node = node.latest()
         src = h.node
-        if node.detached in ("unlink", "replaced", "unpublished") or node.parent is None \
-                or node.parent.detached:
+        if node.detached in ("unlink", "replaced", "unpublished", "rmdir") \
+                or node.parent is None or node.parent.detached:
             # Written to a name that is gone: the bytes go with it (POSIX).
-            src.changed = False
+            if src.changed and (node.detached == "rmdir" or (
+                    node.parent is not None and node.parent.detached)):
+                self._tell_unpublished(node, h.uid)
+            self.slots.discarded(src)
             return None
         if src.refused:
             # A write was refused since the last publish (EFBIG, ENOSPC,
@@ -66,7 +72,8 @@ class PublishOps(OpsCore):
             r = src.refused
             before = "the version before stays" if node.version else \
                 "the name goes with its last writer"
-            told, r.told = r.told, True     # (said once: the close, then the release)
+            told = r.told
+            self.slots.refusal_told(src)    # (said once: the close, then the release)
             raise refuse(r.code or errno.EIO, "%s: not published: a write to it was refused "
                          "(%s), so it lacks bytes its writers wrote; %s",
                          node.key.decode("utf-8", "replace"),
@@ -76,21 +83,36 @@ class PublishOps(OpsCore):
         if pt:
             # the kernel wrote the writers' file: a snapshot of it is the draft
             d = self._pt_snapshot(src, h)
+            held = None
         else:
-            d = self._ensure_draft(src)
+            d = held = self._ensure_draft(src)
+            if getattr(d, "in_memory", False):
+                # a memory-only tier's draft that waited in a memory file: its
+                # room is made now that its size is known, whole or not at all
+                # (nothing is evicted for a draft that is then refused)
+                d = self._native_call(self.store.unspill, d)
+            else:
+                held = None
+            self.slots.take_draft(src)
         # The writers go on from what is published now: their draft moves to
-        # the store, they keep a (lazily copied) base.
-        src.draft = None
+        # the store, they keep a (lazily copied) base.  Refused, nothing
+        # changes: the writers keep their draft.
+
+        def keep(draft) -> None:
+            if pt:
+                draft.free()
+            elif held is not None:
+                draft.free()
+                self.slots.put_back_draft(src, held)
+            else:
+                self.slots.put_back_draft(src, draft)
         try:
             d, logical = self._maybe_quantize(d)
         except BaseException:
-            if pt:
-                d.free()
-            else:
-                src.draft = d
+            keep(d)
             raise
         key = node.key
-        mtime_ns = src.draft_mtime_ns or now_ns()
+        mtime_ns = src._f(_native.SLOT_F_DRAFT_MTIME) or now_ns()
         try:
             if getattr(d, "spilled", False):
                 # a spilled draft goes straight to the SSD tier, which keeps
@@ -100,41 +122,57 @@ class PublishOps(OpsCore):
             else:
                 ref = self._native_call(self.store.publish, d, key)
         except BaseException:
-            # nothing changes: the writers keep their draft
-            if pt:
-                d.free()
-            elif logical is None:
-                src.draft = d
+            if logical is None:
+                keep(d)
             else:
                 d.free()
-                src.draft = self._draft_from(None, logical)
+                keep(self._draft_from(None, logical))
             raise
+        if held is not None:
+            held.free()
         if pt and logical is None:      # (quantized: readers read other bytes)
             self._pt_published(src, ref.version)
         self._settle_quota(key)
         self.tenants.pin_kept(key, ref)     # (a pin stays with the slot)
-        self._release_base(src)
-        src.base = ref                  # the writers go on from this version
-        src.base_decoded = logical
+        size = len(logical) if logical is not None else ref.size
+        holder, fx = self.slots.published(src, ref.version, size, ref.stored)
+        self.slots.set_base(src, ref, logical)      # the writers go on from this version
         if logical is not None:
             self.store.remember_logical(key, ref.version, logical)
-        src.changed = False
         self.coherence.published(h.hold)
-        parent = node.parent
-        current = parent.children.get(node.name)
-        if node.detached:                      # dropped by the cache meanwhile
-            if current is None:
-                node.detached = None
-                parent.children[node.name] = node
-                current = node
-        target = current if isinstance(current, Slot) else node
-        job = self._published(target, ref, mtime_ns, logical,
-                              own=target is src)
-        if target is src and src.version == ref.version and logical is None:
-            src.pages_version = ref.version     # its writers' pages hold this version
-        else:
-            target.pages_trusted = False        # another inode's bytes under this one
-        return job
+        return self._version_landed(holder, fx, ref, mtime_ns, logical)
+
+    def _version_landed(self, node: Slot, fx: int, ref, mtime_ns: int,
+                        logical: Optional[bytes]) -> Optional[tuple]:
+        """A new version of node's name landed on node (the slot table's
+        `published` or `set_version` put it there, on a fresh inode when
+        readers kept the old): its times, the kernel told (fx), and a push
+        of it into the page cache claimed when the table says one may start
+        (no writer open: then the pages are theirs)."""
+        node.mtime_ns = mtime_ns
+        node.ctime_ns = now_ns()
+        if fx & _native.SLOT_FX_FORGET_ATTRS:
+            self._forget_attrs(node)
+        if fx & _native.SLOT_FX_FORGET_ENTRY and node.parent is not None:
+            self._forget_entry(node.parent, node.name)
+        if fx & _native.SLOT_FX_PUSH and self.pusher is not None \
+                and self.knobs["page_cache_push"] and node.pub_size >= PUSH_MIN_BYTES \
+                and not self._pt_reads(node, logical):
+            pin = self.store.peek(node.key)
+            if pin is not None:
+                source = pin if logical is None else BytesSource(logical, pin)
+                return self.pusher.claim(node, source)
+        return None
+
+    def _tell_unpublished(self, node: Slot, uid: int) -> None:
+        """A writer's draft of a name whose directory was removed while it
+        was written: published nowhere; the log and the writer's
+        `.memos/why` say so (its close succeeds, as for any name unlinked
+        while it is written)."""
+        text = (f"{node.key.decode('utf-8', 'replace')}: not published: its directory "
+                f"was removed while it was written (rmdir), so the bytes went with it")
+        log.info("%s", text)
+        self.why.note(uid, errno.ENOENT, text)
 
     def _settle_quota(self, key: bytes) -> None:
         """After a publish: an agent beyond its quota moves its own least
@@ -147,35 +185,6 @@ class PublishOps(OpsCore):
         except OverLimit as e:
             log.warning("%s: %s (it stays beyond its quota until its slots can go)",
                         key.decode("utf-8", "replace"), e)
-
-    def _published(self, node: Slot, ref: "_native.Ref", mtime_ns: int,
-                   logical: Optional[bytes] = None, own: bool = True) -> Optional[tuple]:
-        """Point the name at the new version: in place, or on a fresh inode
-        when readers hold this one (they keep their snapshot).  own: the
-        version was written through this inode (its writers' pages, or the
-        kernel's own setattr); with the writeback cache the kernel keeps the
-        size of an inode it knows, so a version from elsewhere (a writer on
-        an older inode, a draft of its own) gets a fresh inode too."""
-        if node.readers > 0 or node.pushing > 0 or (
-                self.wb and not own and (node.lookups > 0 or node.handles > 0)):
-            node = self._supersede(node)
-        node.cache_version = -2 if node.writers else node.cache_version
-        node.pt_gen += 1                # (its mirror, if any, is an older version's)
-        node.version = ref.version
-        node.pub_size = len(logical) if logical is not None else ref.size
-        node.stored = ref.stored
-        node.mtime_ns = mtime_ns
-        node.ctime_ns = now_ns()
-        self._forget_attrs(node)
-        if self.pusher is not None and self.knobs["page_cache_push"] \
-                and node.pub_size >= PUSH_MIN_BYTES and not self._pt_reads(node, logical) \
-                and not node.writers and not node.writer_pending:
-            # (with writers open, the page cache holds their draft: no push)
-            pin = self.store.peek(node.key)
-            if pin is not None:
-                source = pin if logical is None else BytesSource(logical, pin)
-                return self.pusher.claim(node, source)
-        return None
 
     def _push_after_writers(self, node: Slot) -> Optional[tuple]:
         """The last writer of node is gone: a push of the published version
@@ -206,45 +215,6 @@ class PublishOps(OpsCore):
             raise
         source = pin if logical is None else BytesSource(logical, pin)
         return self.pusher.claim(node, source)
-
-    def _ready_for_writer(self, node: Slot, pid: int = 0, trunc: bool = True) -> None:
-        """Before an O_TRUNC writer is sent back (ESTALE) to look the name up
-        again: make sure what it will find has no page-cache readers, and
-        stays so until it arrives (readers meanwhile read around the cache),
-        so the kernel's one retry succeeds.  (A node that no longer holds
-        its name is left as it is: the retry will not find it.)"""
-        holds = not node.detached and node.parent is not None \
-            and node.parent.children.get(node.name) is node
-        if holds and (node.readers > 0 or node.pushing > 0 or (trunc and (
-                node.writers > 0 or node.writer_pending))):
-            node = self._supersede(node)
-        # By pid (the kernel retries from the same thread): several writers may
-        # have been sent here, and each must find no page-cache readers on its
-        # one retry, however many other writers come and go meanwhile.
-        node.pending[pid] = time.monotonic() + WRITER_RETRY_S
-
-    def _supersede(self, node: Slot) -> Slot:
-        """Give node's name a fresh inode holding the same version; node keeps
-        serving the handles open on it (their snapshot) and answers ESTALE to
-        new opens, which makes the kernel look the name up again.  node must
-        hold its name (callers check): a node that left the tree is never
-        put back."""
-        assert node.parent is not None and node.parent.children.get(node.name) is node, \
-            f"supersede of {node.name!r} (inode {node.ino}), which does not hold its name"
-        new = Slot(self._new_ino(), node.name, node.parent, stat.S_IMODE(node.mode),
-                   node.uid, node.gid)
-        new.xattrs = dict(node.xattrs)
-        new.atime_ns, new.mtime_ns, new.ctime_ns = node.atime_ns, node.mtime_ns, node.ctime_ns
-        new.version, new.pub_size, new.stored = node.version, node.pub_size, node.stored
-        # writers sent (ESTALE) to look this name up will find the new inode
-        new.pending, node.pending = node.pending, {}
-        node.parent.children[node.name] = new
-        node.successor = new
-        if node.pt_mirror is not None and self._pt_state is not None:
-            self._pt_state.move_mirror(node, new)   # (same version; unless files read it)
-        self.inodes[new.ino] = new
-        self._forget_entry(node.parent, node.name)
-        return new
 
     # ---- quantized storage (the store's: memosfs/store/kvfile.py) ----
 

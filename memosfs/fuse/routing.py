@@ -13,8 +13,9 @@ anything but a FUSEError answers EIO and logs why (pyfuse3 would otherwise
 stop the main loop).  The guard is outermost, so a failure in the
 federated tree is caught the same way.  It also says who the caller is
 while the handler runs (why.CALLER: the context's uid, or for read, write,
-flush, release and fsync the uid of the handle's opener), so that a
-refusal reaches that uid's `.memos/why`.
+flush, release and fsync the uid of the handle's opener) and which
+request it is (why.OPERATION), so that a refusal reaches that uid's
+`.memos/why`, a refused save or open kept visible there.
 
 It also says which slot the request acts on (core.SUBJECT: its path
 below the mount), so that every refusal's log line names it.
@@ -35,7 +36,7 @@ import pyfuse3
 from memosfs.fuse.core import SUBJECT, NeedRoom
 from memosfs.fuse.fedtree import FED_INO
 from memosfs.fuse.nodes import SLOT_DIRS
-from memosfs.fuse.why import CALLER
+from memosfs.fuse.why import CALLER, OPERATION
 
 log = logging.getLogger("memosfs.fuse.operations")
 
@@ -126,6 +127,7 @@ def _guard(fn):
     async def handler(self, *args):
         uid = _caller_uid(self, name, args)
         token = CALLER.set((uid, self.why)) if uid is not None else None
+        op = OPERATION.set(name)
         subject = _subject(self, name, args)
         about = SUBJECT.set(subject) if subject is not None else None
         try:
@@ -140,11 +142,12 @@ def _guard(fn):
             log.exception("%s failed; answering EIO", name)
             if uid is not None:
                 self.why.note(uid, errno.EIO, f"{name} failed: an internal error (the "
-                              f"daemon's log has the traceback)")
+                              f"daemon's log has the traceback)", name)
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
             if about is not None:
                 SUBJECT.reset(about)
+            OPERATION.reset(op)
             if token is not None:
                 CALLER.reset(token)
 

@@ -92,7 +92,10 @@ class Tenants:
         self.store = store
         self.knobs = knobs
         # uid -> {slot node: (version, stored bytes)} of the pins it set
-        self._pins: dict[int, "weakref.WeakKeyDictionary"] = {}
+        # uid -> {slot: (version, stored)}: a pin follows the slot's name
+        # (node.key) across rewrites and renames, and goes once no version
+        # of that name is pinned (pinned_bytes)
+        self._pins: dict[int, dict] = {}
         # uid -> {(inode, version): [handles, stored bytes]} of its read handles
         self._held: dict[int, dict[tuple, list]] = {}
         self._held_bytes: collections.Counter = collections.Counter()
@@ -115,7 +118,7 @@ class Tenants:
         total = 0
         for node in list(pins):
             # a pin belongs to the slot: a rewrite keeps it (on its new size)
-            ref = self.store.peek(node.key) if not node.detached else None
+            ref = self.store.peek(node.key)
             nbytes = ref.stored if ref is not None and ref.sticky else -1
             if ref is not None:
                 ref.release()
@@ -152,7 +155,7 @@ class Tenants:
         for uid, pins in list(self._pins.items()):
             if uid == 0:
                 continue
-            mine = [n for n in list(pins) if not n.detached and n.key == key]
+            mine = [n for n in list(pins) if n.key == key]
             if mine and self.pinned_bytes(uid) > bound:
                 ref.sticky = False
                 for n in mine:
@@ -164,7 +167,7 @@ class Tenants:
     def pinned(self, uid: int, node, ref, on: bool) -> None:
         """A pin (on) or unpin of node's version ref took effect."""
         if on:
-            self._pins.setdefault(uid, weakref.WeakKeyDictionary())[node] = (
+            self._pins.setdefault(uid, {})[node] = (
                 ref.version, ref.stored)
             return
         for u, pins in list(self._pins.items()):

@@ -16,6 +16,16 @@ Below it, a uid whose slots the SSD tier evicted at ssd_capacity (ssd_full=
 evict: no tier keeps them, the next open misses) reads how many and the
 last one's name.
 
+A refusal that failed a save or an open (a request of SAVE_OR_OPEN: create,
+open, read, write, flush, release, fsync) stays visible after later ones of
+other requests: `cp -a` and `rsync -X` try attributes the mount does not
+keep (system.posix_acl_access: ENOTSUP, harmless, the copy goes on), and
+such a refusal, shown first, does not hide the refused save before it,
+which the next line shows:
+
+    2026-12-04 21:22:30 ENOTSUP (Operation not supported): a/s/x: xattr system.posix_acl_access: ...
+    2026-12-04 21:22:24 last refused save or open: EFBIG (File too large): a/s/big: ...
+
 A uid sees only its own refusals (they name its slots); refusals the kernel
 retries by itself (an ESTALE'd writer's open, logged at DEBUG) are not
 noted.  At most MAX_UIDS uids are remembered, the least recently refused
@@ -23,10 +33,11 @@ forgotten first.
 
 Who the caller is: the guard around every handler (routing.py) sets
 `CALLER` for the request (its context's uid, or the uid of the handle's
-opener for read, write, flush, release and fsync); a refusal on the fast
-path is noted by `OpsCore._answer` from the handle or context it was given.
+opener for read, write, flush, release and fsync) and `OPERATION` (the
+handler's name); a refusal on the fast path is noted by `OpsCore._answer`
+from the handle or context and the name it was given.
 
-Owns: `Reasons` (the per-uid notes), `CALLER`, `note_refusal`.
+Owns: `Reasons` (the per-uid notes), `CALLER`, `OPERATION`, `note_refusal`.
 May call: the standard library only.
 """
 
@@ -39,9 +50,11 @@ import time
 from contextvars import ContextVar
 from typing import Optional
 
-__all__ = ["Reasons", "CALLER", "note_refusal"]
+__all__ = ["Reasons", "CALLER", "OPERATION", "SAVE_OR_OPEN", "note_refusal"]
 
 MAX_UIDS = 4096
+# the requests whose refusal fails a save or an open (kept visible: above)
+SAVE_OR_OPEN = frozenset(("create", "open", "read", "write", "flush", "release", "fsync"))
 
 
 class Reasons:
@@ -49,6 +62,9 @@ class Reasons:
 
     def __init__(self) -> None:
         self._by_uid: collections.OrderedDict[int, tuple[float, int, str]] = \
+            collections.OrderedDict()
+        # each uid's last refusal that failed a save or an open (SAVE_OR_OPEN)
+        self._saves: collections.OrderedDict[int, tuple[float, int, str]] = \
             collections.OrderedDict()
         # slots of each uid that a tier let go to make room (SSD evictions):
         # uid -> [wall time of the last, count, its name, why]
@@ -64,11 +80,15 @@ class Reasons:
         while len(self._evicted) > MAX_UIDS:
             self._evicted.popitem(last=False)
 
-    def note(self, uid: int, code: int, reason: str) -> None:
-        self._by_uid[uid] = (time.time(), code, reason)
-        self._by_uid.move_to_end(uid)
-        while len(self._by_uid) > MAX_UIDS:
-            self._by_uid.popitem(last=False)
+    def note(self, uid: int, code: int, reason: str, op: Optional[str] = None) -> None:
+        """uid's request `op` (a handler's name; None: not known) was refused."""
+        got = (time.time(), code, reason)
+        books = [self._by_uid] + ([self._saves] if op in SAVE_OR_OPEN else [])
+        for book in books:
+            book[uid] = got
+            book.move_to_end(uid)
+            while len(book) > MAX_UIDS:
+                book.popitem(last=False)
 
     def last(self, uid: int) -> Optional[tuple[float, int, str]]:
         return self._by_uid.get(uid)
@@ -80,8 +100,11 @@ class Reasons:
             out = "nothing of yours was refused since the mount\n"
         else:
             t, code, reason = got
-            name = errno.errorcode.get(code, str(code))
-            out = f"{_stamp(t)} {name} ({os.strerror(code)}): {reason}\n"
+            out = f"{_stamp(t)} {_said(code)}: {reason}\n"
+            save = self._saves.get(uid)
+            if save is not None and save is not got:
+                t, code, reason = save
+                out += f"{_stamp(t)} last refused save or open: {_said(code)}: {reason}\n"
         ev = self._evicted.get(uid) if uid is not None else None
         if ev is not None:
             t, count, last, why = ev
@@ -94,12 +117,19 @@ class Reasons:
         return len(self._by_uid)
 
 
+def _said(code: int) -> str:
+    """`EINVAL (Invalid argument)`."""
+    return f"{errno.errorcode.get(code, str(code))} ({os.strerror(code)})"
+
+
 def _stamp(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 # (uid, the mount's Reasons) of the request being served; None outside one
 CALLER: ContextVar[Optional[tuple[int, Reasons]]] = ContextVar("memosfs_caller", default=None)
+# the name of the handler serving it (routing.py's guard); None outside one
+OPERATION: ContextVar[Optional[str]] = ContextVar("memosfs_operation", default=None)
 
 
 def note_refusal(code: int, reason: str) -> bool:
@@ -109,5 +139,5 @@ def note_refusal(code: int, reason: str) -> bool:
     caller = CALLER.get()
     if caller is None:
         return False
-    caller[1].note(caller[0], code, reason)
+    caller[1].note(caller[0], code, reason, OPERATION.get())
     return True

@@ -178,20 +178,29 @@ class SpillDraft:
 
     spilled = True
 
-    def __init__(self, root: str, capacity: Callable[[], int],
+    def __init__(self, root: Optional[str], capacity: Callable[[], int],
                  trouble: Callable[[int], str], counts: Any) -> None:
-        sdir = os.path.join(root, SPILL_DIR)
-        self.path = os.path.join(sdir, f"{os.getpid()}.{next(_seq)}.spill")
-        self._capacity = capacity           # the SSD tier's ssd_capacity now (0: none)
+        self._capacity = capacity           # the SSD tier's ssd_capacity now (0: none);
+                                            # in memory: the memory tier's capacity
         self._trouble = trouble             # errno -> the SSD directory's trouble in words
         self._counts = counts               # the store's counters (spill_bytes)
-        try:
-            self.fd: Optional[int] = open_private(self.path, os.O_RDWR | os.O_EXCL)
-        except FileNotFoundError:
-            private_dir(sdir)
-            self.fd = open_private(self.path, os.O_RDWR | os.O_EXCL)
-        except OSError as e:
-            raise self._said(e) from None
+        self.in_memory = root is None       # a memory-only tier's draft: a memory file
+        if root is None:
+            self.path = ""
+            try:
+                self.fd: Optional[int] = os.memfd_create("memosfs-draft", os.MFD_CLOEXEC)
+            except OSError as e:
+                raise self._said(e) from None
+        else:
+            sdir = os.path.join(root, SPILL_DIR)
+            self.path = os.path.join(sdir, f"{os.getpid()}.{next(_seq)}.spill")
+            try:
+                self.fd = open_private(self.path, os.O_RDWR | os.O_EXCL)
+            except FileNotFoundError:
+                private_dir(sdir)
+                self.fd = open_private(self.path, os.O_RDWR | os.O_EXCL)
+            except OSError as e:
+                raise self._said(e) from None
         self._size = 0
         self._base: Optional[BaseView] = None   # an overlay's base (module docstring)
         self._cut = 0
@@ -459,10 +468,11 @@ class SpillDraft:
             return                      # (published, freed, or never opened)
         fd, self.fd = self.fd, None
         os.close(fd)
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
 
     def __del__(self) -> None:
         self.free()                     # (a draft dropped unpublished: its file goes)
@@ -519,6 +529,9 @@ class SpillDraft:
 
     def _room(self, end: int) -> None:
         cap = self._capacity()
+        if self.in_memory and end > cap:
+            raise OSError(errno.EFBIG, f"the slot would be larger than the memory tier "
+                          f"(capacity {cap} bytes)")
         if cap and end > cap:
             raise OSError(errno.ENOSPC, f"the slot would be larger than the SSD tier's "
                           f"ssd_capacity ({cap} bytes), where a draft the memory tier "

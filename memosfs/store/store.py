@@ -150,6 +150,9 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
         # Every key, least recently used first (the warm-up order, persisted).
         self._recency: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._dirty_since: dict[bytes, float] = {}   # key -> monotonic publish time
+        # key -> why its last write-back failed (cleared when one succeeds):
+        # with the key still dirty in memory, what an unmount now would lose
+        self._unsaved: dict[bytes, str] = {}
         self._drop_listeners: list[Callable[[bytes, str], None]] = []
         self.meta_of: Callable[[bytes], dict[str, Any]] = lambda key: {}
         self.namespace_of: Callable[[], Any] = lambda: []
@@ -177,6 +180,12 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
         self.prefetch: Optional[PrefetchEngine] = None    # built by start_prefetch
         self.quant = kvfile.QuantizedVersions(self.draft)
         self.remote = remote
+        if ssd is None and remote is None:
+            # an eviction here loses the slot: nothing is evicted for a draft
+            # that may still be refused; one memory has no room for continues
+            # in a memory file and makes its room whole at its publish
+            # (writes.py `spill`, `unspill`)
+            self.cache.set_draft_evicts(False)
         if remote is not None:
             remote.on_invalidate = self._remote_invalidated
             remote.on_reconnect = self._remote_reconnected

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Optional
 
@@ -99,18 +100,12 @@ class WriteBackMixin:
             seq = self._meta_pending.get(key)   # the metadata change meta includes
         meta = self.meta_of(key)
         try:
-            entry = self.ssd.put(ref, meta, durable)
-        except SSDFull as full:
-            if self.ssd_full == "refuse":
-                # the tier keeps what it holds: this version stays in memory
-                # (dirty), and new writes are refused once memory is full
-                self._c["ssd_full_refusals"] += 1
-                said = (f"the SSD tier reached its ssd_capacity ({self.ssd.capacity} bytes) "
-                        f"and ssd_full=refuse keeps the slots it holds")
-                self.ssd.trouble = said
-                raise OSError(errno.ENOSPC, said) from None
-            self._make_ssd_room(full.excess, keep=key, older_only=room_from_older)
-            entry = self.ssd.put(ref, meta, durable)
+            entry = self._put_or_make_room(ref, meta, durable, room_from_older)
+        except OSError as e:
+            with self.lock:                     # (unmount.py: what an unmount would lose)
+                self._unsaved.pop(key, None)
+                self._unsaved[key] = said(e)
+            raise
         with self.lock:
             stored = self.ssd.get(key)
             if ref.live and ref.key == key and stored is not None \
@@ -121,10 +116,35 @@ class WriteBackMixin:
                 self._dirty_since.pop(key, None)
                 self._renamed_unsaved.discard(key)
                 self._meta_pending.pop(key, None)
+                self._unsaved.pop(key, None)
         if entry is None:
             return                              # a newer version, a rename or a removal won
         self._c["writebacks"] += 1
         self.trace.emit("WRITEBACK", key=_k(key), bytes=ref.size, version=ref.version)
+
+    def _put_or_make_room(self, ref: "_native.Ref", meta: dict, durable: bool,
+                          room_from_older: bool):
+        """ssd.put; over ssd_capacity, room made first (ssd_full=evict) or
+        ENOSPC (ssd_full=refuse)."""
+        key = ref.key
+        try:
+            return self.ssd.put(ref, meta, durable)
+        except SSDFull as full:
+            if self.ssd_full == "refuse":
+                # the tier keeps what it holds: this version stays in memory
+                # (dirty), and new writes are refused once memory is full
+                self._c["ssd_full_refusals"] += 1
+                said = (f"the SSD tier reached its ssd_capacity ({self.ssd.capacity} bytes) "
+                        f"and ssd_full=refuse keeps the slots it holds")
+                self.ssd.trouble = said
+                raise OSError(errno.ENOSPC, said) from None
+            self._make_ssd_room(full.excess, keep=key, older_only=room_from_older)
+            try:
+                return self.ssd.put(ref, meta, durable)
+            except SSDFull:                     # (no slot less recent left to evict)
+                raise OSError(errno.ENOSPC, f"the SSD tier reached its ssd_capacity "
+                              f"({self.ssd.capacity} bytes) and holds no less recent "
+                              f"slot to make room with") from None
 
     def _make_ssd_room(self, excess: int, keep: bytes, older_only: bool = False) -> None:
         """Evict SSD versions in the SSD tier's policy order (the evict_policy
@@ -386,6 +406,50 @@ class WriteBackMixin:
             return ref.version if ref.dirty else None
         finally:
             ref.release()
+
+    # ---- what an unmount would lose (memosfs/fuse/unmount.py) ----
+
+    def unsaved(self) -> list[tuple[bytes, int, int, str]]:
+        """(key, version, bytes, why) of each slot memory holds dirty whose
+        last write-back to the SSD tier failed, the latest failure first:
+        what an unmount now would lose.  Empty without an SSD tier
+        (memory-only: nothing is ever written back).  Cheap when nothing
+        failed (the unmount guard asks twice a second)."""
+        if self.ssd is None or not self._unsaved:
+            return []
+        with self.lock:
+            failed = dict(self._unsaved)
+        out = []
+        for key in reversed(list(failed)):
+            ref = self.cache.peek(key)
+            if ref is None:
+                with self.lock:                 # (removed, renamed, or left memory saved)
+                    self._unsaved.pop(key, None)
+                continue
+            try:
+                if ref.dirty:
+                    out.append((key, ref.version, ref.size, failed[key]))
+                else:
+                    with self.lock:
+                        self._unsaved.pop(key, None)
+            finally:
+                ref.release()
+        return out
+
+    def ssd_room(self) -> Optional[int]:
+        """Bytes the SSD tier can still take: the room left on its disk, or
+        below ssd_capacity if that is less; None without an SSD tier or when
+        the disk cannot say."""
+        if self.ssd is None:
+            return None
+        try:
+            st = os.statvfs(self.ssd.root)
+        except OSError:
+            return None
+        room = st.f_bavail * st.f_frsize
+        if self.ssd.capacity:
+            room = min(room, max(0, self.ssd.capacity - self.ssd.used_bytes))
+        return room
 
     # ---- the background writer ----
 

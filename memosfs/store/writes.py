@@ -34,7 +34,7 @@ from typing import Optional
 
 from memosfs import _native
 from memosfs.store.common import _k, _session_of, make_key
-from memosfs.store.spill import SpilledRef, SpillDraft
+from memosfs.store.spill import COPY_CHUNK, SpilledRef, SpillDraft
 from memosfs.store.segments import PackedEntry
 from memosfs.store.ssd import CorruptSlot, SSDFull, SSDReader, StaleEntry
 from memosfs.store.writeback import CLEAN_AHEAD_WAKE
@@ -56,10 +56,15 @@ class WriteMixin:
         read from its file, or None) or `data`: for a draft the memory tier
         has no room for.  OSError (a full disk, ssd_capacity) leaves no file."""
         ssd = self.ssd
-        assert ssd is not None
-        sp = SpillDraft(ssd.root, lambda: ssd.capacity, ssd.disk_trouble, self._c)
+        if ssd is None:
+            # a memory-only tier: the draft waits in a memory file of its own
+            # (no eviction is made for it until its publish knows its size)
+            sp = SpillDraft(None, lambda: self.cache.capacity, self._memory_trouble, self._c)
+        else:
+            sp = SpillDraft(ssd.root, lambda: ssd.capacity, ssd.disk_trouble, self._c)
         try:
-            if source is not None and self._spill_as_overlay(key, source, sp):
+            if ssd is not None and source is not None \
+                    and self._spill_as_overlay(key, source, sp):
                 pass                                # what differs from the SSD's version only
             elif data is not None:
                 sp.fill(lambda off, n: data[off:off + n], len(data))
@@ -80,6 +85,39 @@ class WriteMixin:
         self._c["spills"] += 1
         self.trace.emit("SPILL", key=_k(key), bytes=sp.size)
         return sp
+
+    def _memory_trouble(self, code: int) -> str:
+        return (f"the host has no memory left for a draft the memory tier (full) "
+                f"cannot take yet ({os.strerror(code)})")
+
+    def unspill(self, sp: SpillDraft) -> "_native.Draft":
+        """A memory-only tier's spilled draft as a memory draft, to publish:
+        the room for its whole size is made first, evicting what it must,
+        or nothing is evicted and OSError(ENOSPC) says why (EFBIG: larger
+        than the memory tier).  sp is left as it was (freed by the caller
+        once the draft is published)."""
+        size = sp.size
+        d = self.cache.draft()
+        try:
+            d.reserve(size)
+            fd, off = sp.fd, 0
+            while off < size:
+                try:
+                    data_at = os.lseek(fd, off, os.SEEK_DATA)
+                except OSError:
+                    break                           # (only a hole is left: zeros)
+                hole = min(os.lseek(fd, data_at, os.SEEK_HOLE), size)
+                while data_at < hole:
+                    chunk = os.pread(fd, min(hole - data_at, COPY_CHUNK), data_at)
+                    if not chunk:
+                        break
+                    d.write(data_at, chunk)
+                    data_at += len(chunk)
+                off = hole
+        except BaseException:
+            d.free()
+            raise
+        return d
 
     def _spill_as_overlay(self, key: bytes, source, sp: SpillDraft) -> bool:
         """Fill sp as an overlay (spill.py) of the version the SSD tier holds

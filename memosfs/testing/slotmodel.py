@@ -24,6 +24,8 @@ process can observe.
   slot's version.  A publish of an evicted slot's draft puts the name back
   if it is free, and otherwise becomes the version of the slot that holds
   the name now.
+- **A directory goes** (rmdir) when the caller finds no name in it: the
+  names only their writers find (never published) go with it, as unlinked.
 - **Who sees what**: a lookup of a name finds its slot when it was published
   or when the caller is an opener of its current draft; the size it shows
   is that draft's for its openers and the published version's for everybody
@@ -209,6 +211,19 @@ class SlotModel:
 
     def unlink(self, name: int) -> None:
         self.names.pop(name).gone = "unlink"
+
+    def rmdir(self, tgid: int) -> Optional[list[int]]:
+        """rmdir(2) by tgid of the directory of these names, then a mkdir of
+        it again (the same names, a new directory): refused (None, ENOTEMPTY)
+        while tgid finds a name in it; otherwise the names only their writers
+        find go with it, unlinked (their writers' publishes go nowhere).
+        Returns the names that went."""
+        if any(self.find(name, tgid) is not None for name in self.names):
+            return None
+        gone = sorted(self.names)
+        for name in gone:
+            self.unlink(name)
+        return gone
 
     def rename(self, old: int, new: int) -> None:
         s = self.names.pop(old)

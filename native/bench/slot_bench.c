@@ -29,7 +29,7 @@ static int write_cycle(slot_table *t, uint64_t name, uint32_t p, uint64_t *versi
     uint64_t ino, at, target, holder;
     unsigned fx;
     if (memos_slot_lookup(t, name, p, &ino) == SLOT_OK) {
-        memos_open_req rq = { p, p, 1, 1, 0, 0 };
+        memos_open_req rq = { p, p, 1, 1, 0, 0, 0 };
         memos_open_plan pl;
         memos_slot_open_plan(t, ino, &rq, 0, &pl);
         if (pl.action != SLOT_OPEN_WRITE)
@@ -50,7 +50,7 @@ static int read_cycle(slot_table *t, uint64_t name, uint32_t p)
 {
     uint64_t ino;
     unsigned fx;
-    memos_open_req rq = { p, p, 0, 0, 0, 0 };
+    memos_open_req rq = { p, p, 0, 0, 0, 0, 0 };
     memos_open_plan pl;
     memos_slot_info in;
     if (memos_slot_lookup(t, name, p, &ino) != SLOT_OK)

@@ -495,6 +495,57 @@ static void test_toobig_nomem_sticky(void)
     memos_cache_free(c);
 }
 
+/* memos_set_draft_evicts(0): a draft's write is refused where it would
+ * evict; memos_draft_reserve makes the room of a whole size, or evicts
+ * nothing when even every victim would not make it. */
+static void test_draft_reserve(void)
+{
+    evctx x = { 0 };
+    memos_cache *c = memos_cache_new(2 * MiB, 16, on_evict, &x);
+    memos_set_draft_evicts(c, 0);
+    char key[16];
+    for (int i = 0; i < 6; i++) {           /* 1.5 MiB of 2 */
+        snprintf(key, sizeof key, "k%d", i);
+        CHECK_EQ(put(c, key, 256 * KiB, NULL), MEMOS_OK);
+    }
+    memos_entry *d, *pinned;
+    unsigned char *buf = calloc(1, 2 * MiB);
+    CHECK_EQ(memos_draft_new(c, NULL, &d), MEMOS_OK);
+    CHECK_EQ(memos_draft_write(c, d, 0, buf, 1 * MiB), MEMOS_ENOMEM);  /* would evict */
+    CHECK_EQ(x.calls, 0);
+    CHECK_EQ(memos_entry_size(d), 0);
+    CHECK_EQ(memos_draft_write(c, d, 0, buf, 256 * KiB), MEMOS_OK);    /* free room */
+    CHECK_EQ(memos_draft_reserve(c, d, 3 * MiB), MEMOS_ETOOBIG);
+    CHECK_EQ(memos_draft_reserve(c, d, 100), MEMOS_EINVAL);             /* below its size */
+    /* a reader pins 4 of the 6: the draft can grow to 1 MiB at most (its own
+     * 256 KiB, 256 KiB free, 2 victims of 256 KiB) */
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        CHECK_EQ(get(c, key, &pinned), MEMOS_OK);
+    }
+    CHECK_EQ(memos_draft_reserve(c, d, 1 * MiB + 4096), MEMOS_ENOMEM);
+    CHECK_EQ(x.calls, 0);                   /* nothing evicted for it */
+    CHECK_EQ(stats(c).slots, 6);
+    CHECK_EQ(memos_draft_reserve(c, d, 1 * MiB), MEMOS_OK);
+    CHECK_EQ(x.calls, 2);
+    CHECK_EQ(x.bad, 0);
+    CHECK_EQ(memos_entry_size(d), 1 * MiB);
+    check_ok(c);
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        CHECK_EQ(memos_peek(c, key, strlen(key), &pinned), MEMOS_OK);
+        memos_unpin(c, pinned);             /* the peek's */
+        memos_unpin(c, pinned);             /* the get's */
+    }
+    CHECK_EQ(memos_publish(c, d, "new", 3, 0, 1), MEMOS_OK);
+    memos_unpin(c, d);
+    memos_set_draft_evicts(c, 1);           /* evicting again: a write makes room */
+    CHECK_EQ(put(c, "more", 1 * MiB, NULL), MEMOS_OK);
+    free(buf);
+    check_ok(c);
+    memos_cache_free(c);
+}
+
 static void test_capacity_and_knobs(void)
 {
     evctx x = { 0 };
@@ -721,6 +772,7 @@ int main(void)
     RUN(test_eviction_callback);
     RUN(test_refusing_callback);
     RUN(test_toobig_nomem_sticky);
+    RUN(test_draft_reserve);
     RUN(test_capacity_and_knobs);
     RUN(test_foreach_order);
     RUN(test_fail_injection_loop);

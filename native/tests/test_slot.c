@@ -93,7 +93,7 @@ static uint64_t save(slot_table *t, uint64_t name, uint32_t tgid, uint64_t n)
 static memos_open_plan plan(slot_table *t, uint64_t ino, uint32_t tgid, int w, int tr,
                             int retry)
 {
-    memos_open_req rq = { tgid, tgid, w, tr, retry, 0 };
+    memos_open_req rq = { tgid, tgid, w, tr, retry, 0, 0 };
     memos_open_plan p;
     CHECK_EQ(memos_slot_open_plan(t, ino, &rq, now, &p), SLOT_OK);
     return p;
@@ -126,7 +126,7 @@ static void test_a_refused_create_leaves_no_name(void)
     unsigned fx;
     memos_slot_create(t, NAME_K, A, A, 0, 0, now, &ino, &fx);
     write_n(t, ino, 0, 4096);
-    CHECK_EQ(memos_slot_refused(t, ino), SLOT_OK);      /* the next write: EFBIG */
+    CHECK_EQ(memos_slot_refused(t, ino, 0, UINT64_MAX, 27), SLOT_OK);      /* the next write: EFBIG */
     CHECK_EQ(memos_slot_publish_plan(t, ino, A, A, &target), SLOT_PUBLISH_REFUSED);
     CHECK_EQ(memos_slot_writer_gone(t, ino, A, now, &fx), SLOT_OK);
     CHECK(fx & SLOT_FX_FORGET_ENTRY);
@@ -147,7 +147,7 @@ static void test_a_refused_rewrite_leaves_the_version_before(void)
     CHECK(p.fx & SLOT_FX_NEED_BASE);
     memos_slot_attach_writer(t, ino, B, B, 0, now, &fx);
     write_n(t, ino, 100, 50);
-    memos_slot_refused(t, ino);
+    memos_slot_refused(t, ino, 0, UINT64_MAX, 27);
     CHECK_EQ(memos_slot_publish_plan(t, ino, B, B, &target), SLOT_PUBLISH_REFUSED);
     CHECK_EQ(memos_slot_publish_plan(t, ino, B, 0, &target), SLOT_PUBLISH_REFUSED);  /* fsync */
     memos_slot_writer_gone(t, ino, B, now, &fx);
@@ -155,7 +155,7 @@ static void test_a_refused_rewrite_leaves_the_version_before(void)
     CHECK_EQ(stat_name(t, NAME_K, C), 100);
     /* a writer that truncates to nothing starts a whole version again */
     memos_slot_attach_writer(t, ino, B, B, 0, now, &fx);
-    memos_slot_refused(t, ino);
+    memos_slot_refused(t, ino, 0, UINT64_MAX, 27);
     memos_slot_truncated(t, ino, 0, now);
     write_n(t, ino, 0, 7);
     CHECK_EQ(close_writer(t, ino, B, B), SLOT_PUBLISH_DO);
@@ -408,7 +408,7 @@ static void test_pages_stay_the_version_its_writers_wrote(void)
     /* a refused write: the pages may hold it */
     memos_slot_attach_writer(t, ino, A, A, 0, now, &fx);
     write_n(t, ino, 0, 4);
-    memos_slot_refused(t, ino);
+    memos_slot_refused(t, ino, 0, UINT64_MAX, 27);
     memos_slot_truncated(t, ino, 0, now);
     write_n(t, ino, 0, 4);
     close_writer(t, ino, A, A);
@@ -434,7 +434,7 @@ static void test_a_push_in_progress_makes_a_writer_wait_then_look_again(void)
     CHECK_EQ(memos_slot_push_claim(t, ino, version_of(t, NAME_K)), 0);
     memos_open_plan p = plan(t, ino, B, 1, 1, 0);
     CHECK_EQ(p.action, SLOT_OPEN_WAIT);
-    memos_open_req rq = { B, B, 1, 1, 0, 1 };
+    memos_open_req rq = { B, B, 1, 1, 0, 1, 0 };
     now += SLOT_RETRY_NS;
     memos_slot_open_plan(t, ino, &rq, now, &p);
     CHECK_EQ(p.action, SLOT_OPEN_SEND_BACK);
@@ -516,7 +516,7 @@ static void test_a_retry_that_finds_writers_on_a_stale_inode_waits_then_goes_pri
      * waits for B (bounded), then looks again, or, as the kernel's retry,
      * gets a draft of its own on the inode it holds */
     CHECK_EQ(plan(t, ino, 400, 1, 1, 0).action, SLOT_OPEN_WAIT);
-    memos_open_req rq = { 400, 400, 1, 1, 0, 1 };
+    memos_open_req rq = { 400, 400, 1, 1, 0, 1, 0 };
     memos_slot_open_plan(t, ino, &rq, now, &p);
     CHECK_EQ(p.action, SLOT_OPEN_SEND_BACK);
     CHECK_EQ(p.target, fresh);
@@ -590,11 +590,11 @@ static void busy_life(slot_table *t)
             if (memos_slot_publish_plan(t, ino, w, w, &target) == SLOT_PUBLISH_DO)
                 memos_slot_published(t, ino, next_version++, name, name, now, &holder, &fx);
             memos_slot_lookups(t, ino, 1);
-            memos_open_req rd = { 7, 7, 0, 0, 0, 0 };
+            memos_open_req rd = { 7, 7, 0, 0, 0, 0, 0 };
             if (memos_slot_open_plan(t, ino, &rd, now, &p) == SLOT_OK && p.action == SLOT_OPEN_READ)
                 memos_slot_attach_reader(t, p.inode, p.version, 0, now, &fx);
             for (uint32_t other = 200; other < 206; other++) {
-                memos_open_req wr = { other, other, 1, 1, other & 1, 0 };
+                memos_open_req wr = { other, other, 1, 1, other & 1, 0, 0 };
                 if (memos_slot_open_plan(t, ino, &wr, now, &p) != SLOT_OK)
                     break;
                 if (p.action == SLOT_OPEN_SEND_BACK)
