@@ -142,6 +142,57 @@ def test_an_empty_slot_file_is_what_a_power_loss_left_not_corruption(tmp_path, c
     assert "corrupt" not in caplog.text
 
 
+@pytest.mark.parametrize("bare", [False, True])
+@pytest.mark.parametrize("clean", [False, True])
+def test_a_slot_file_cut_short_after_a_crash_is_what_a_power_loss_left(
+        tmp_path, cache, caplog, monkeypatch, bare, clean):
+    """A write-back nobody acknowledged is renamed into place unsynced; a
+    power loss can keep the rename and part of its bytes (ext4
+    noauto_da_alloc, xfs): the file stops before its footer, or is shorter
+    than its attribute says.  After a daemon that did not unmount cleanly
+    (RUNNING left) that is no corruption: set aside as .torn, WARNING,
+    ssd_corrupt 0.  After a clean unmount every file was fsync'd, so the
+    same file is damage (ERROR, counted), and so is a footer one byte of
+    which is wrong, even after a crash."""
+    import logging
+
+    import memosfs.store.ssd as ssd_mod
+    monkeypatch.setattr(ssd_mod, "WRITE_BARE", bare)
+    tier = SSDTier(str(tmp_path))
+    assert tier.scan() == []                    # (a mount: RUNNING made)
+    for key in (b"a/s/x", b"a/s/y", b"a/s/kept"):
+        ref = _publish(cache, key, os.urandom(30000))
+        tier.put(ref, {}, durable=False)
+        ref.release()
+    if clean:
+        tier.closed_clean()
+    assert (tmp_path / ssd_mod.RUNNING).exists() is not clean
+    f = next(p for p in slot_files(tmp_path) if p.name.startswith(_name_of(b"a/s/x")))
+    os.truncate(f, 12288)                       # (what the power loss left of its bytes)
+    g = next(p for p in slot_files(tmp_path) if p.name.startswith(_name_of(b"a/s/y")))
+    raw = bytearray(g.read_bytes())
+    if bare:                                    # (its attribute's magic, one byte off)
+        value = bytearray(os.getxattr(g, XATTR))
+        value[-1] ^= 0x01
+        os.setxattr(g, XATTR, bytes(value))
+    else:
+        raw[-1] ^= 0x01
+        g.write_bytes(bytes(raw))
+    caplog.set_level(logging.INFO)
+    again = SSDTier(str(tmp_path))
+    assert [e.key for e in again.scan()] == [b"a/s/kept"]
+    aside = sorted(p.name for p in (tmp_path / "corrupt").iterdir())
+    if clean:
+        assert again.corrupt == 2 and aside == sorted([f.name, g.name])
+        assert "set aside as" not in caplog.text
+    else:
+        assert again.corrupt == 1 and aside == sorted([f.name + ".torn", g.name])
+        assert f"set aside as {f.name}.torn, not counted as corrupt" in caplog.text
+        assert [r for r in caplog.records if r.levelno >= logging.ERROR
+                and f.name in r.getMessage()] == []
+    assert (tmp_path / ssd_mod.RUNNING).exists()    # (this mount's, until its clean end)
+
+
 def test_payload_damage_is_caught_on_read_and_never_served(tmp_path, cache):
     tier = SSDTier(str(tmp_path))
     ref = _publish(cache, b"a/s/x", os.urandom(50000))
@@ -220,6 +271,24 @@ def remount(make_mount, m, **opts):
     m.stop()
     assert m.proc.returncode == 0
     return make_mount(ssd=str(m.ssd), **opts)
+
+
+def test_a_mount_marks_its_ssd_directory_running_until_its_clean_unmount(make_mount):
+    """RUNNING (ssd.py) is there while a daemon uses the directory and
+    after one is killed; a clean unmount removes it, a kill -9 leaves it."""
+    from memosfs.store.ssd import RUNNING
+    from memosfs.testing.daemon import kill9
+    m = make_mount(capacity="16M")
+    (session(m) / "k").write_bytes(os.urandom(100_000))
+    assert (Path(m.ssd) / RUNNING).exists()
+    m.stop()
+    assert m.proc.returncode == 0
+    assert not (Path(m.ssd) / RUNNING).exists()
+    m2 = make_mount(ssd=str(m.ssd), capacity="16M")
+    assert (m2.p("agent", "s1", "k")).stat().st_size == 100_000
+    assert (Path(m2.ssd) / RUNNING).exists()
+    assert not kill9(m2)
+    assert (Path(m2.ssd) / RUNNING).exists()
 
 
 def wait_warm(m, timeout=20.0):

@@ -41,7 +41,10 @@ shadows goes, namespace.json's bytes before its rename, a new folder into
 its parent); a scan first syncfs'es the folder's file system, so nothing it
 acts on is lost to a later power loss; an empty slot file (a write-back a
 power loss took before its bytes reached the disk) is removed at mount, not
-called corrupt (docs/ssd-format.md, "What a power loss leaves").
+called corrupt, and after a daemon that did not unmount cleanly (RUNNING is
+there: every mount makes it, a clean unmount removes it) one the power loss
+cut short (`TornSlot`: never fsync'd, so never acknowledged) is set aside as
+`<name>.torn`, not counted (docs/ssd-format.md, "What a power loss leaves").
 
 A file whose footer, trailer or size does not check out is reported (log
 and `ssd_corrupt`) and moved aside into `corrupt/` at mount; a payload whose
@@ -149,10 +152,18 @@ VERIFIED_FILES = 8192                     # open_backing's cache of checked file
 # memory: at most this many bytes of them (more: published whole)
 OVERLAY_PAYLOAD_MAX = 64 << 20
 POLICY_SAVE_S = 10.0                      # background saves of policy.json, at most this often
+RUNNING = ".running"                      # from a mount's scan until its clean unmount
 
 
 class CorruptSlot(Exception):
     """A slot file that does not check out; the message says how."""
+
+
+class TornSlot(CorruptSlot):
+    """A slot file that ends before the end its own layout gives it (a
+    trailer-layout file without its footer, a payload-only file shorter than
+    its attribute says): what a power loss leaves of a write-back renamed
+    into place before all its bytes were on the disk, or a file truncated."""
 
 
 class StaleEntry(Exception):
@@ -270,17 +281,21 @@ def read_trailer(fd: int, path: str) -> SSDEntry:
         if not flags & FLAG_BARE:
             raise CorruptSlot(f"{path}: its {XATTR} attribute is not marked payload-only")
         if size != total:
-            raise CorruptSlot(f"{path}: sizes disagree (payload {size}, file {total}: "
-                              f"truncated or extended)")
+            kind = TornSlot if total < size else CorruptSlot
+            raise kind(f"{path}: sizes disagree (payload {size}, file {total}: "
+                       f"truncated or extended)")
         return SSDEntry(key, version, size, crc, path, size + len(attr), meta,
                         ino=st.st_ino, bare=True)
     if total < _FOOTER.size:
-        raise CorruptSlot(f"{path}: {total} bytes, shorter than a footer "
-                          f"(and no {XATTR} attribute)")
+        raise TornSlot(f"{path}: {total} bytes, shorter than a footer "
+                       f"(and no {XATTR} attribute)")
     tlen, tcrc, magic = _FOOTER.unpack(os.pread(fd, _FOOTER.size, total - _FOOTER.size))
     if magic != MAGIC:
-        raise CorruptSlot(f"{path}: no footer magic and no {XATTR} attribute "
-                          f"(truncated, attribute lost, or not a slot file)")
+        # (a footer one byte of which is wrong is damage; a file that ends in
+        # anything else stops before its footer)
+        kind = CorruptSlot if _near(magic, MAGIC) else TornSlot
+        raise kind(f"{path}: no footer magic and no {XATTR} attribute "
+                   f"(truncated, attribute lost, or not a slot file)")
     if tlen < _FIXED.size or tlen > MAX_TRAILER or tlen > total - _FOOTER.size:
         raise CorruptSlot(f"{path}: trailer length {tlen} does not fit the file")
     start = total - _FOOTER.size - tlen
@@ -293,6 +308,11 @@ def read_trailer(fd: int, path: str) -> SSDEntry:
     if flags & FLAG_BARE:
         raise CorruptSlot(f"{path}: a payload-only file's trailer after a payload")
     return SSDEntry(key, version, size, crc, path, total, meta, ino=st.st_ino)
+
+
+def _near(a: bytes, b: bytes) -> bool:
+    """a differs from b in at most one byte (damage, not another file's end)."""
+    return len(a) == len(b) and sum(x != y for x, y in zip(a, b)) <= 1
 
 
 def open_entry(entry: "SSDEntry") -> int:
@@ -410,6 +430,10 @@ class SSDTier:
         # completed, a torn tail cut must not be undone by a power loss
         # that takes back what they assumed.
         _syncfs(self.root)
+        # RUNNING there: the daemon before us died without its clean
+        # unmount, so a write-back of it nobody acknowledged (never fsync'd)
+        # may have been torn by a power loss since
+        after_crash = os.path.exists(os.path.join(self.root, RUNNING))
         for name in os.listdir(self.root):
             if name.endswith(".tmp"):           # a metadata file a crash cut short
                 _discard(os.path.join(self.root, name))
@@ -443,6 +467,21 @@ class SSDTier:
                         os.close(fd)
                     if _name_of(entry.key) + ".slot" != name:
                         raise CorruptSlot(f"{path}: holds key {entry.key!r} of another name")
+                except TornSlot as e:
+                    if not after_crash:
+                        self._set_aside(path, str(e))
+                        continue
+                    # A file is fsync'd before its rename when its version was
+                    # acknowledged or it replaces one that may be durable, so
+                    # one a power loss cut short held neither: no corruption
+                    # (as an empty one), but its bytes are kept
+                    log.warning("ssd: %s (after a daemon that did not unmount cleanly: a "
+                                "write-back a power loss cut short before all its bytes "
+                                "were on the disk, never acknowledged); set aside as "
+                                "%s.torn, not counted as corrupt", e, name)
+                    self._move_aside(path, name + ".torn")
+                    self._dirty_dirs.add(sdir)
+                    continue
                 except CorruptSlot as e:
                     self._set_aside(path, str(e))
                     continue
@@ -462,7 +501,39 @@ class SSDTier:
             self.used_bytes = sum(e.file_bytes for e in found.values())
             # until restore_policy: oldest file first
             self.policy.reset(sorted(found, key=lambda k: _mtime(found[k].path)))
+        if not after_crash:
+            self._mark_running()
         return list(found.values())
+
+    def _mark_running(self) -> None:
+        """RUNNING made durable before this daemon writes anything back (a
+        power loss from now on finds it: `scan`)."""
+        path = os.path.join(self.root, RUNNING)
+        try:
+            fd = open_private(path, os.O_WRONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _fsync_dir(self.root)
+        except OSError as e:
+            log.warning("ssd: cannot make %s (%s): a slot file a power loss cuts short "
+                        "will be called corrupt at the next mount", path, e)
+
+    def closed_clean(self) -> None:
+        """At a clean unmount, once every slot is saved: every file this daemon
+        wrote is fsync'd, then RUNNING goes (the next mount calls any slot file
+        that stops short corrupt).  A failure is logged (RUNNING stays)."""
+        path = os.path.join(self.root, RUNNING)
+        try:
+            self.sync()
+            os.unlink(path)
+            _fsync_dir(self.root)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("ssd: cannot end the mount cleanly in %s (%s): the next mount "
+                        "takes a slot file that stops short for a power loss's", path, e)
 
     def _complete_renames(self, found: dict[bytes, SSDEntry]) -> None:
         """A rename moves a slot by copying its file under the new key's name
@@ -592,9 +663,13 @@ class SSDTier:
         with self.lock:
             self.corrupt += 1
         log.error("ssd: corrupt slot file set aside: %s", why)
+        self._move_aside(path, os.path.basename(path))
+
+    def _move_aside(self, path: str, name: str) -> None:
+        """Move a file into corrupt/name (removed if it cannot be moved)."""
         try:
             private_dir(self.corrupt_dir)
-            os.replace(path, os.path.join(self.corrupt_dir, os.path.basename(path)))
+            os.replace(path, os.path.join(self.corrupt_dir, name))
         except OSError as e:
             log.error("ssd: cannot move %s aside (%s); removing it", path, e)
             try:
