@@ -6,7 +6,9 @@ tree against what the writer was told is durable -> start the writer ->
 after a random 0.5-3 s, kill -9 the daemon -> the power loss (LazyFS drops
 its unsynced writes, or the file system is shut down without flushing its
 log: tests/lazyfs.py) -> sometimes a byte of a slot file or segment record
-on the disk is flipped (damage the next mount must detect).  After the last
+on the disk is flipped (damage the next mount must detect: a byte the slot's
+version reads, so in a slot file with an extent log not one the log's
+records overwrote or cut off, which no read of the slot sees).  After the last
 cycle: a short write burst, a clean unmount, and every latest state must be
 there exactly.
 
@@ -627,6 +629,7 @@ def damage_one(ssd: str, rng: random.Random, mnt_agent: str = AGENT
     there was nothing to damage."""
     from memosfs.store import segments as _seg
     from memosfs.store.ssd import read_trailer
+    from memosfs.store import extentlog as _xl
     files = []
     for root, _dirs, names in os.walk(os.path.join(ssd, "slots")):
         files += [os.path.join(root, n) for n in names if n.endswith(".slot")]
@@ -641,7 +644,11 @@ def damage_one(ssd: str, rng: random.Random, mnt_agent: str = AGENT
                 e = read_trailer(fd, f)
                 if e.size < 2 or not e.key.startswith(mnt_agent.encode() + b"/"):
                     continue
-                off = rng.randrange(e.size)
+                spans = _read_from_base(f, e, _xl)
+                if not spans:
+                    continue
+                s0, s1 = rng.choice(spans)
+                off = rng.randrange(s0, s1)
                 b = os.pread(fd, 1, off)
                 os.pwrite(fd, bytes([b[0] ^ 0x5A]), off)
                 os.fsync(fd)
@@ -666,6 +673,23 @@ def damage_one(ssd: str, rng: random.Random, mnt_agent: str = AGENT
             os.close(fd)
         return r.key.decode("utf-8", "surrogateescape"), s
     return None
+
+
+def _read_from_base(path: str, e: Any, xl: Any) -> list[tuple[int, int]]:
+    """The spans [start, end) of a slot file's payload that its slot's
+    version reads: all of it, or with an extent log beside the file, what
+    the log's records did not overwrite or cut (a byte flipped elsewhere is
+    in no version the mount serves: no read can see it, and none must)."""
+    try:
+        with open(xl.log_path_of(path), "rb") as f:
+            buf = f.read()
+    except FileNotFoundError:
+        return [(0, e.size)]
+    recs, _end, _bad = xl.scan_log(buf, int(e.meta.get("seq", 0)), (e.version, e.size, e.crc))
+    if not recs:
+        return [(0, e.size)]                # (an old log: removed at mount)
+    return [(so, so + (b - a)) for a, b, where, so in xl.extents(e.size, recs)
+            if where == xl.BASE and b - a > 0]
 
 
 # ---------------------------------------------------------------- cycles

@@ -8,7 +8,9 @@ never served, and what the power loss cut short is not called corruption.
 On LazyFS over the test folder's file system (MEMOSFS_LAZYFS names its
 binary), and on xfs and on ext4 mounted noauto_da_alloc (each on a loop
 device, shut down without flushing its log: renames and unlinks not yet
-committed are lost too).  MEMOSFS_POWERLOSS_CYCLES sets the cycles (20),
+committed are lost too).  MEMOSFS_POWERLOSS_CYCLES sets the cycles (20 on
+LazyFS; 8 on each file system shut down, which `make test` runs wherever it
+is root: about 25 s each; docs/reliability.md's figures are of 25 cycles),
 MEMOSFS_POWERLOSS_SEED replays a seed.  Each prints its figures as JSON
 (docs/reliability.md has them, with the command).
 """
@@ -28,6 +30,7 @@ from lazyfs import LazyFS, ShutdownFS, lazyfs_reason, shutdown_reason
 from powerloss_drill import run_drill
 
 CYCLES = int(os.environ.get("MEMOSFS_POWERLOSS_CYCLES") or 20)
+SHUTDOWN_CYCLES = int(os.environ.get("MEMOSFS_POWERLOSS_CYCLES") or 8)
 SEED = int(os.environ.get("MEMOSFS_POWERLOSS_SEED") or random.SystemRandom().getrandbits(32))
 OPTS = {"capacity": "4M", "writeback_delay_ms": 50}     # a tier smaller than the largest slots
 
@@ -38,18 +41,18 @@ def _kill(m) -> None:
                       "FUSE connection was aborted")
 
 
-def _assert_clean(rep) -> None:
+def _assert_clean(rep, cycles: int) -> None:
     why = f"seed {SEED} (MEMOSFS_POWERLOSS_SEED={SEED} replays it): " \
           f"{json.dumps(rep.summary())}\n" + "\n".join(rep.problems[:60])
     print(json.dumps(rep.summary()))
-    assert rep.cycles == CYCLES, why
+    assert rep.cycles == cycles, why
     assert rep.lost == 0, why
     assert rep.resurrected == 0, why
     assert rep.corrupt_served == 0, why
     assert rep.corrupt_unexplained == 0 and rep.error_lines == 0, why
     assert rep.writer_errors == 0, why
     assert rep.problems == [], why
-    assert rep.versions_checked > CYCLES and rep.namespace_checked > CYCLES, why
+    assert rep.versions_checked > cycles and rep.namespace_checked > cycles, why
 
 
 @pytest.fixture
@@ -70,7 +73,7 @@ def test_power_loss_drill_on_lazyfs(lazy, make_mount, tmp_path):
     rep = run_drill(str(tmp_path / "drill"), CYCLES, lambda: make_mount(ssd=ssd, **OPTS),
                     lazy.power_loss, lambda: str(ssd), _kill, seed=SEED,
                     fs="ext4 under LazyFS", progress=print)
-    _assert_clean(rep)
+    _assert_clean(rep, CYCLES)
 
 
 @pytest.fixture(params=[("xfs", ""), ("ext4", "noauto_da_alloc")], ids=["xfs", "ext4-noauto_da_alloc"])
@@ -89,8 +92,9 @@ def shut_down(request, tmp_path):
 def test_power_loss_drill_on_a_file_system_shut_down(shut_down, make_mount, tmp_path):
     ssd = shut_down.mnt / "ssd"
     (tmp_path / "drill").mkdir()
-    rep = run_drill(str(tmp_path / "drill"), CYCLES, lambda: make_mount(ssd=ssd, **OPTS),
-                    shut_down.power_loss, lambda: str(ssd), _kill, seed=SEED,
+    rep = run_drill(str(tmp_path / "drill"), SHUTDOWN_CYCLES,
+                    lambda: make_mount(ssd=ssd, **OPTS), shut_down.power_loss,
+                    lambda: str(ssd), _kill, seed=SEED,
                     fs=f"{shut_down.fstype} {shut_down.options}".strip() + " (shut down)",
                     progress=print)
-    _assert_clean(rep)
+    _assert_clean(rep, SHUTDOWN_CYCLES)
