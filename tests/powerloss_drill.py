@@ -105,12 +105,18 @@ def observe(mnt: str) -> dict[str, Any]:
     the checker compares them: ("slot", version, mode, uid, gid) or
     ("bad", why) for a slot whose bytes are no version (or ("eio", why)
     where its read failed), ("dir", mode, uid, gid, quota), ("link",
-    target, uid, gid), ("special", st_mode, rdev, uid, gid)."""
+    target, uid, gid), ("special", st_mode, rdev, uid, gid).  A name gone
+    between its directory's listing and its lstat or open is absent: the
+    mount set the slot aside meanwhile (its warm-up read it first and found
+    the damage done on purpose), which a later look would not list either."""
     out: dict[str, Any] = {}
 
     def walk(rel: str) -> None:
         full = os.path.join(mnt, rel)
-        st = os.lstat(full)
+        try:
+            st = os.lstat(full)
+        except FileNotFoundError:
+            return
         if stat.S_ISDIR(st.st_mode):
             try:
                 quota = os.getxattr(full, QUOTA, follow_symlinks=False).decode()
@@ -125,6 +131,8 @@ def observe(mnt: str) -> dict[str, Any]:
             try:
                 with open(full, "rb") as f:
                     data = f.read()
+            except FileNotFoundError:
+                return
             except OSError as e:
                 out[rel] = ("eio", f"{e}")
                 return
