@@ -635,7 +635,7 @@ def damage_one(ssd: str, rng: random.Random, mnt_agent: str = AGENT
     SSD directory `ssd` (the daemon not running): returns (the path under
     the mount of the slot it belongs to, the file damaged), or None if
     there was nothing to damage."""
-    from memosfs.store import segments as _seg
+    from memosfs.store.ssd import packed as _seg
     from memosfs.store.ssd import read_trailer
     from memosfs.store import extentlog as _xl
     files = []

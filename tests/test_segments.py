@@ -1,4 +1,4 @@
-"""Small slots packed in segment files (memosfs/store/segments.py): the
+"""Small slots packed in segment files (memosfs/store/ssd/packed.py): the
 records alone, restarts, tombstones, torn tails, corruption, compaction
 and durability in process, then on real mounts.  The store-level tests of
 tests/test_ssd.py run here again with packing on (imported below)."""
@@ -15,8 +15,8 @@ import pytest
 
 from conftest import is_mounted
 from memosfs import _native
-from memosfs.store import segments
-from memosfs.store.segments import PackedEntry
+from memosfs.store.ssd import packed as segments
+from memosfs.store.ssd.packed import PackedEntry
 from memosfs.store.ssd import CorruptSlot, SSDTier
 from memosfs.store.store import Store
 # the store-level tests of the SSD tier, with small slots packed this time
@@ -621,9 +621,8 @@ def test_a_record_replacing_a_durable_file_is_synced_before_the_file_goes(tmp_pa
     real_sync, real_unlink = os.fdatasync, os.unlink
     monkeypatch.setattr(segments.os, "fdatasync", lambda fd: (order.append("sync"),
                                                                real_sync(fd)))
-    import memosfs.store.ssd as ssd_mod
-    monkeypatch.setattr(ssd_mod.os, "unlink", lambda p: (order.append(os.path.basename(p)),
-                                                         real_unlink(p)))
+    monkeypatch.setattr(os, "unlink", lambda p: (order.append(os.path.basename(p)),
+                                                 real_unlink(p)))
     e = put(tier, cache, b"a/s/k", b"small now")
     assert e.synced is True and order == ["sync", f.name]
 

@@ -38,7 +38,7 @@ def _publish(cache, key: bytes, data: bytes):
 @pytest.fixture(autouse=True)
 def files_only(monkeypatch):
     """In-process tiers write a file for every slot (the format under test)."""
-    import memosfs.store.segments as segments
+    import memosfs.store.ssd.packed as segments
     monkeypatch.setattr(segments, "PACK_BELOW", 0)
 
 
@@ -86,8 +86,8 @@ def test_empty_slot_roundtrip(tmp_path, cache):
 def test_bad_files_are_set_aside_at_scan(tmp_path, cache, damage, caplog, monkeypatch):
     """Files of the trailer layout (what older memosfs wrote; payload-only
     files' damage: tests/test_ssd_bare.py)."""
-    import memosfs.store.ssd as ssd_mod
-    monkeypatch.setattr(ssd_mod, "WRITE_BARE", False)
+    import memosfs.store.ssd.whole as whole
+    monkeypatch.setattr(whole, "WRITE_BARE", False)
     tier = SSDTier(str(tmp_path))
     ref = _publish(cache, b"a/s/x", os.urandom(10000))
     tier.put(ref, {}, durable=True)
@@ -126,7 +126,7 @@ def test_an_empty_slot_file_is_what_a_power_loss_left_not_corruption(tmp_path, c
     import logging
 
     import memosfs.store.ssd as ssd_mod
-    monkeypatch.setattr(ssd_mod, "WRITE_BARE", bare)
+    monkeypatch.setattr(ssd_mod.whole, "WRITE_BARE", bare)
     tier = SSDTier(str(tmp_path))
     for key, data in ((b"a/s/x", os.urandom(10000)), (b"a/s/empty", b"")):
         ref = _publish(cache, key, data)
@@ -157,7 +157,7 @@ def test_a_slot_file_cut_short_after_a_crash_is_what_a_power_loss_left(
     import logging
 
     import memosfs.store.ssd as ssd_mod
-    monkeypatch.setattr(ssd_mod, "WRITE_BARE", bare)
+    monkeypatch.setattr(ssd_mod.whole, "WRITE_BARE", bare)
     tier = SSDTier(str(tmp_path))
     assert tier.scan() == []                    # (a mount: RUNNING made)
     for key in (b"a/s/x", b"a/s/y", b"a/s/kept"):
@@ -274,7 +274,7 @@ def remount(make_mount, m, **opts):
 
 
 def test_a_mount_marks_its_ssd_directory_running_until_its_clean_unmount(make_mount):
-    """RUNNING (ssd.py) is there while a daemon uses the directory and
+    """RUNNING (ssd/state.py) is there while a daemon uses the directory and
     after one is killed; a clean unmount removes it, a kill -9 leaves it."""
     from memosfs.store.ssd import RUNNING
     from memosfs.testing.daemon import kill9
@@ -515,7 +515,6 @@ def test_write_back_nobody_acknowledged_skips_the_fsync_until_a_sync(tmp_path, c
     the background writer) is not fsync'd; one that replaces a possibly
     durable file is, before its rename; sync_key (fsync of a slot) and sync
     (flush, unmount, fsync of a directory) fsync what was left unsynced."""
-    import memosfs.store.ssd as ssd_mod
     synced: list[str] = []
     real = os.fsync
 
@@ -524,7 +523,7 @@ def test_write_back_nobody_acknowledged_skips_the_fsync_until_a_sync(tmp_path, c
         if path.endswith(".slot") or path.endswith(".tmp"):
             synced.append(path)
         real(fd)
-    monkeypatch.setattr(ssd_mod.os, "fsync", spy)
+    monkeypatch.setattr(os, "fsync", spy)
     tier = SSDTier(str(tmp_path))
     ref = _publish(cache, b"a/s/x", b"one")
     e1 = tier.put(ref, {}, durable=False)

@@ -364,7 +364,7 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
                     ref.release()
                 self._c["slots_unsaved"] += len(unsaved)
                 if failed is None and not unsaved:
-                    self.ssd.closed_clean()     # (ssd.py RUNNING: a clean unmount)
+                    self.ssd.closed_clean()     # (ssd/state.py RUNNING: a clean unmount)
         finally:
             if self.remote is not None:
                 self.remote.close()             # uploads what is queued (bounded)
