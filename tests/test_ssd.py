@@ -301,6 +301,38 @@ def wait_warm(m, timeout=20.0):
     raise AssertionError("warm-up did not finish")
 
 
+def test_a_rename_before_the_newest_version_is_written_back_survives_a_crash_whole(
+        make_mount):
+    """A slot whose stored (fsync'd) version is large and whose newest one,
+    in memory and not written back, is small, renamed, the directory
+    fsync'd, then kill -9: the new name holds one of the two versions whole.
+    The SSD tier copies its stored version under the new name; the metadata
+    beside it must keep that version's logical size, not the newer one's
+    (a restore then served the first bytes of the large version as a slot
+    of the small one's size)."""
+    from memosfs.testing.daemon import kill9
+    m = make_mount(capacity="16M", writeback_delay_ms=600000)
+    s = session(m)
+    big, small = os.urandom(1 << 20), os.urandom(15181)
+    (s / "k3").write_bytes(big)
+    fd = os.open(s / "k3", os.O_RDONLY)
+    os.fsync(fd)                                # (the large version on the SSD)
+    os.close(fd)
+    (s / "k3").write_bytes(small)               # (in memory, not written back)
+    (s / "k5").write_bytes(b"replaced")
+    os.rename(s / "k3", s / "k5")
+    fd = os.open(s, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(fd)
+    os.close(fd)
+    assert (s / "k5").read_bytes() == small
+    assert not kill9(m)
+    m2 = make_mount(ssd=str(m.ssd), capacity="16M")
+    got = m2.p("agent", "s1", "k5").read_bytes()
+    assert got == big or got == small, (len(got), "the large version's first bytes",
+                                        got == big[:len(got)])
+    assert not m2.p("agent", "s1", "k3").exists()
+
+
 def test_restart_keeps_slots_dirs_and_metadata(make_mount):
     m = make_mount(capacity="16M")
     s = session(m, "alice", "chat")

@@ -557,7 +557,7 @@ class SSDTier(TierState):
                 # replaced slot's, whatever its version
                 self._check_room(new, ref.size + _trailer_bound(new, meta))
                 return self._write_locked(ref, new, meta, durable=False)
-            return self.kind_of(entry).rename(entry, old, new, meta)
+            return self.kind_of(entry).rename(entry, old, new, _stored_meta(meta, entry))
 
     def rewrite_meta(self, key: bytes, meta: dict[str, Any]) -> Optional[SSDEntry]:
         """Give key's stored version new metadata (owner, mode, times, xattrs
@@ -571,6 +571,7 @@ class SSDTier(TierState):
             entry = self.get(key)
             if entry is None:
                 return None
+            meta = _stored_meta(meta, entry)
             if entry.meta == meta:
                 return entry
             return self.kind_of(entry).rewrite_meta(entry, meta)
@@ -669,3 +670,19 @@ class SSDTier(TierState):
                 ssd_reads=self.reads, ssd_read_bytes=self.read_bytes,
                 ssd_log_appends=self.log_appends, ssd_folds=self.folds,
                 **self.logs.stats(self.index), **self.segs.stats(self.index))
+
+
+def _stored_meta(meta: dict[str, Any], entry: SSDEntry) -> dict[str, Any]:
+    """The metadata to keep beside entry's own bytes: the caller's (the
+    name's owner, mode, times and xattrs) with the logical size of the
+    stored version, not the caller's: memory may hold a newer version of
+    another size (a rename of a slot whose newest version is not written
+    back yet), and a restore that took that size would serve a prefix of
+    the stored bytes, or a slot longer than them.  Without a logical size
+    of its own the version is its payload's size (persist.py)."""
+    out = dict(meta)
+    if "logical_size" in entry.meta:
+        out["logical_size"] = entry.meta["logical_size"]
+    else:
+        out.pop("logical_size", None)
+    return out
