@@ -43,7 +43,9 @@ or any it took since.  Slots present whose bytes are not a version written
 or renamed there are corrupt (served); an older value than the acknowledged
 one is resurrected (a slot removed or renamed away, or an old version, back)
 or lost (gone, or older metadata); a path damaged on purpose may be absent,
-unreadable (EIO) or an older version, never wrong bytes.
+unreadable (EIO) or an older version, never wrong bytes.  A directory
+whose mkdir was never acknowledged may also come back with the mode and
+owner the mount gives a folder it makes for a durable slot below it.
 """
 
 from __future__ import annotations
@@ -585,6 +587,8 @@ def check(mnt: str, hist: History) -> Check:
                 continue
         if got in ok:
             continue
+        if got[0] == "dir" and ABSENT in ok and got[1:] in _made_for_slots(p, present):
+            continue                        # made again for a durable slot below it
         if damaged and (got == ABSENT or (got[0] == "slot" and h is not None and any(
                 got in s for s in h.states))):
             continue                        # a damaged version set aside: an older one, or none
@@ -625,6 +629,19 @@ def check(mnt: str, hist: History) -> Check:
         h.states, h.ns, h.acked, h.acked_new = [{now}], [True], 0, False
     hist.damaged.clear()
     return res
+
+
+NEW_DIR_MODE = 0o755 & ~0o077         # a folder the mount makes (its umask knob: 077)
+
+
+def _made_for_slots(p: str, present: dict[str, Any]) -> set:
+    """The states a directory whose mkdir no fsync acknowledged may come
+    back in when a slot below it is durable (its own fsync acknowledged it):
+    the mount makes the folders namespace.json does not know for it, as a
+    new one is made (NEW_DIR_MODE, the slot's owner, no quota); the mode
+    the mkdir gave it was never durable."""
+    return {(NEW_DIR_MODE, v[3], v[4], None) for q, v in present.items()
+            if q.startswith(p + "/") and v[0] == "slot"}
 
 
 # ---------------------------------------------------------------- damage
