@@ -9,8 +9,8 @@ On LazyFS over the test folder's file system (MEMOSFS_LAZYFS names its
 binary), and on xfs and on ext4 mounted noauto_da_alloc (each on a loop
 device, shut down without flushing its log: renames and unlinks not yet
 committed are lost too).  MEMOSFS_POWERLOSS_CYCLES sets the cycles (20 on
-LazyFS; 8 on each file system shut down, which `make test` runs wherever it
-is root: about 25 s each; docs/reliability.md's figures are of 25 cycles),
+LazyFS; 6 on each file system shut down, which `make test` runs wherever it
+is root: about 40 s for both; docs/reliability.md's figures are of 25 cycles),
 MEMOSFS_POWERLOSS_SEED replays a seed.  Each prints its figures as JSON
 (docs/reliability.md has them, with the command).
 """
@@ -30,7 +30,7 @@ from lazyfs import LazyFS, ShutdownFS, lazyfs_reason, shutdown_reason
 from powerloss_drill import run_drill
 
 CYCLES = int(os.environ.get("MEMOSFS_POWERLOSS_CYCLES") or 20)
-SHUTDOWN_CYCLES = int(os.environ.get("MEMOSFS_POWERLOSS_CYCLES") or 8)
+SHUTDOWN_CYCLES = int(os.environ.get("MEMOSFS_POWERLOSS_CYCLES") or 6)
 SEED = int(os.environ.get("MEMOSFS_POWERLOSS_SEED") or random.SystemRandom().getrandbits(32))
 OPTS = {"capacity": "4M", "writeback_delay_ms": 50}     # a tier smaller than the largest slots
 
