@@ -31,6 +31,8 @@ TEST_PKGS += g++ clang libcuckoo-dev libabsl-dev libjemalloc-dev libjemalloc2
 TEST_PKGS += redis-server openssl
 # The copy tools' tests (tests/test_copy_tools.py: rsync -aX into and out of a mount)
 TEST_PKGS += rsync
+# The power-loss drill on xfs shut down on a loop device (tests/test_powerloss_drill.py)
+TEST_PKGS += xfsprogs
 # The shipped systemd unit is checked with systemd-analyze verify (tests/test_unit_files.py)
 TEST_PKGS += systemd
 # The Python packages: running takes the `run` extra (numpy and safetensors for the

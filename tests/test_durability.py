@@ -78,7 +78,7 @@ def crash_at(monkeypatch, n: int) -> list[str]:
                 raise Crash(_name)
             seen.append(_name)
             return _real(*a, **kw)
-        monkeypatch.setattr(ssd_mod.os, name, wrapped)
+        monkeypatch.setattr(os, name, wrapped)
     return seen
 
 
@@ -235,8 +235,9 @@ def test_write_back_racing_a_rename_never_brings_the_old_name_back(tmp_path):
 
 def test_sync_namespace_fsyncs_unlinks_and_writes_the_namespace(tmp_path, monkeypatch):
     synced: list[str] = []
-    real = ssd_mod._fsync_dir
-    monkeypatch.setattr(ssd_mod, "_fsync_dir", lambda p: (synced.append(p), real(p)))
+    real = ssd_mod.fileio._fsync_dir
+    for mod in (ssd_mod.tier, ssd_mod.state):       # (the folders' and the root's fsyncs)
+        monkeypatch.setattr(mod, "_fsync_dir", lambda p: (synced.append(p), real(p)))
     tier = SSDTier(str(tmp_path))
     tier.segs.pack_below = 0                # a file's unlink (test_segments: tombstones)
     store = Store(16 * MiB, ssd=tier, writeback_delay_ms=3600000)

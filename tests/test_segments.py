@@ -1,4 +1,4 @@
-"""Small slots packed in segment files (memosfs/store/segments.py): the
+"""Small slots packed in segment files (memosfs/store/ssd/packed.py): the
 records alone, restarts, tombstones, torn tails, corruption, compaction
 and durability in process, then on real mounts.  The store-level tests of
 tests/test_ssd.py run here again with packing on (imported below)."""
@@ -15,8 +15,8 @@ import pytest
 
 from conftest import is_mounted
 from memosfs import _native
-from memosfs.store import segments
-from memosfs.store.segments import PackedEntry
+from memosfs.store.ssd import packed as segments
+from memosfs.store.ssd.packed import PackedEntry
 from memosfs.store.ssd import CorruptSlot, SSDTier
 from memosfs.store.store import Store
 # the store-level tests of the SSD tier, with small slots packed this time
@@ -433,6 +433,35 @@ def test_compaction_rewrites_sparse_segments_and_loses_nothing(tmp_path, cache, 
         assert load(again, cache, k) == v
 
 
+def test_a_damaged_record_compacted_away_leaves_the_count_of_its_keys_records(
+        tmp_path, cache, small_segments):
+    """A record whose payload fails its checksum at mount is set aside and
+    its key falls back to its record before; a compaction then drops the
+    damaged one as dead.  The key's count of records must still include
+    the older one, or its removal writes no tombstone and the older record
+    comes back at the next mount."""
+    tier = SSDTier(str(tmp_path))
+    put(tier, cache, b"a/s/k", b"one" * 500, durable=True)
+    e = put(tier, cache, b"a/s/k", b"two" * 500, durable=True)
+    for i in range(30):                     # more segments, so the damaged one is sealed
+        put(tier, cache, f"a/s/o{i}".encode(), os.urandom(3000), durable=True)
+    tier.segs.close()
+    raw = bytearray(Path(e.path).read_bytes())
+    raw[e.data_off + 7] ^= 0xFF
+    Path(e.path).write_bytes(bytes(raw))
+    tier = SSDTier(str(tmp_path))
+    tier.scan()
+    assert tier.corrupt == 1 and load(tier, cache, b"a/s/k") == b"one" * 500
+    for i in range(30):                     # the segment goes dead, and is compacted
+        tier.remove(f"a/s/o{i}".encode())
+    assert tier.segs.maintain() > 0
+    tier.check()
+    tier.remove(b"a/s/k")
+    tier.sync()
+    tier.segs.close()
+    assert b"a/s/k" not in reopen(tmp_path).keys()
+
+
 def test_a_compaction_cut_short_before_the_old_segments_went(tmp_path, cache, small_segments):
     """The new segment is in place and the old ones still there (the crash
     came before their unlink): every record twice, the same result."""
@@ -562,7 +591,10 @@ def test_durable_writes_fdatasync_their_segment_and_others_wait_for_a_sync(tmp_p
     monkeypatch.setattr(segments.os, "fdatasync", spy)
     tier = SSDTier(str(tmp_path))
     e = put(tier, cache, b"a/s/x", b"one")
-    assert synced == [] and e.synced is False and tier.unsynced_writes == 1
+    # (only the new segment's header, fdatasync'd before its rename into place)
+    assert [p.endswith(".seg.tmp") for p in synced] == [True]
+    assert e.synced is False and tier.unsynced_writes == 1
+    synced.clear()
     e = put(tier, cache, b"a/s/y", b"two", durable=True)
     assert len(synced) == 1 and synced[0].endswith(".seg") and e.synced is True
     synced.clear()
@@ -584,13 +616,13 @@ def test_a_record_replacing_a_durable_file_is_synced_before_the_file_goes(tmp_pa
     tier = SSDTier(str(tmp_path))
     put(tier, cache, b"a/s/k", os.urandom(segments.PACK_BELOW), durable=True)
     [f] = slot_files(tmp_path)
+    put(tier, cache, b"a/s/other", b"x")        # (the segment is there: its creation syncs)
     order: list[str] = []
     real_sync, real_unlink = os.fdatasync, os.unlink
     monkeypatch.setattr(segments.os, "fdatasync", lambda fd: (order.append("sync"),
                                                                real_sync(fd)))
-    import memosfs.store.ssd as ssd_mod
-    monkeypatch.setattr(ssd_mod.os, "unlink", lambda p: (order.append(os.path.basename(p)),
-                                                         real_unlink(p)))
+    monkeypatch.setattr(os, "unlink", lambda p: (order.append(os.path.basename(p)),
+                                                 real_unlink(p)))
     e = put(tier, cache, b"a/s/k", b"small now")
     assert e.synced is True and order == ["sync", f.name]
 

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import is_mounted
 from memosfs import _native
-from memosfs.store.ssd import MAGIC, XATTR, CorruptSlot, SSDTier
+from memosfs.store.ssd import MAGIC, XATTR, CorruptSlot, SSDTier, _name_of
 from memosfs.store.store import Store
 
 MiB = 1 << 20
@@ -38,7 +38,7 @@ def _publish(cache, key: bytes, data: bytes):
 @pytest.fixture(autouse=True)
 def files_only(monkeypatch):
     """In-process tiers write a file for every slot (the format under test)."""
-    import memosfs.store.segments as segments
+    import memosfs.store.ssd.packed as segments
     monkeypatch.setattr(segments, "PACK_BELOW", 0)
 
 
@@ -82,12 +82,12 @@ def test_empty_slot_roundtrip(tmp_path, cache):
     assert e.size == 0
 
 
-@pytest.mark.parametrize("damage", ["truncate", "trailer", "footer", "empty", "foreign"])
+@pytest.mark.parametrize("damage", ["truncate", "trailer", "footer", "foreign"])
 def test_bad_files_are_set_aside_at_scan(tmp_path, cache, damage, caplog, monkeypatch):
     """Files of the trailer layout (what older memosfs wrote; payload-only
     files' damage: tests/test_ssd_bare.py)."""
-    import memosfs.store.ssd as ssd_mod
-    monkeypatch.setattr(ssd_mod, "WRITE_BARE", False)
+    import memosfs.store.ssd.whole as whole
+    monkeypatch.setattr(whole, "WRITE_BARE", False)
     tier = SSDTier(str(tmp_path))
     ref = _publish(cache, b"a/s/x", os.urandom(10000))
     tier.put(ref, {}, durable=True)
@@ -114,6 +114,83 @@ def test_bad_files_are_set_aside_at_scan(tmp_path, cache, damage, caplog, monkey
     assert again.corrupt == 1
     assert list((tmp_path / "corrupt").iterdir())
     assert "corrupt slot file set aside" in caplog.text
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_an_empty_slot_file_is_what_a_power_loss_left_not_corruption(tmp_path, cache, caplog,
+                                                                      monkeypatch, bare):
+    """A slot file renamed into place before its bytes reached the disk (a
+    write-back nobody acknowledged, never fsync'd) is left empty by a power
+    loss: removed at mount with an INFO line, not set aside as corrupt.  An
+    empty slot (its trailer says 0 bytes) stays."""
+    import logging
+
+    import memosfs.store.ssd as ssd_mod
+    monkeypatch.setattr(ssd_mod.whole, "WRITE_BARE", bare)
+    tier = SSDTier(str(tmp_path))
+    for key, data in ((b"a/s/x", os.urandom(10000)), (b"a/s/empty", b"")):
+        ref = _publish(cache, key, data)
+        tier.put(ref, {}, durable=False)
+        ref.release()
+    f = next(p for p in slot_files(tmp_path) if p.name.startswith(_name_of(b"a/s/x")))
+    os.truncate(f, 0)                   # (what the power loss left of its bytes)
+    caplog.set_level(logging.INFO)
+    again = SSDTier(str(tmp_path))
+    assert [e.key for e in again.scan()] == [b"a/s/empty"]
+    assert again.corrupt == 0 and not (tmp_path / "corrupt").exists()
+    assert not f.exists() and "an empty slot file" in caplog.text
+    assert "corrupt" not in caplog.text
+
+
+@pytest.mark.parametrize("bare", [False, True])
+@pytest.mark.parametrize("clean", [False, True])
+def test_a_slot_file_cut_short_after_a_crash_is_what_a_power_loss_left(
+        tmp_path, cache, caplog, monkeypatch, bare, clean):
+    """A write-back nobody acknowledged is renamed into place unsynced; a
+    power loss can keep the rename and part of its bytes (ext4
+    noauto_da_alloc, xfs): the file stops before its footer, or is shorter
+    than its attribute says.  After a daemon that did not unmount cleanly
+    (RUNNING left) that is no corruption: set aside as .torn, WARNING,
+    ssd_corrupt 0.  After a clean unmount every file was fsync'd, so the
+    same file is damage (ERROR, counted), and so is a footer one byte of
+    which is wrong, even after a crash."""
+    import logging
+
+    import memosfs.store.ssd as ssd_mod
+    monkeypatch.setattr(ssd_mod.whole, "WRITE_BARE", bare)
+    tier = SSDTier(str(tmp_path))
+    assert tier.scan() == []                    # (a mount: RUNNING made)
+    for key in (b"a/s/x", b"a/s/y", b"a/s/kept"):
+        ref = _publish(cache, key, os.urandom(30000))
+        tier.put(ref, {}, durable=False)
+        ref.release()
+    if clean:
+        tier.closed_clean()
+    assert (tmp_path / ssd_mod.RUNNING).exists() is not clean
+    f = next(p for p in slot_files(tmp_path) if p.name.startswith(_name_of(b"a/s/x")))
+    os.truncate(f, 12288)                       # (what the power loss left of its bytes)
+    g = next(p for p in slot_files(tmp_path) if p.name.startswith(_name_of(b"a/s/y")))
+    raw = bytearray(g.read_bytes())
+    if bare:                                    # (its attribute's magic, one byte off)
+        value = bytearray(os.getxattr(g, XATTR))
+        value[-1] ^= 0x01
+        os.setxattr(g, XATTR, bytes(value))
+    else:
+        raw[-1] ^= 0x01
+        g.write_bytes(bytes(raw))
+    caplog.set_level(logging.INFO)
+    again = SSDTier(str(tmp_path))
+    assert [e.key for e in again.scan()] == [b"a/s/kept"]
+    aside = sorted(p.name for p in (tmp_path / "corrupt").iterdir())
+    if clean:
+        assert again.corrupt == 2 and aside == sorted([f.name, g.name])
+        assert "set aside as" not in caplog.text
+    else:
+        assert again.corrupt == 1 and aside == sorted([f.name + ".torn", g.name])
+        assert f"set aside as {f.name}.torn, not counted as corrupt" in caplog.text
+        assert [r for r in caplog.records if r.levelno >= logging.ERROR
+                and f.name in r.getMessage()] == []
+    assert (tmp_path / ssd_mod.RUNNING).exists()    # (this mount's, until its clean end)
 
 
 def test_payload_damage_is_caught_on_read_and_never_served(tmp_path, cache):
@@ -196,6 +273,24 @@ def remount(make_mount, m, **opts):
     return make_mount(ssd=str(m.ssd), **opts)
 
 
+def test_a_mount_marks_its_ssd_directory_running_until_its_clean_unmount(make_mount):
+    """RUNNING (ssd/state.py) is there while a daemon uses the directory and
+    after one is killed; a clean unmount removes it, a kill -9 leaves it."""
+    from memosfs.store.ssd import RUNNING
+    from memosfs.testing.daemon import kill9
+    m = make_mount(capacity="16M")
+    (session(m) / "k").write_bytes(os.urandom(100_000))
+    assert (Path(m.ssd) / RUNNING).exists()
+    m.stop()
+    assert m.proc.returncode == 0
+    assert not (Path(m.ssd) / RUNNING).exists()
+    m2 = make_mount(ssd=str(m.ssd), capacity="16M")
+    assert (m2.p("agent", "s1", "k")).stat().st_size == 100_000
+    assert (Path(m2.ssd) / RUNNING).exists()
+    assert not kill9(m2)
+    assert (Path(m2.ssd) / RUNNING).exists()
+
+
 def wait_warm(m, timeout=20.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -204,6 +299,38 @@ def wait_warm(m, timeout=20.0):
             return st
         time.sleep(0.05)
     raise AssertionError("warm-up did not finish")
+
+
+def test_a_rename_before_the_newest_version_is_written_back_survives_a_crash_whole(
+        make_mount):
+    """A slot whose stored (fsync'd) version is large and whose newest one,
+    in memory and not written back, is small, renamed, the directory
+    fsync'd, then kill -9: the new name holds one of the two versions whole.
+    The SSD tier copies its stored version under the new name; the metadata
+    beside it must keep that version's logical size, not the newer one's
+    (a restore then served the first bytes of the large version as a slot
+    of the small one's size)."""
+    from memosfs.testing.daemon import kill9
+    m = make_mount(capacity="16M", writeback_delay_ms=600000)
+    s = session(m)
+    big, small = os.urandom(1 << 20), os.urandom(15181)
+    (s / "k3").write_bytes(big)
+    fd = os.open(s / "k3", os.O_RDONLY)
+    os.fsync(fd)                                # (the large version on the SSD)
+    os.close(fd)
+    (s / "k3").write_bytes(small)               # (in memory, not written back)
+    (s / "k5").write_bytes(b"replaced")
+    os.rename(s / "k3", s / "k5")
+    fd = os.open(s, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(fd)
+    os.close(fd)
+    assert (s / "k5").read_bytes() == small
+    assert not kill9(m)
+    m2 = make_mount(ssd=str(m.ssd), capacity="16M")
+    got = m2.p("agent", "s1", "k5").read_bytes()
+    assert got == big or got == small, (len(got), "the large version's first bytes",
+                                        got == big[:len(got)])
+    assert not m2.p("agent", "s1", "k3").exists()
 
 
 def test_restart_keeps_slots_dirs_and_metadata(make_mount):
@@ -420,7 +547,6 @@ def test_write_back_nobody_acknowledged_skips_the_fsync_until_a_sync(tmp_path, c
     the background writer) is not fsync'd; one that replaces a possibly
     durable file is, before its rename; sync_key (fsync of a slot) and sync
     (flush, unmount, fsync of a directory) fsync what was left unsynced."""
-    import memosfs.store.ssd as ssd_mod
     synced: list[str] = []
     real = os.fsync
 
@@ -429,7 +555,7 @@ def test_write_back_nobody_acknowledged_skips_the_fsync_until_a_sync(tmp_path, c
         if path.endswith(".slot") or path.endswith(".tmp"):
             synced.append(path)
         real(fd)
-    monkeypatch.setattr(ssd_mod.os, "fsync", spy)
+    monkeypatch.setattr(os, "fsync", spy)
     tier = SSDTier(str(tmp_path))
     ref = _publish(cache, b"a/s/x", b"one")
     e1 = tier.put(ref, {}, durable=False)

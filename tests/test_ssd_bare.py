@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-import memosfs.store.segments as segments
 import memosfs.store.ssd as ssd_mod
+import memosfs.store.ssd.packed as segments
+import memosfs.store.ssd.whole as whole
 from memosfs import _native
 from memosfs.store.ssd import MAGIC, XATTR, CorruptSlot, SSDTier, StaleEntry
 from memosfs.store.store import Store
@@ -47,7 +48,7 @@ def cache():
 def old_layout(monkeypatch):
     """Write the trailer layout, as memosfs did before payload-only files;
     undo() (or the end of the test) goes back to the new layout."""
-    monkeypatch.setattr(ssd_mod, "WRITE_BARE", False)
+    monkeypatch.setattr(whole, "WRITE_BARE", False)
     return monkeypatch
 
 
@@ -323,7 +324,7 @@ def test_a_trailer_layout_file_whose_trailer_claims_payload_only_is_set_aside(tm
 
 
 def _refuse(monkeypatch, code: int, above: int = -1) -> list[int]:
-    """os.setxattr (as ssd.py calls it) raises `code` for values longer
+    """os.setxattr (as ssd/whole.py calls it) raises `code` for values longer
     than `above` bytes; returns the lengths it was asked to set."""
     asked: list[int] = []
     real = os.setxattr
@@ -333,7 +334,7 @@ def _refuse(monkeypatch, code: int, above: int = -1) -> list[int]:
         if len(value) > above:
             raise OSError(code, os.strerror(code))
         return real(target, name, value, *a, **kw)
-    monkeypatch.setattr(ssd_mod.os, "setxattr", fake)
+    monkeypatch.setattr(os, "setxattr", fake)
     return asked
 
 
@@ -473,6 +474,22 @@ def test_a_rename_a_crash_cut_short_completes_with_payload_only_files(tmp_path, 
     assert t2.keys() == [b"a/s/y"] and not src.exists()
 
 
+def test_a_rename_cut_short_completes_when_a_power_loss_changed_the_sources_times(
+        tmp_path, cache):
+    """The mark names the source by the seq in its trailer: a power loss that
+    takes back a change of the source inode's ctime (its rename into place not
+    yet committed; LazyFS reports other times after a restart) must not leave
+    the slot under both names."""
+    tier = SSDTier(str(tmp_path))
+    put(tier, cache, b"a/s/x", os.urandom(100 * KiB))
+    src = file_of(tier, b"a/s/x")
+    tier._unlink_locked = lambda path: None     # the crash: the source's unlink never ran
+    tier.rename(b"a/s/x", b"a/s/y", {"mode": 0o600})
+    os.chmod(src, 0o640)                        # (its ctime is another now)
+    t2 = reopen(tmp_path)
+    assert t2.keys() == [b"a/s/y"] and not src.exists()
+
+
 # ---------------------------------------------------------------- open_backing
 
 
@@ -481,8 +498,8 @@ def test_open_backing_gives_the_indexed_file_and_checks_it_once(tmp_path, cache,
     payload = os.urandom(256 * KiB)
     e = put(tier, cache, b"a/s/x", payload)
     checks: list[str] = []
-    real = ssd_mod._check_payload
-    monkeypatch.setattr(ssd_mod, "_check_payload",
+    real = whole._check_payload
+    monkeypatch.setattr(whole, "_check_payload",
                         lambda fd, entry: (checks.append(entry.path), real(fd, entry)))
     fd, got = tier.open_backing(b"a/s/x")
     try:
@@ -577,7 +594,7 @@ def test_open_backing_looks_again_when_the_file_is_replaced(tmp_path, cache, mon
     key is looked up again; only a file replaced at every look is StaleEntry."""
     tier = SSDTier(str(tmp_path))
     put(tier, cache, b"a/s/x", os.urandom(100 * KiB))
-    real = ssd_mod.open_entry
+    real = whole.open_entry
     stale = [1]
 
     def racing(entry):
@@ -585,7 +602,7 @@ def test_open_backing_looks_again_when_the_file_is_replaced(tmp_path, cache, mon
             stale[0] -= 1
             raise StaleEntry(f"{entry.path}: replaced by another version")
         return real(entry)
-    monkeypatch.setattr(ssd_mod, "open_entry", racing)
+    monkeypatch.setattr(whole, "open_entry", racing)
     fd, e = tier.open_backing(b"a/s/x")
     os.close(fd)
     assert e is tier.get(b"a/s/x")
@@ -611,13 +628,13 @@ def test_open_backing_across_a_replacing_write_keeps_the_version_it_opened(tmp_p
 
 
 def test_the_cache_of_checked_files_is_bounded(tmp_path, cache, monkeypatch):
-    monkeypatch.setattr(ssd_mod, "VERIFIED_FILES", 3)
+    monkeypatch.setattr(whole, "VERIFIED_FILES", 3)
     tier = SSDTier(str(tmp_path))
     for i in range(5):
         put(tier, cache, f"a/s/k{i}".encode(), os.urandom(70000))
     checks: list[str] = []
-    real = ssd_mod._check_payload
-    monkeypatch.setattr(ssd_mod, "_check_payload",
+    real = whole._check_payload
+    monkeypatch.setattr(whole, "_check_payload",
                         lambda fd, entry: (checks.append(entry.path), real(fd, entry)))
     for i in range(5):
         fd, _e = tier.open_backing(f"a/s/k{i}".encode())

@@ -378,8 +378,8 @@ def test_a_slot_shrinking_below_the_packing_threshold_leaves_no_log(tmp_path, ti
 
 
 def test_trailer_layout_base(tmp_path, tier, monkeypatch):
-    import memosfs.store.ssd as ssd
-    monkeypatch.setattr(ssd, "WRITE_BARE", False)
+    import memosfs.store.ssd.whole as whole
+    monkeypatch.setattr(whole, "WRITE_BARE", False)
     s = Slot(b"a/s/trailer", os.urandom(1 * MiB + 17))
     put(tier, s)
     s.pwrite(1 * MiB, b"t" * 17)

@@ -29,7 +29,7 @@ KEY = b"a/s/k"
 
 @pytest.fixture(autouse=True)
 def files_only(monkeypatch):
-    import memosfs.store.segments as segments
+    import memosfs.store.ssd.packed as segments
     monkeypatch.setattr(segments, "PACK_BELOW", 0)
 
 

@@ -33,7 +33,7 @@ before it made.  A log whose first record names another base file (its
 seq) or another version than its base's is an old one (a crash between a
 fold's rename and the log's unlink) and is removed.
 
-This module parses and encodes; memosfs/store/ssd.py owns the files.
+This module parses and encodes; memosfs/store/ssd/logged.py owns the files.
 """
 
 from __future__ import annotations

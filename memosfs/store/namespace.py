@@ -104,19 +104,31 @@ class NamespaceMixin:
         self.save_metadata(durable=True)
 
     def save_metadata(self, durable: bool) -> None:
-        """order.json (keys, most recent first) and namespace.json."""
+        """order.json (keys, most recent first), namespace.json (when the
+        namespace changed, or durable) and policy.json.  namespace.json is
+        always fdatasync'd before its rename (a power loss must leave the
+        file a directory fsync made durable or the new one, never an empty
+        one); order.json and policy.json only when durable, since the mount
+        rebuilds them without (warm-up and eviction order from the files).
+        durable: the SSD directory is fsync'd once, after the three."""
         if self.ssd is None:
             return
         with self._meta_lock:                   # the writer thread and an fsync may race
             with self.lock:
                 recency = [k.decode("utf-8", "surrogateescape")
                            for k in reversed(self._recency)]
+                changed = self._namespace_dirty
                 self._recency_dirty = False
                 self._namespace_dirty = False
             try:
-                self.ssd.write_json("order.json", recency, durable)
-                self.ssd.write_json("namespace.json", self.namespace_of(), durable)
-                self.ssd.save_policy(durable)
+                self.ssd.write_json("order.json", recency, durable, fsync=durable,
+                                    dir_sync=False)
+                if changed or durable:
+                    self.ssd.write_json("namespace.json", self.namespace_of(), durable,
+                                        fsync=True, dir_sync=False)
+                self.ssd.save_policy(durable, dir_sync=False)
+                if durable:
+                    self.ssd.sync_root()
             except BaseException:
                 self._recency_dirty = self._namespace_dirty = True
                 raise
@@ -132,7 +144,7 @@ class NamespaceMixin:
         spill.clear(self.ssd.root)      # drafts a crash left unpublished (spill.py)
         entries = self.ssd.scan()
         saved = [k.encode("utf-8", "surrogateescape")
-                 for k in self.ssd.read_json("order.json", [])]
+                 for k in self.ssd.read_json("order.json", [], logging.WARNING)]
         present = {e.key: e for e in entries}
         rank = {k: i for i, k in enumerate(saved)}
         # least recent first: saved order reversed, unknown keys (newer than

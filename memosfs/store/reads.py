@@ -24,7 +24,6 @@ from typing import Optional
 
 from memosfs import _native
 from memosfs.store.common import _k
-from memosfs.store.segments import PackedEntry, read_resident
 from memosfs.store.ssd import CorruptSlot, SSDEntry, SSDReader, StaleEntry
 
 log = logging.getLogger("memosfs.store.store")     # one logger for the whole store
@@ -102,7 +101,7 @@ class ReadMixin:
         None otherwise, and nothing counted: the caller does get() off the
         loop (a cold read, a large slot, a corrupt one, a race)."""
         entry = self.ssd.get(key) if self.ssd is not None else None
-        if not isinstance(entry, PackedEntry):
+        if entry is None or not self.ssd.may_be_resident(entry):
             return None
         now = time.monotonic()
         room, when = self._resident_room
@@ -117,7 +116,7 @@ class ReadMixin:
         self._resident_room = (room, when)
         if room < entry.size:
             return None                         # room would be made: not on the loop
-        data = read_resident(entry)
+        data = self.ssd.read_resident(entry)
         if data is None:
             return None
         self._resident_room = (room - entry.size, when)

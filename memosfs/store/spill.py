@@ -487,7 +487,7 @@ class SpillDraft:
 
     def adopt(self, view: tuple[list, dict[int, int]]) -> None:
         """After an overlay's publish as a log record: the published version
-        is read by `view` (the slot's file and log: ssd.entry_view), not by
+        is read by `view` (the slot's file and log: ssd/logged.py view), not by
         this draft's files, which go at `published`."""
         self._adopted = view
 

@@ -6,7 +6,7 @@ the Store count.  Calls: memosfs.stats (the record machinery) only; the
 Store builds its record in `Store.statistics()`, the filesystem's control
 plane wraps `Cache.stats()` with `CacheStats.from_native`.  The SSD tier,
 the remote tier and the prefetcher keep their records next to their code
-(store/ssd.py, store/remote/tier.py, store/prefetch.py).
+(store/ssd/, store/remote/tier.py, store/prefetch.py).
 """
 
 from __future__ import annotations

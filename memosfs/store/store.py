@@ -363,6 +363,8 @@ class Store(ReadMixin, WriteMixin, WriteBackMixin, NamespaceMixin, WarmupMixin,
                                   ref.size, f" ({cause})" if cause else "")
                     ref.release()
                 self._c["slots_unsaved"] += len(unsaved)
+                if failed is None and not unsaved:
+                    self.ssd.closed_clean()     # (ssd/state.py RUNNING: a clean unmount)
         finally:
             if self.remote is not None:
                 self.remote.close()             # uploads what is queued (bounded)

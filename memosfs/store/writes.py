@@ -35,7 +35,6 @@ from typing import Optional
 from memosfs import _native
 from memosfs.store.common import _k, _session_of, make_key
 from memosfs.store.spill import COPY_CHUNK, SpilledRef, SpillDraft
-from memosfs.store.segments import PackedEntry
 from memosfs.store.ssd import CorruptSlot, SSDFull, SSDReader, StaleEntry
 from memosfs.store.writeback import CLEAN_AHEAD_WAKE
 
@@ -136,7 +135,7 @@ class WriteMixin:
             ch = (source.version, source.size, source.size, [])    # clean: the SSD's own
         bver, bsize, cut, runs = ch
         entry = ssd.get(key)
-        if entry is None or isinstance(entry, PackedEntry) or not entry.fseq \
+        if entry is None or entry.base_ident is None \
                 or (entry.version, entry.size) != (bver, bsize):
             return False
         try:
@@ -229,9 +228,7 @@ class WriteMixin:
                               f"({size} bytes) within its ssd_capacity ({ssd.capacity} "
                               f"bytes)") from None
         path = sp.path
-        packed = isinstance(entry, PackedEntry)
-        ref = sp.published(key, entry.version, entry.file_bytes, None if packed else
-                           (entry.fseq, entry.version, entry.size, entry.crc))
+        ref = sp.published(key, entry.version, entry.file_bytes, entry.base_ident)
         if entry.path != path:                  # (packed: the record is a copy; an
             try:                                # overlay's record: its runs a copy)
                 os.unlink(path)

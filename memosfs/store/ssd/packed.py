@@ -1,7 +1,7 @@
-"""Packed slots: small slot versions in append-only segment files.
+"""The kind "packed": small slot versions, records in append-only segment files.
 
 A slot version whose payload is smaller than PACK_BELOW (64 KiB) is not a
-file of its own (memosfs/store/ssd.py) but a record appended to a segment,
+file of its own (whole.py) but a record appended to a segment,
 `DIR/segments/<id, 8 hex>.seg`; larger versions keep a file each.
 
     segment   [0, 16)    "MEMOSEG1", flags u8 (1: sealed), 7 reserved bytes
@@ -27,7 +27,14 @@ once per new segment; others are synced by the next `sync` (as unsynced
 slot files are).  A version that replaces a slot *file* that may be durable
 is synced before that file is unlinked; one that replaces a packed record
 needs no sync, because the older record stays in its segment until a
-compaction, and a compaction syncs everything first.
+compaction, and a compaction syncs everything first.  Conversely a slot
+*file* that shadows an older record of its key is unlinked (removed,
+evicted, renamed away, set aside) only after the key's tombstone is
+fdatasync'd (`forgotten(durable=True)`): a power loss that kept the unlink
+and lost the tombstone would bring the old record back.  A new segment is
+made as `<id>.seg.tmp`, its header fdatasync'd, then renamed into place; a
+segment is fdatasync'd before it is sealed; an empty `.seg` (what an older
+memosfs left of a segment a power loss took) is removed at mount.
 
 Crash.  A record torn by a crash fails its header or payload checksum: the
 scan stops at a bad header and skips a record whose payload fails (set
@@ -78,12 +85,13 @@ from typing import Any, Iterator, Optional
 
 from memosfs import _native
 from memosfs.private import open_private, private_dir
-from memosfs.store.ssd import CorruptSlot, SSDEntry, StaleEntry, _fsync_dir
-from memosfs.store.ssd import _discard as _unlink
+from memosfs.store.ssd.fileio import _discard as _unlink
+from memosfs.store.ssd.fileio import _fsync_dir
+from memosfs.store.ssd.format import CorruptSlot, SSDEntry, StaleEntry, _int
 
 log = logging.getLogger("memosfs.store.ssd")
 
-__all__ = ["SegmentStore", "PackedEntry", "PACK_BELOW", "SEGMENT_BYTES"]
+__all__ = ["SegmentStore", "PackedEntry", "PACK_BELOW", "SEGMENT_BYTES", "FileVersion"]
 
 PACK_BELOW = 64 << 10           # payloads smaller than this are packed (ssd_pack_below)
 MAX_PACK = 1 << 20              # the knob's bound: no record's payload is larger
@@ -157,6 +165,14 @@ class PackedEntry(SSDEntry):
     @property
     def where(self) -> str:
         return f"{self.path}@{self.off}"
+
+    @property
+    def kind(self) -> str:
+        return "packed"
+
+    @property
+    def base_ident(self) -> None:
+        return None                     # (no log or overlay names a record)
 
 
 @dataclass
@@ -252,14 +268,52 @@ def read_checked(entry: PackedEntry) -> bytes:
     return data
 
 
+class FileVersion:
+    """A version's bytes in an open file, as `put` reads a Ref's
+    (SSDTier.put_file of a small spilled draft)."""
+
+    def __init__(self, fd: int, size: int, version: int) -> None:
+        self.fd, self.size, self.version = fd, size, version
+
+    def read(self, off: int, n: int) -> bytes:
+        n = max(0, min(n, self.size - off))
+        return os.pread(self.fd, n, off) if n else b""
+
+
+class PackedReader:
+    """SSDReader's part for a packed record: its checked bytes."""
+
+    def __init__(self, entry: PackedEntry) -> None:
+        self.data: Optional[bytes] = read_checked(entry)
+
+    def read(self, off: int, n: int) -> bytes:
+        if self.data is None:
+            raise ValueError("reference was released")
+        return self.data[off:off + max(0, n)]
+
+    def overlay_base(self) -> None:
+        return None
+
+    def plain_fd(self) -> None:
+        return None
+
+    def release(self) -> None:
+        self.data = None
+
+
 class SegmentStore:
-    """The packed part of an SSDTier (see the module docstring)."""
+    """The packed part of an SSDTier (see the module docstring), and the
+    operations of the kind (tier.py's table)."""
+
+    FILE = False                # a record: its key's tombstone needs no sync first
+    RESIDENT = True             # may be read on the event loop (read_resident)
 
     def __init__(self, tier: Any) -> None:
         self.tier = tier
         self.dir = os.path.join(tier.root, "segments")
         self.pack_below = PACK_BELOW            # the ssd_pack_below knob
-        private_dir(self.dir)
+        if private_dir(self.dir):
+            _fsync_dir(tier.root)               # (its name durable: once)
         self.segs: dict[int, Segment] = {}      # live segments by id (writer lock)
         self.active: Optional[Segment] = None   # the one appended to (writer lock)
         self.next_id = 1
@@ -296,6 +350,9 @@ class SegmentStore:
         seg = self.active
         if seg is None or seg.size >= SEGMENT_BYTES:
             if seg is not None:
+                # its records durable before the mark: a sealed segment's
+                # bad bytes are then damage, never appends a power loss took
+                self._fsync(seg)
                 _seal(seg)
             seg = self._start()
         off = seg.size
@@ -320,18 +377,27 @@ class SegmentStore:
         return seg, off
 
     def _start(self) -> Segment:
+        """A new active segment: its header written to `<id>.seg.tmp`,
+        fdatasync'd, renamed into place (the name durable with the first
+        sync of a record, `_fsync`), so that a `.seg` always begins with
+        its header: one without it is damage, not a crash in the creation
+        (one fdatasync per segment, that is per 16 MiB of records or mount)."""
         sid = self.next_id
         path = os.path.join(self.dir, f"{sid:08x}.seg")
+        tmp = path + ".tmp"             # (a leftover one went at mount)
         try:
-            fd = open_private(path, os.O_RDWR | os.O_EXCL)
+            fd = open_private(tmp, os.O_RDWR | os.O_EXCL)
         except FileNotFoundError:
-            private_dir(self.dir)
-            fd = open_private(path, os.O_RDWR | os.O_EXCL)
+            if private_dir(self.dir):
+                _fsync_dir(self.tier.root)
+            fd = open_private(tmp, os.O_RDWR | os.O_EXCL)
         try:
             os.pwrite(fd, SEG_MAGIC + bytes(SEG_HEAD - len(SEG_MAGIC)), 0)
+            os.fdatasync(fd)
+            os.rename(tmp, path)
         except OSError:
             os.close(fd)
-            _unlink(path)
+            _unlink(tmp)
             raise
         self.next_id += 1
         seg = Segment(sid, path, fd, SEG_HEAD, synced=False)
@@ -377,18 +443,7 @@ class SegmentStore:
         entry = PackedEntry(key, ref.version, size, crc, seg.path, len(head) + size,
                             dict(meta), synced=sync_now, seg=seg, off=off,
                             data_off=off + len(head), seq=seq)
-        with tier.lock:
-            old = tier.index.get(key)
-            tier.used_bytes += entry.file_bytes - (old.file_bytes if old else 0)
-            tier.index[key] = entry
-            tier.policy.written(key)
-            tier.writes += 1
-            tier.write_bytes += size
-            if sync_now:
-                tier._unsynced.pop(key, None)
-            else:
-                tier._unsynced[key] = entry
-                tier.unsynced_writes += 1
+        old = tier.install(entry, wrote=size)
         if old is not None and not isinstance(old, PackedEntry):
             tier._unlink_locked(old.path)       # the file this version replaces
         self._changed = True
@@ -421,14 +476,7 @@ class SegmentStore:
         new = PackedEntry(key, entry.version, entry.size, entry.crc, seg.path,
                           len(head) + entry.size, dict(meta), synced=sync_now, seg=seg,
                           off=off, data_off=off + len(head), seq=seq)
-        with tier.lock:
-            if tier.index.get(key) is entry:
-                tier.index[key] = new
-                tier.used_bytes += new.file_bytes - entry.file_bytes
-                if sync_now:
-                    tier._unsynced.pop(key, None)
-                else:
-                    tier._unsynced[key] = new
+        tier.install(new, over=entry, write=False)
         self._changed = True
         return new
 
@@ -446,16 +494,14 @@ class SegmentStore:
         self.tombstones += 1
         self._changed = True
 
-    def forgotten(self, key: bytes) -> None:
+    def forgotten(self, key: bytes, durable: bool = False) -> None:
         """key no longer has a version on the tier (its entry went): a
-        tombstone if some segment still holds a record of it."""
+        tombstone if some segment still holds a record of it.  durable: it
+        is fdatasync'd before this returns (a slot *file* that shadowed the
+        record goes next: its unlink must not outlive the tombstone)."""
         if self.recs.get(key):
             with self.tier.write_lock:
-                self.tombstone(key)
-
-    def holds(self, path: str) -> bool:
-        """path is a segment (SSDTier._unlink_locked never unlinks one)."""
-        return os.path.dirname(path) == self.dir
+                self.tombstone(key, sync=durable)
 
     def rename(self, entry: PackedEntry, old: bytes, new: bytes,
                meta: dict[str, Any]) -> PackedEntry:
@@ -481,20 +527,7 @@ class SegmentStore:
         moved = PackedEntry(new, entry.version, entry.size, entry.crc, seg.path,
                             len(head) + entry.size, json.loads(m), synced=True, seg=seg,
                             off=off, data_off=off + len(head), seq=seq)
-        with tier.lock:
-            replaced = tier.index.pop(new, None)
-            if replaced is not None:
-                tier.used_bytes -= replaced.file_bytes
-                tier._unsynced.pop(new, None)
-            tier.index[new] = moved
-            tier.used_bytes += moved.file_bytes
-            if tier.index.get(old) is entry:
-                del tier.index[old]
-                tier.used_bytes -= entry.file_bytes
-                tier._unsynced.pop(old, None)
-                tier.policy.renamed(old, new)
-            else:
-                tier.policy.written(new)
+        replaced = tier.install(moved, moved_from=entry)
         if replaced is not None and not isinstance(replaced, PackedEntry):
             tier._unlink_locked(replaced.path)
         self.tombstone(old)
@@ -578,12 +611,33 @@ class SegmentStore:
 
     # ---- durability ----
 
-    def fsync_entry(self, entry: PackedEntry) -> None:
+    def fsync(self, entry: PackedEntry) -> None:
         seg = entry.seg
         with self.tier.write_lock:
             if not seg.retired:
                 self._fsync(seg)
         entry.synced = True
+
+    # ---- the kind's other operations (tier.py's table) ----
+
+    def reader(self, entry: PackedEntry) -> PackedReader:
+        return PackedReader(entry)
+
+    def read_resident(self, entry: PackedEntry) -> Optional[bytes]:
+        return read_resident(entry)
+
+    def backing(self, entry: PackedEntry) -> None:
+        return None                     # (not a file the kernel can read)
+
+    def drop_log(self, entry: PackedEntry, sdir: str, fold: bool,
+                 dir_synced: bool = False) -> bool:
+        return False                    # (a record has no log)
+
+    def unlink(self, entry: PackedEntry) -> None:
+        pass                            # (the record stays until a compaction)
+
+    def check(self, key: bytes, e: PackedEntry, files: set[str]) -> None:
+        pass                            # (`check_all` checks every record)
 
     def sync(self) -> None:
         """fsync every segment with appends not yet durable (tombstones too)."""
@@ -617,6 +671,15 @@ class SegmentStore:
                 continue
             with os.fdopen(os.dup(fd), "rb") as f:
                 buf = f.read()
+            if not buf:
+                # created and never synced before a power loss (an older
+                # memosfs made segments in place): nothing was in it
+                log.info("ssd: %s: an empty segment (a power loss came before any of "
+                         "its bytes were on the disk); removed", path)
+                os.close(fd)
+                _unlink(path)
+                tier._dirty_dirs.add(self.dir)
+                continue
             seg = Segment(sid, path, fd, len(buf), synced=True)
             self.segs[sid] = seg
             self.next_id = max(self.next_id, sid + 1)
@@ -629,6 +692,9 @@ class SegmentStore:
                 max_seq = max(max_seq, rec.seq)
                 entry = None
                 if rec.kind == KIND_SLOT:
+                    # every whole record of the key counts, a damaged one too:
+                    # a compaction drops it as dead and takes it off the count
+                    self.recs[rec.key] = self.recs.get(rec.key, 0) + 1
                     data_off = rec.off + rec.length - rec.size
                     if _native.crc32c(buf[data_off:data_off + rec.size]) != rec.crc:
                         self._set_aside(seg, rec.off, buf[rec.off:end],
@@ -641,7 +707,6 @@ class SegmentStore:
                         self._set_aside(seg, rec.off, buf[rec.off:end],
                                         f"{path}@{rec.off}: bad metadata ({e})")
                         continue
-                    self.recs[rec.key] = self.recs.get(rec.key, 0) + 1
                     entry = PackedEntry(rec.key, rec.version, rec.size, rec.crc, path,
                                         rec.length, meta, synced=None, seg=seg, off=rec.off,
                                         data_off=data_off, seq=rec.seq)
@@ -658,6 +723,7 @@ class SegmentStore:
                          "a crash cut short); cut off", path, len(buf) - end)
                 try:
                     os.ftruncate(fd, end)
+                    os.fdatasync(fd)            # (the cut durable before the seal)
                     seg.size = seg.durable = end
                 except OSError as e:
                     log.error("ssd: cannot cut the torn end off %s (%s)", path, e)
@@ -708,143 +774,14 @@ class SegmentStore:
         self._looked = now
         self._changed = False
         with self.tier.write_lock:
-            picked = self._candidates()
+            picked = _candidates(self)
             if not picked:
                 return 0
-            return self._compact(picked)
-
-    def _live(self) -> dict[int, int]:
-        live: dict[int, int] = {}
-        with self.tier.lock:
-            for e in self.tier.index.values():
-                if isinstance(e, PackedEntry):
-                    live[e.seg.id] = live.get(e.seg.id, 0) + e.file_bytes
-        return live
-
-    def _candidates(self) -> list[Segment]:
-        live = self._live()
-        sealed = [s for s in sorted(self.segs.values(), key=lambda s: s.id)
-                  if s is not self.active]
-        sparse = [s for s in sealed
-                  if live.get(s.id, 0) < COMPACT_LIVE * (s.size - SEG_HEAD)]
-        small = [s for s in sealed if s.size < COMPACT_SMALL and s not in sparse]
-        picked = sparse + (small if len(small) >= 2 else [])
-        out, total = [], 0
-        for s in picked:
-            if out and total + live.get(s.id, 0) > SEGMENT_BYTES:
-                break
-            out.append(s)
-            total += live.get(s.id, 0)
-        return out
-
-    def _compact(self, segs: list[Segment]) -> int:
-        """Rewrite segs' live records and needed tombstones into one new
-        segment (writer lock held); see the module docstring."""
-        tier = self.tier
-        with tier.lock:
-            index = dict(tier.index)
-        keep: list[tuple[Segment, _Rec, bytes]] = []
-        dead: dict[bytes, int] = {}
-        for seg in segs:
-            try:
-                buf = seg.pread(seg.size, 0)
-            except (OSError, StaleEntry) as e:
-                log.error("ssd: compaction cannot read %s (%s)", seg.path, e)
-                return 0
-            own: dict[bytes, int] = {}
-            tombs = []
-            reached = 0
-            for rec in records(buf):
-                if rec.kind == KIND_TOMB:
-                    tombs.append(rec)
-                    continue
-                e = index.get(rec.key)
-                if isinstance(e, PackedEntry) and e.seg is seg and e.off == rec.off:
-                    keep.append((seg, rec, buf[rec.off:rec.off + rec.length]))
-                    reached += 1
-                else:
-                    own[rec.key] = own.get(rec.key, 0) + 1
-            if reached != sum(1 for e in index.values()
-                              if isinstance(e, PackedEntry) and e.seg is seg):
-                log.error("ssd: %s: an indexed record is past the readable part; "
-                          "not compacted", seg.path)
-                return 0
-            for t in tombs:
-                # dropped only when this very segment held the key's last records
-                if self.recs.get(t.key, 0) - own.get(t.key, 0) > 0:
-                    keep.append((seg, t, buf[t.off:t.off + t.length]))
-            for k, n in own.items():
-                dead[k] = dead.get(k, 0) + n
-        sid = self.next_id
-        path = os.path.join(self.dir, f"{sid:08x}.seg")
-        tmp = path + ".tmp"
-        moved: list[tuple[PackedEntry, PackedEntry]] = []
-        try:
-            fd = open_private(tmp, os.O_RDWR | os.O_EXCL)
-        except OSError as e:
-            log.error("ssd: compaction cannot create %s (%s)", tmp, e)
-            return 0
-        try:
-            chunks = [SEG_MAGIC + bytes([SEALED]) + bytes(SEG_HEAD - len(SEG_MAGIC) - 1)]
-            off = SEG_HEAD
-            for seg, rec, data in keep:
-                if rec.kind == KIND_SLOT:
-                    old = index[rec.key]
-                    new = PackedEntry(old.key, old.version, old.size, old.crc, path,
-                                      old.file_bytes, old.meta, synced=True, off=off,
-                                      data_off=off + (old.data_off - old.off), seq=old.seq)
-                    moved.append((old, new))
-                chunks.append(data)
-                off += len(data)
-            out = b"".join(chunks)
-            pos = 0
-            while pos < len(out):
-                pos += os.pwrite(fd, memoryview(out)[pos:], pos)
-            os.fsync(fd)
-            os.rename(tmp, path)
-            _fsync_dir(self.dir)
-        except OSError as e:
-            os.close(fd)
-            _unlink(tmp)
-            log.error("ssd: compaction of %s failed (%s)",
-                      ", ".join(s.name for s in segs), e)
-            return 0
-        self.next_id += 1
-        new_seg = Segment(sid, path, fd, len(out), synced=True)
-        self.segs[sid] = new_seg
-        with tier.lock:
-            for old, new in moved:
-                new.seg = new_seg
-                if tier.index.get(old.key) is old:
-                    tier.index[old.key] = new
-                    if tier._unsynced.get(old.key) is old:
-                        del tier._unsynced[old.key]
-        for k, n in dead.items():
-            left = self.recs.get(k, 0) - n
-            if left > 0:
-                self.recs[k] = left
-            else:
-                self.recs.pop(k, None)
-        try:
-            tier.sync()         # whatever superseded the dropped records is durable
-        except OSError as e:
-            log.error("ssd: compaction keeps %s: sync failed (%s)",
-                      ", ".join(s.name for s in segs), e)
-            return 0
-        for seg in segs:
-            del self.segs[seg.id]
-            seg.retire()
-            _unlink(seg.path)
-            self.compacted_bytes += seg.size
-        _fsync_dir(self.dir)
-        self.compactions += len(segs)
-        log.info("ssd: compacted %d segment(s) into %s (%d bytes, %d records)", len(segs),
-                 new_seg.name, len(out), len(keep))
-        return len(segs)
+            return _compact(self, picked)
 
     # ---- consistency (SSDTier.check) ----
 
-    def check(self, index: dict[bytes, SSDEntry]) -> None:
+    def check_all(self, index: dict[bytes, SSDEntry]) -> None:
         """Every packed entry's record is in a live segment and says the
         entry's key, seq, version, size and checksum (payloads not read);
         AssertionError otherwise."""
@@ -879,6 +816,135 @@ class SegmentStore:
         self.active = None
 
 
+# ---------------------------------------------------------------- compaction
+
+def _live(store: "SegmentStore") -> dict[int, int]:
+    live: dict[int, int] = {}
+    with store.tier.lock:
+        for e in store.tier.index.values():
+            if isinstance(e, PackedEntry):
+                live[e.seg.id] = live.get(e.seg.id, 0) + e.file_bytes
+    return live
+
+def _candidates(store: "SegmentStore") -> list[Segment]:
+    live = _live(store)
+    sealed = [s for s in sorted(store.segs.values(), key=lambda s: s.id)
+              if s is not store.active]
+    sparse = [s for s in sealed
+              if live.get(s.id, 0) < COMPACT_LIVE * (s.size - SEG_HEAD)]
+    small = [s for s in sealed if s.size < COMPACT_SMALL and s not in sparse]
+    picked = sparse + (small if len(small) >= 2 else [])
+    out, total = [], 0
+    for s in picked:
+        if out and total + live.get(s.id, 0) > SEGMENT_BYTES:
+            break
+        out.append(s)
+        total += live.get(s.id, 0)
+    return out
+
+def _compact(store: "SegmentStore", segs: list[Segment]) -> int:
+    """Rewrite segs' live records and needed tombstones into one new
+    segment (writer lock held); see the module docstring (Compaction)."""
+    tier = store.tier
+    with tier.lock:
+        index = dict(tier.index)
+    keep: list[tuple[Segment, _Rec, bytes]] = []
+    dead: dict[bytes, int] = {}
+    for seg in segs:
+        try:
+            buf = seg.pread(seg.size, 0)
+        except (OSError, StaleEntry) as e:
+            log.error("ssd: compaction cannot read %s (%s)", seg.path, e)
+            return 0
+        own: dict[bytes, int] = {}
+        tombs = []
+        reached = 0
+        for rec in records(buf):
+            if rec.kind == KIND_TOMB:
+                tombs.append(rec)
+                continue
+            e = index.get(rec.key)
+            if isinstance(e, PackedEntry) and e.seg is seg and e.off == rec.off:
+                keep.append((seg, rec, buf[rec.off:rec.off + rec.length]))
+                reached += 1
+            else:
+                own[rec.key] = own.get(rec.key, 0) + 1
+        if reached != sum(1 for e in index.values()
+                          if isinstance(e, PackedEntry) and e.seg is seg):
+            log.error("ssd: %s: an indexed record is past the readable part; "
+                      "not compacted", seg.path)
+            return 0
+        for t in tombs:
+            # dropped only when this very segment held the key's last records
+            if store.recs.get(t.key, 0) - own.get(t.key, 0) > 0:
+                keep.append((seg, t, buf[t.off:t.off + t.length]))
+        for k, n in own.items():
+            dead[k] = dead.get(k, 0) + n
+    sid = store.next_id
+    path = os.path.join(store.dir, f"{sid:08x}.seg")
+    tmp = path + ".tmp"
+    moved: list[tuple[PackedEntry, PackedEntry]] = []
+    try:
+        fd = open_private(tmp, os.O_RDWR | os.O_EXCL)
+    except OSError as e:
+        log.error("ssd: compaction cannot create %s (%s)", tmp, e)
+        return 0
+    try:
+        chunks = [SEG_MAGIC + bytes([SEALED]) + bytes(SEG_HEAD - len(SEG_MAGIC) - 1)]
+        off = SEG_HEAD
+        for seg, rec, data in keep:
+            if rec.kind == KIND_SLOT:
+                old = index[rec.key]
+                new = PackedEntry(old.key, old.version, old.size, old.crc, path,
+                                  old.file_bytes, old.meta, synced=True, off=off,
+                                  data_off=off + (old.data_off - old.off), seq=old.seq)
+                moved.append((old, new))
+            chunks.append(data)
+            off += len(data)
+        out = b"".join(chunks)
+        pos = 0
+        while pos < len(out):
+            pos += os.pwrite(fd, memoryview(out)[pos:], pos)
+        os.fsync(fd)
+        os.rename(tmp, path)
+        _fsync_dir(store.dir)
+    except OSError as e:
+        os.close(fd)
+        _unlink(tmp)
+        log.error("ssd: compaction of %s failed (%s)",
+                  ", ".join(s.name for s in segs), e)
+        return 0
+    store.next_id += 1
+    new_seg = Segment(sid, path, fd, len(out), synced=True)
+    store.segs[sid] = new_seg
+    with tier.lock:
+        for old, new in moved:
+            new.seg = new_seg
+            tier.install(new, over=old, write=False)
+    for k, n in dead.items():
+        left = store.recs.get(k, 0) - n
+        if left > 0:
+            store.recs[k] = left
+        else:
+            store.recs.pop(k, None)
+    try:
+        tier.sync()         # whatever superseded the dropped records is durable
+    except OSError as e:
+        log.error("ssd: compaction keeps %s: sync failed (%s)",
+                  ", ".join(s.name for s in segs), e)
+        return 0
+    for seg in segs:
+        del store.segs[seg.id]
+        seg.retire()
+        _unlink(seg.path)
+        store.compacted_bytes += seg.size
+    _fsync_dir(store.dir)
+    store.compactions += len(segs)
+    log.info("ssd: compacted %d segment(s) into %s (%d bytes, %d records)", len(segs),
+             new_seg.name, len(out), len(keep))
+    return len(segs)
+
+
 def _seal(seg: Segment) -> None:
     """Mark seg sealed (no more appends: damage at its end is not a torn
     append).  Not synced: a lost mark only makes a later scan lenient."""
@@ -887,9 +953,3 @@ def _seal(seg: Segment) -> None:
     except OSError as e:
         log.warning("ssd: cannot mark %s sealed (%s)", seg.path, e)
 
-
-def _int(v: Any) -> int:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return 0
