@@ -528,10 +528,18 @@ class OpsCore:
             return -e.errno
         finally:
             self._running_now = False
-        # it waited after all: the checks missed a way to wait (a bug)
+        # it waited after all: the checks missed a way to wait (a bug); the
+        # log names where (the awaiting frames, outermost first)
+        where, c = [], coro
+        while c is not None:
+            f = getattr(c, "cr_frame", None) or getattr(c, "gi_frame", None)
+            if f is not None:
+                where.append(f"{f.f_code.co_name}:{f.f_lineno}")
+            c = getattr(c, "cr_await", None) or getattr(c, "gi_yieldfrom", None)
         coro.close()
         self._refused += 1
-        log.error("internal check failed: a handler waited on the fast path; answering EIO")
+        log.error("internal check failed: a handler waited on the fast path (%s); answering "
+                  "EIO", " > ".join(where) or "?")
         return -errno.EIO
 
     async def _with_room(self, fn, *args, node: Optional[Slot] = None,

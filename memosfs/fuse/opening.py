@@ -54,7 +54,7 @@ import trio
 from memosfs import _native
 from memosfs.fuse.coherence import Hold
 from memosfs.fuse.core import (
-    PUSH_WAIT_S, WRITER_RETRY_S, FastCtx, OpsCore, Refused, log, refuse, tgid_of)
+    PUSH_WAIT_S, WRITER_RETRY_S, FastCtx, NeedRoom, OpsCore, Refused, log, refuse, tgid_of)
 from memosfs.fuse.fedtree import FED_INO
 from memosfs.fuse.nodes import SLOT_DIRS, Dir, Handle, Pseudo, Slot, now_ns
 from memosfs.fuse.tenants import OverLimit
@@ -397,6 +397,11 @@ class OpenOps(OpsCore):
                 ref = early if early is not None else self.store.get_resident(node.key) \
                     if tier == "ssd" and not write else None
                 if ref is None:
+                    if self._running_now:
+                        # (the fast path: the slot left memory since fast_open
+                        # looked -- an eviction runs beside the loop: its
+                        # handler reads it back)
+                        raise NeedRoom()
                     ref = await self._off_loop(fn, node.key)  # SSD or remote
             except BaseException:
                 if write:
